@@ -1,0 +1,84 @@
+// The one backend interface: one function per kernel, forward and backward next to each other.
+// Kernels take raw pointers and explicit sizes; ops.cpp does the checking, broadcasting and
+// allocation. A backend implements every pure virtual here, so a missing kernel fails to compile
+// (an abstract class cannot be instantiated). Floating kernels see f32 or f64 only: ops convert
+// bf16/f16 to f32 first (copy/fill see every dtype).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace nl {
+
+// One operand as a strided kernel sees it: data at element [0, ...] and one stride (in elements)
+// per dim of the iteration shape; a broadcast dim has stride 0.
+struct StridedArg {
+    void* data = nullptr;
+    DType dtype = DType::F32;
+    Shape strides;
+};
+
+enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge };
+enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Silu, Sigmoid, Tanh, Gelu, Sign, Square };
+enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual Device device() const = 0;
+
+    // ---- memory ----
+    // dst[i] = convert(src[i]) over `shape`; any dtype to any dtype (rounding to nearest even).
+    virtual void copy(const Shape& shape, const StridedArg& dst, const StridedArg& src) = 0;
+    virtual void fill(const Shape& shape, const StridedArg& dst, double value) = 0;
+
+    // ---- elementwise (out, a, b share the dtype; comparisons write 1/0) ----
+    virtual void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
+                        const StridedArg& b) = 0;
+    virtual void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) = 0;
+    // out = cond != 0 ? a : b; cond may be any dtype, out/a/b share one.
+    virtual void where(const Shape& shape, const StridedArg& out, const StridedArg& cond,
+                       const StridedArg& a, const StridedArg& b) = 0;
+
+    // ---- reductions: in is contiguous (outer, len, inner); out is contiguous (outer, inner) ----
+    // Var uses two passes with `correction` (1 unbiased, 0 biased). ArgMax writes i64.
+    virtual void reduce(ReduceOp op, DType dtype, const void* in, void* out, int64_t outer, int64_t len,
+                        int64_t inner, int64_t correction) = 0;
+
+    // ---- softmax rows: x, y, dy, dx contiguous (rows, cols) ----
+    virtual void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t cols,
+                                 bool log) = 0;
+    // dx = y * (dy - sum(dy * y)) for softmax; dx = dy - exp(y) * sum(dy) for log_softmax.
+    virtual void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows,
+                                  int64_t cols, bool log) = 0;
+
+    // ---- matrix multiply, row-major, batched by element strides (stride 0 broadcasts) ----
+    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n).
+    virtual void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
+                      int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
+                      int64_t stride_c, int64_t batch) = 0;
+
+    // ---- indexing: contiguous operands viewed as (outer, size, inner) along the indexed dim ----
+    // out(outer, n, inner) = src(outer, index[j], inner)
+    virtual void index_select(DType dtype, const void* src, const int64_t* index, void* out,
+                              int64_t outer, int64_t src_size, int64_t inner, int64_t n) = 0;
+    // dst(outer, index[j], inner) += src(outer, j, inner), in order of j (deterministic)
+    virtual void index_add(DType dtype, void* dst, const int64_t* index, const void* src,
+                           int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
+    // out(o, j, i) = src(o, index(o, j, i), i); index and out are (outer, n, inner)
+    virtual void gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
+                        int64_t src_size, int64_t inner, int64_t n) = 0;
+    // dst(o, index(o, j, i), i) += src(o, j, i), in order of j (deterministic)
+    virtual void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src,
+                             int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
+};
+
+// The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.
+Backend& backend_for(Device device);
+
+}  // namespace nl

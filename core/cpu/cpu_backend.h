@@ -1,0 +1,49 @@
+// The CPU backend: OpenBLAS for gemm, OpenMP across rows/chunks, contiguous fast paths with
+// vectorizable inner loops and a general strided path for views.
+#pragma once
+
+#include "core/backend.h"
+
+namespace nl {
+
+class CpuBackend final : public Backend {
+public:
+    Device device() const override { return Device::cpu(); }
+
+    // cpu_copy.cpp
+    void copy(const Shape& shape, const StridedArg& dst, const StridedArg& src) override;
+    void fill(const Shape& shape, const StridedArg& dst, double value) override;
+
+    // cpu_elementwise.cpp
+    void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
+                const StridedArg& b) override;
+    void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) override;
+    void where(const Shape& shape, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
+               const StridedArg& b) override;
+
+    // cpu_reduce.cpp
+    void reduce(ReduceOp op, DType dtype, const void* in, void* out, int64_t outer, int64_t len,
+                int64_t inner, int64_t correction) override;
+    void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t cols,
+                         bool log) override;
+    void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows,
+                          int64_t cols, bool log) override;
+
+    // cpu_blas.cpp
+    void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+              int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
+              int64_t batch) override;
+
+    // cpu_index.cpp
+    void index_select(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
+                      int64_t src_size, int64_t inner, int64_t n) override;
+    void index_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer,
+                   int64_t dst_size, int64_t inner, int64_t n) override;
+    void gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
+                int64_t src_size, int64_t inner, int64_t n) override;
+    void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer,
+                     int64_t dst_size, int64_t inner, int64_t n) override;
+};
+
+}  // namespace nl

@@ -1,0 +1,28 @@
+// Element types: f32 (default), f64 (gradient checks), bf16 and f16 (storage only; math in f32),
+// and i64 (indices: token ids, argmax results, index_select/gather). Conversions for the half types.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace nl {
+
+enum class DType { F32, F64, BF16, F16, I64 };
+
+size_t dtype_size(DType dtype);          // bytes per element
+const char* dtype_name(DType dtype);     // "f32", "f64", "bf16", "f16", "i64"
+DType dtype_from_name(const std::string& name);  // inverse of dtype_name; throws nl::Error naming the choices
+bool is_floating(DType dtype);           // f32, f64, bf16, f16
+bool is_half(DType dtype);               // bf16, f16: stored narrow, computed in f32
+// The dtype math runs in: f64 stays f64, everything floating else computes in f32.
+DType compute_dtype(DType dtype);
+
+// bf16: the top 16 bits of an f32; conversion from f32 rounds to nearest even (NaN stays NaN).
+float bf16_to_f32(uint16_t bits);
+uint16_t f32_to_bf16(float value);
+// f16: IEEE 754 binary16; conversion from f32 rounds to nearest even, overflows to inf.
+float f16_to_f32(uint16_t bits);
+uint16_t f32_to_f16(float value);
+
+}  // namespace nl
