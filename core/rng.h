@@ -23,8 +23,13 @@ public:
     // One uniform integer in [0, n); advances.
     uint64_t next_below(uint64_t n);
 
-    // Philox-4x32-10 block `counter` under `key`: four 32-bit random words.
+    // Philox-4x32-10 block `counter` under `key`: four 32-bit random words. The 64-bit key is the
+    // 2x32 Philox key {low word, high word}; the 64-bit counter is the 4x32 counter
+    // {low word, high word, 0, 0}. So philox(k, c) == philox4x32({c, c >> 32, 0, 0}, {k, k >> 32}).
     static void philox(uint64_t key, uint64_t counter, uint32_t out[4]);
+    // The raw Philox-4x32-10 bijection on a full 4x32 counter and 2x32 key (Random123's
+    // philox4x32_R(10, ...)), exposed so known-answer tests can check every counter word.
+    static void philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 
 private:
     uint64_t seed_ = 0;

@@ -1,0 +1,23 @@
+// The backend registry: one static CpuBackend, and the CUDA backends when built with CUDA.
+#include "core/cpu/cpu_backend.h"
+
+#include "core/error.h"
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/cuda_runtime.h"
+#endif
+
+namespace nl {
+
+Backend& backend_for(Device device) {
+    if (device.is_cpu()) {
+        static CpuBackend cpu;
+        return cpu;
+    }
+#ifdef NORMLAB_HAVE_CUDA
+    return cuda_backend(device.index);
+#else
+    throw Error("backend_for: normlab was built without CUDA (asked for " + device.str() + ")");
+#endif
+}
+
+}  // namespace nl
