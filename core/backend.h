@@ -76,6 +76,58 @@ public:
     // dst(o, index(o, j, i), i) += src(o, j, i), in order of j (deterministic)
     virtual void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src,
                              int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
+
+    // ---- fused kernels (norms, loss, optimizer) ----
+    // Unlike the kernels above these read and write bf16/f16 themselves (converting to f32 in
+    // registers), so a half-precision norm moves only half-precision bytes.
+
+    // One norm over the last dim of contiguous x (rows, d) serves LayerNorm, RMSNorm, RMSNorm with
+    // bias and pRMSNorm. Statistics use the first `stat_count` (k, 1..d) elements of each row:
+    //   subtract_mean: mean = sum_k(x)/k, var = sum_k((x-mean)^2)/k (two-pass, biased),
+    //                  rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * w + b
+    //   else (RMS):    rstd = 1/sqrt(sum_k(x^2)/k + eps) (eps inside the sqrt, as LLaMA),
+    //                  y = x * rstd * w + b
+    // x, y, weight (d), bias (d) have `dtype` (f32, f64, bf16, f16); weight/bias may be null (1, 0).
+    // mean (rows; null or ignored unless subtract_mean) and rstd (rows) are f64 for f64, else f32.
+    virtual void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                              void* mean, void* rstd, int64_t rows, int64_t d, double eps,
+                              bool subtract_mean, int64_t stat_count) = 0;
+    // Closed-form backward of norm_forward given its saved mean/rstd. With xhat = (x - mean) * rstd,
+    // g = dy * w and S the first k elements (llm.c layernorm_backward, generalized to k <= d):
+    //   dx_j = rstd * (g_j - [j in S] * (sum_d(g)/k [subtract_mean only] + xhat_j * sum_d(g*xhat)/k))
+    //   dweight = sum_rows(dy * xhat), dbias = sum_rows(dy), deterministic (no atomics; the same
+    //   bits for any thread count). dweight/dbias (d, dtype) may be null; weight null means 1.
+    virtual void norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
+                               const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
+                               int64_t rows, int64_t d, bool subtract_mean, int64_t stat_count) = 0;
+
+    // Cross-entropy over contiguous logits (rows, classes) of `dtype` (f32, f64, bf16, f16) with
+    // i64 targets (rows), each in [0, classes) or equal to ignore_index (checked by the caller).
+    // Writes lse (rows) = logsumexp(logits row) and loss (rows) = lse - logit[target] (0 for ignored
+    // rows), both f64 for f64, else f32.
+    virtual void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
+                                       void* loss, void* lse, int64_t rows, int64_t classes,
+                                       int64_t ignore_index) = 0;
+    // dlogits (rows, classes; `dtype`) = (softmax(logits) - onehot(target)) * dloss[r] * scale, with
+    // dloss (rows; f64 for f64, else f32) or null meaning 1; ignored rows get exact zeros.
+    virtual void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
+                                        const void* lse, const void* dloss, double scale,
+                                        void* dlogits, int64_t rows, int64_t classes,
+                                        int64_t ignore_index) = 0;
+
+    // One pass of Adam (decoupled=false, L2 decay added to the gradient) or AdamW (decoupled=true,
+    // p *= 1 - lr*wd) over n contiguous elements of f32 or f64, in place, in the exact op order of
+    // PyTorch's _single_tensor_adam; `step` counts from 1 (already incremented). max_exp_avg_sq is
+    // null, or AMSGrad's running max of exp_avg_sq.
+    virtual void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                           void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2,
+                           double eps, double weight_decay, int64_t step, bool decoupled) = 0;
+    // SGD as PyTorch: g += wd*p; with momentum: buf = g on the first step, else
+    // buf = momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf; p -= lr*g.
+    // momentum_buffer is null when momentum == 0.
+    virtual void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n,
+                          double lr, double momentum, double dampening, double weight_decay,
+                          bool nesterov, bool first_step) = 0;
 };
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.

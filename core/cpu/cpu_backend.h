@@ -44,6 +44,28 @@ public:
                 int64_t src_size, int64_t inner, int64_t n) override;
     void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer,
                      int64_t dst_size, int64_t inner, int64_t n) override;
+
+    // ---- fused kernels (norms, loss, optimizer) ----
+    // cpu_norms.cpp
+    void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                      void* mean, void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
+                      int64_t stat_count) override;
+    void norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
+                       const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
+                       bool subtract_mean, int64_t stat_count) override;
+    // cpu_loss.cpp
+    void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss,
+                               void* lse, int64_t rows, int64_t classes, int64_t ignore_index) override;
+    void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, const void* lse,
+                                const void* dloss, double scale, void* dlogits, int64_t rows,
+                                int64_t classes, int64_t ignore_index) override;
+    // cpu_optim.cpp
+    void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                   void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, int64_t step, bool decoupled) override;
+    void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov,
+                  bool first_step) override;
 };
 
 }  // namespace nl

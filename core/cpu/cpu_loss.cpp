@@ -1,0 +1,101 @@
+// CPU kernels for the fused cross-entropy loss over logits rows: forward (per-row loss and
+// logsumexp) and backward (softmax - onehot, scaled). Softmax is never stored: the backward
+// recomputes it from the logits and the saved logsumexp, as a fused log-softmax + NLL does.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_fused_rows.h"
+#include "core/error.h"
+
+namespace nl {
+
+namespace {
+
+constexpr int64_t kParallelElements = 32768;
+
+// T is the row type: double for f64, float for f32/bf16/f16. loss, lse: (rows).
+template <typename T>
+void cross_entropy_forward_impl(DType dtype, const void* logits, const int64_t* targets, T* loss, T* lse,
+                                int64_t rows, int64_t classes, int64_t ignore_index) {
+    const bool convert = !cpu_rows::stored_as<T>(dtype);
+#pragma omp parallel if (rows * classes > kParallelElements)
+    {
+        std::vector<T> scratch(convert ? classes : 0);  // (classes)
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const T* z = cpu_rows::load<T>(dtype, logits, r, classes, scratch.data());
+            // logsumexp with the max subtracted, so exp never overflows.
+            T max = z[0];
+            for (int64_t j = 1; j < classes; ++j) max = std::max(max, z[j]);
+            double sum = 0.0;
+            for (int64_t j = 0; j < classes; ++j) sum += static_cast<double>(std::exp(z[j] - max));
+            const double row_lse = static_cast<double>(max) + std::log(sum);
+            lse[r] = static_cast<T>(row_lse);
+            const int64_t t = targets[r];
+            loss[r] = t == ignore_index ? T(0) : static_cast<T>(row_lse - static_cast<double>(z[t]));
+        }
+    }
+}
+
+// dlogits (rows, classes) = (exp(z - lse) - onehot(target)) * dloss[r] * scale; ignored rows are 0.
+template <typename T>
+void cross_entropy_backward_impl(DType dtype, const void* logits, const int64_t* targets, const T* lse,
+                                 const T* dloss, double scale, void* dlogits, int64_t rows,
+                                 int64_t classes, int64_t ignore_index) {
+    const bool convert = !cpu_rows::stored_as<T>(dtype);
+#pragma omp parallel if (rows * classes > kParallelElements)
+    {
+        std::vector<T> z_scratch(convert ? classes : 0), dz_scratch(convert ? classes : 0);  // (classes)
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            T* dz = cpu_rows::output<T>(dtype, dlogits, r, classes, dz_scratch.data());
+            const int64_t t = targets[r];
+            if (t == ignore_index) {
+                // Exact zeros, even when the scale is inf or NaN (mean over zero rows).
+                for (int64_t j = 0; j < classes; ++j) dz[j] = T(0);
+            } else {
+                const T* z = cpu_rows::load<T>(dtype, logits, r, classes, z_scratch.data());
+                const T g = static_cast<T>((dloss != nullptr ? static_cast<double>(dloss[r]) : 1.0) * scale);
+                const T row_lse = lse[r];
+                for (int64_t j = 0; j < classes; ++j) dz[j] = std::exp(z[j] - row_lse) * g;
+                dz[t] -= g;
+            }
+            cpu_rows::store<T>(dtype, dlogits, r, classes, dz);
+        }
+    }
+}
+
+}  // namespace
+
+void CpuBackend::cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss,
+                                       void* lse, int64_t rows, int64_t classes, int64_t ignore_index) {
+    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_forward: ", dtype_name(dtype),
+             " rows ", rows, " classes ", classes);
+    if (dtype == DType::F64) {
+        cross_entropy_forward_impl<double>(dtype, logits, targets, static_cast<double*>(loss),
+                                           static_cast<double*>(lse), rows, classes, ignore_index);
+    } else {
+        cross_entropy_forward_impl<float>(dtype, logits, targets, static_cast<float*>(loss),
+                                          static_cast<float*>(lse), rows, classes, ignore_index);
+    }
+}
+
+void CpuBackend::cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
+                                        const void* lse, const void* dloss, double scale, void* dlogits,
+                                        int64_t rows, int64_t classes, int64_t ignore_index) {
+    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_backward: ",
+             dtype_name(dtype), " rows ", rows, " classes ", classes);
+    if (dtype == DType::F64) {
+        cross_entropy_backward_impl<double>(dtype, logits, targets, static_cast<const double*>(lse),
+                                            static_cast<const double*>(dloss), scale, dlogits, rows,
+                                            classes, ignore_index);
+    } else {
+        cross_entropy_backward_impl<float>(dtype, logits, targets, static_cast<const float*>(lse),
+                                           static_cast<const float*>(dloss), scale, dlogits, rows, classes,
+                                           ignore_index);
+    }
+}
+
+}  // namespace nl

@@ -1,0 +1,311 @@
+// Fused kernels at the tensor level: checks (naming shapes and dtypes), allocation, contiguity, then
+// one backend kernel. See core/fused.h for the API and core/backend.h for the formulas.
+#include "core/fused.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace nl {
+
+namespace {
+
+// `t` must match `ref` in shape, dtype and device (and be contiguous when asked: in-place state).
+void require_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref,
+                  bool need_contiguous) {
+    NL_REQUIRE(t.defined(), op, ": ", name, " is undefined");
+    NL_REQUIRE(t.shape() == ref.shape(), op, ": ", name, " has shape ", shape_str(t.shape()), " but ",
+               ref_name, " has shape ", shape_str(ref.shape()));
+    NL_REQUIRE(t.dtype() == ref.dtype(), op, ": ", name, " has dtype ", dtype_name(t.dtype()), " but ",
+               ref_name, " has dtype ", dtype_name(ref.dtype()));
+    NL_REQUIRE(t.device() == ref.device(), op, ": ", name, " is on ", t.device().str(), " but ", ref_name,
+               " is on ", ref.device().str());
+    NL_REQUIRE(!need_contiguous || t.is_contiguous(), op, ": ", name, " must be contiguous (it is updated ",
+               "in place), found shape ", shape_str(t.shape()), " with strides ", shape_str(t.strides()));
+}
+
+void require_floating(const char* op, const char* name, const Tensor& t) {
+    NL_REQUIRE(t.defined(), op, ": ", name, " is undefined");
+    NL_REQUIRE(is_floating(t.dtype()), op, ": expected a floating dtype for ", name, ", found ",
+               dtype_name(t.dtype()));
+}
+
+// The shape without its last dim: the per-row statistics of a norm, or a cross-entropy's targets.
+Shape leading_shape(const Shape& shape) { return Shape(shape.begin(), shape.end() - 1); }
+
+// x's last dim d and the statistic size k it asks for (-1: d).
+int64_t norm_dims(const char* op, const Tensor& x, int64_t stat_count, int64_t& d) {
+    require_floating(op, "x", x);
+    NL_REQUIRE(x.dim() >= 1, op, ": expected x with at least 1 dim, found shape ", shape_str(x.shape()));
+    d = x.size(-1);
+    NL_REQUIRE(d >= 1, op, ": x's last dim must be non-empty, found shape ", shape_str(x.shape()));
+    const int64_t k = stat_count < 0 ? d : stat_count;
+    NL_REQUIRE(stat_count == -1 || (k >= 1 && k <= d), op, ": stat_count must be -1 or in [1, ", d,
+               "] for x of shape ", shape_str(x.shape()), ", found ", stat_count);
+    return k;
+}
+
+void require_norm_param(const char* op, const char* name, const Tensor& param, const Tensor& x, int64_t d) {
+    if (!param.defined()) return;
+    NL_REQUIRE(param.shape() == Shape{d}, op, ": ", name, " must have shape [", d, "] for x of shape ",
+               shape_str(x.shape()), ", found ", shape_str(param.shape()));
+    NL_REQUIRE(param.dtype() == x.dtype(), op, ": ", name, " has dtype ", dtype_name(param.dtype()),
+               " but x has dtype ", dtype_name(x.dtype()));
+    NL_REQUIRE(param.device() == x.device(), op, ": ", name, " is on ", param.device().str(), " but x is on ",
+               x.device().str());
+}
+
+// A saved per-row statistic (mean or rstd) of x: shape x.shape[:-1], dtype compute_dtype(x).
+void require_norm_stat(const char* op, const char* name, const Tensor& stat, const Tensor& x) {
+    const Shape shape = leading_shape(x.shape());
+    const DType dtype = compute_dtype(x.dtype());
+    NL_REQUIRE(stat.defined(), op, ": the saved ", name, " is undefined");
+    NL_REQUIRE(stat.shape() == shape && stat.dtype() == dtype, op, ": ", name, " must have shape ",
+               shape_str(shape), " and dtype ", dtype_name(dtype), " for x of shape ", shape_str(x.shape()),
+               ", found ", shape_str(stat.shape()), " ", dtype_name(stat.dtype()));
+    NL_REQUIRE(stat.device() == x.device(), op, ": ", name, " is on ", stat.device().str(), " but x is on ",
+               x.device().str());
+}
+
+// Raw pointer of a contiguous tensor, or null for an undefined one (absent weight/bias/state).
+const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+void* mut_ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+}  // namespace
+
+int64_t partial_stat_count(int64_t d, double p) {
+    NL_REQUIRE(p > 0.0 && p <= 1.0, "pRMSNorm: p must be in (0, 1], found ", p);
+    NL_REQUIRE(d >= 1, "pRMSNorm: d must be >= 1, found ", d);
+    const int64_t k = static_cast<int64_t>(std::ceil(p * static_cast<double>(d) - 1e-9));
+    return std::min(std::max<int64_t>(k, 1), d);
+}
+
+NormForward norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                         bool subtract_mean, int64_t stat_count) {
+    const char* op = "norm_forward";
+    int64_t d = 0;
+    const int64_t k = norm_dims(op, x, stat_count, d);
+    require_norm_param(op, "weight", weight, x, d);
+    require_norm_param(op, "bias", bias, x, d);
+    NL_REQUIRE(eps >= 0.0, op, ": eps must be >= 0, found ", eps);
+
+    const Tensor xc = x.contiguous();                            // (rows, d)
+    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();  // (d)
+    const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();      // (d)
+    const int64_t rows = x.numel() / d;
+    const DType stat_dtype = compute_dtype(x.dtype());
+    NormForward out;
+    out.y = Tensor::empty(x.shape(), x.dtype(), x.device());                       // (rows, d)
+    out.rstd = Tensor::empty(leading_shape(x.shape()), stat_dtype, x.device());    // (rows)
+    if (subtract_mean) out.mean = Tensor::empty(leading_shape(x.shape()), stat_dtype, x.device());  // (rows)
+    if (rows == 0) return out;
+    backend_for(x.device())
+        .norm_forward(x.dtype(), xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), out.y.data_ptr(),
+                      mut_ptr_or_null(out.mean), out.rstd.data_ptr(), rows, d, eps, subtract_mean, k);
+    return out;
+}
+
+NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd, bool subtract_mean, int64_t stat_count, bool need_dweight,
+                           bool need_dbias) {
+    const char* op = "norm_backward";
+    int64_t d = 0;
+    const int64_t k = norm_dims(op, x, stat_count, d);
+    require_like(op, "dy", dy, "x", x, false);
+    require_norm_param(op, "weight", weight, x, d);
+    require_norm_stat(op, "rstd", rstd, x);
+    if (subtract_mean) {
+        NL_REQUIRE(mean.defined(), op, ": LayerNorm (subtract_mean) needs the saved mean, found none");
+        require_norm_stat(op, "mean", mean, x);
+    }
+
+    const Tensor xc = x.contiguous();    // (rows, d)
+    const Tensor dyc = dy.contiguous();  // (rows, d)
+    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();  // (d)
+    const Tensor mc = subtract_mean ? mean.contiguous() : Tensor();      // (rows)
+    const Tensor rc = rstd.contiguous();                                 // (rows)
+    const int64_t rows = x.numel() / d;
+    NormBackward out;
+    out.dx = Tensor::empty(x.shape(), x.dtype(), x.device());  // (rows, d)
+    if (weight.defined() && need_dweight) out.dweight = Tensor::empty({d}, weight.dtype(), x.device());
+    if (need_dbias) out.dbias = Tensor::empty({d}, x.dtype(), x.device());
+    // Called even for rows == 0: the kernel then writes zero dweight/dbias.
+    backend_for(x.device())
+        .norm_backward(x.dtype(), dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), ptr_or_null(mc),
+                       rc.data_ptr(), out.dx.data_ptr(), mut_ptr_or_null(out.dweight),
+                       mut_ptr_or_null(out.dbias), rows, d, subtract_mean, k);
+    return out;
+}
+
+namespace {
+
+// Checks logits (..., C) against targets (...) of i64, every target in [0, C) or ignore_index.
+// Returns the number of non-ignored rows.
+int64_t check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+    require_floating(op, "logits", logits);
+    NL_REQUIRE(logits.dim() >= 1, op, ": expected logits with at least 1 dim (..., classes), found shape ",
+               shape_str(logits.shape()));
+    const int64_t classes = logits.size(-1);
+    NL_REQUIRE(classes >= 1, op, ": logits need at least one class, found shape ", shape_str(logits.shape()));
+    NL_REQUIRE(targets.defined(), op, ": targets is undefined");
+    NL_REQUIRE(targets.dtype() == DType::I64, op, ": targets must be i64 class indices, found ",
+               dtype_name(targets.dtype()));
+    NL_REQUIRE(targets.shape() == leading_shape(logits.shape()), op, ": targets of shape ",
+               shape_str(targets.shape()), " do not match logits of shape ", shape_str(logits.shape()),
+               " (expected targets of shape ", shape_str(leading_shape(logits.shape())), ")");
+    NL_REQUIRE(targets.device() == logits.device(), op, ": targets are on ", targets.device().str(),
+               " but logits are on ", logits.device().str());
+    int64_t count = 0;
+    const std::vector<int64_t> values = targets.to_vector_as<int64_t>();
+    for (size_t i = 0; i < values.size(); ++i) {
+        const int64_t t = values[i];
+        if (t == ignore_index) continue;
+        NL_REQUIRE(t >= 0 && t < classes, op, ": target ", t, " at row ", i, " is out of range for ",
+                   classes, " classes (ignore_index is ", ignore_index, ")");
+        ++count;
+    }
+    return count;
+}
+
+}  // namespace
+
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                          Reduction reduction) {
+    const char* op = "cross_entropy";
+    CrossEntropyForward out;
+    out.count = check_cross_entropy(op, logits, targets, ignore_index);
+    const int64_t classes = logits.size(-1);
+    const int64_t rows = targets.numel();
+    const DType stat_dtype = compute_dtype(logits.dtype());
+    const Tensor lc = logits.contiguous();   // (rows, classes)
+    const Tensor tc = targets.contiguous();  // (rows)
+    Tensor per_row = Tensor::empty(targets.shape(), stat_dtype, logits.device());  // (rows)
+    out.lse = Tensor::empty(targets.shape(), stat_dtype, logits.device());        // (rows)
+    if (rows > 0) {
+        backend_for(logits.device())
+            .cross_entropy_forward(logits.dtype(), lc.data_ptr(), static_cast<const int64_t*>(tc.data_ptr()),
+                                   per_row.data_ptr(), out.lse.data_ptr(), rows, classes, ignore_index);
+    }
+    if (reduction == Reduction::None) {
+        out.loss = per_row.to(logits.dtype());
+        return out;
+    }
+    // Summed in row order in double: deterministic, and exact enough for any batch.
+    double total = 0.0;
+    for (double v : per_row.to_vector()) total += v;
+    // Mean over zero rows is 0/0 = NaN, as PyTorch's cross_entropy gives.
+    const double value = reduction == Reduction::Mean ? total / static_cast<double>(out.count) : total;
+    out.loss = scalar_tensor(value, logits.dtype(), logits.device());
+    return out;
+}
+
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              const Tensor& lse, int64_t ignore_index, Reduction reduction) {
+    const char* op = "cross_entropy_backward";
+    const int64_t count = check_cross_entropy(op, logits, targets, ignore_index);
+    const int64_t classes = logits.size(-1);
+    const int64_t rows = targets.numel();
+    const DType stat_dtype = compute_dtype(logits.dtype());
+    NL_REQUIRE(lse.defined() && lse.shape() == targets.shape() && lse.dtype() == stat_dtype, op,
+               ": lse must be the forward's, of shape ", shape_str(targets.shape()), " and dtype ",
+               dtype_name(stat_dtype), ", found ",
+               lse.defined() ? shape_str(lse.shape()) + " " + dtype_name(lse.dtype()) : "undefined");
+    NL_REQUIRE(lse.device() == logits.device(), op, ": lse is on ", lse.device().str(), " but logits are on ",
+               logits.device().str());
+    require_floating(op, "dloss", dloss);
+    Tensor dloss_rows;  // (rows) in stat_dtype, for Reduction::None
+    double scale = 1.0;
+    if (reduction == Reduction::None) {
+        NL_REQUIRE(dloss.shape() == targets.shape(), op, ": with reduction none dloss must have the targets' ",
+                   "shape ", shape_str(targets.shape()), ", found ", shape_str(dloss.shape()));
+        dloss_rows = dloss.to(stat_dtype).contiguous();
+    } else {
+        NL_REQUIRE(dloss.numel() == 1, op, ": with reduction mean/sum dloss must have one element, found ",
+                   "shape ", shape_str(dloss.shape()));
+        scale = dloss.item();
+        // count == 0: every row is ignored and gets zeros, so the scale is never used.
+        if (reduction == Reduction::Mean) scale = count > 0 ? scale / static_cast<double>(count) : 0.0;
+    }
+    const Tensor lc = logits.contiguous();   // (rows, classes)
+    const Tensor tc = targets.contiguous();  // (rows)
+    const Tensor sc = lse.contiguous();      // (rows)
+    Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());  // (rows, classes)
+    if (rows > 0) {
+        backend_for(logits.device())
+            .cross_entropy_backward(logits.dtype(), lc.data_ptr(), static_cast<const int64_t*>(tc.data_ptr()),
+                                    sc.data_ptr(), ptr_or_null(dloss_rows), scale, dlogits.data_ptr(), rows,
+                                    classes, ignore_index);
+    }
+    return dlogits;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+    return cross_entropy_forward(logits, targets, ignore_index, reduction).loss;
+}
+
+namespace {
+
+void require_optim_param(const char* op, const Tensor& param) {
+    NL_REQUIRE(param.defined(), op, ": param is undefined");
+    NL_REQUIRE(param.dtype() == DType::F32 || param.dtype() == DType::F64, op,
+               ": expected f32 or f64 parameters, found ", dtype_name(param.dtype()));
+    NL_REQUIRE(param.is_contiguous(), op, ": param must be contiguous (it is updated in place), found ",
+               "shape ", shape_str(param.shape()), " with strides ", shape_str(param.strides()));
+}
+
+}  // namespace
+
+void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& params,
+               int64_t step, const Tensor& max_exp_avg_sq) {
+    const char* op = params.decoupled ? "adamw_step" : "adam_step";
+    require_optim_param(op, param);
+    require_like(op, "grad", grad, "param", param, false);
+    require_like(op, "exp_avg", exp_avg, "param", param, true);
+    require_like(op, "exp_avg_sq", exp_avg_sq, "param", param, true);
+    if (params.amsgrad) {
+        require_like(op, "max_exp_avg_sq", max_exp_avg_sq, "param", param, true);
+    } else {
+        NL_REQUIRE(!max_exp_avg_sq.defined(), op, ": max_exp_avg_sq given but amsgrad is off");
+    }
+    // PyTorch's constructor checks.
+    NL_REQUIRE(params.lr >= 0.0, op, ": invalid learning rate ", params.lr, " (expected >= 0)");
+    NL_REQUIRE(params.eps >= 0.0, op, ": invalid eps ", params.eps, " (expected >= 0)");
+    NL_REQUIRE(params.beta1 >= 0.0 && params.beta1 < 1.0, op, ": invalid beta1 ", params.beta1,
+               " (expected in [0, 1))");
+    NL_REQUIRE(params.beta2 >= 0.0 && params.beta2 < 1.0, op, ": invalid beta2 ", params.beta2,
+               " (expected in [0, 1))");
+    NL_REQUIRE(params.weight_decay >= 0.0, op, ": invalid weight_decay ", params.weight_decay,
+               " (expected >= 0)");
+    NL_REQUIRE(step >= 1, op, ": step counts from 1, found ", step);
+    if (param.numel() == 0) return;
+    const Tensor gc = grad.contiguous();
+    backend_for(param.device())
+        .adam_step(param.dtype(), param.data_ptr(), gc.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                   params.amsgrad ? max_exp_avg_sq.data_ptr() : nullptr, param.numel(), params.lr,
+                   params.beta1, params.beta2, params.eps, params.weight_decay, step, params.decoupled);
+}
+
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params,
+              bool first_step) {
+    const char* op = "sgd_step";
+    require_optim_param(op, param);
+    require_like(op, "grad", grad, "param", param, false);
+    NL_REQUIRE(params.lr >= 0.0, op, ": invalid learning rate ", params.lr, " (expected >= 0)");
+    NL_REQUIRE(params.momentum >= 0.0, op, ": invalid momentum ", params.momentum, " (expected >= 0)");
+    NL_REQUIRE(params.weight_decay >= 0.0, op, ": invalid weight_decay ", params.weight_decay,
+               " (expected >= 0)");
+    NL_REQUIRE(!params.nesterov || (params.momentum > 0.0 && params.dampening == 0.0), op,
+               ": nesterov momentum requires a momentum and zero dampening, found momentum ", params.momentum,
+               " and dampening ", params.dampening);
+    if (params.momentum != 0.0) require_like(op, "momentum_buffer", momentum_buffer, "param", param, true);
+    if (param.numel() == 0) return;
+    const Tensor gc = grad.contiguous();
+    backend_for(param.device())
+        .sgd_step(param.dtype(), param.data_ptr(), gc.data_ptr(),
+                  params.momentum != 0.0 ? momentum_buffer.data_ptr() : nullptr, param.numel(), params.lr,
+                  params.momentum, params.dampening, params.weight_decay, params.nesterov, first_step);
+}
+
+}  // namespace nl

@@ -1,0 +1,95 @@
+// Fused kernels at the tensor level (no autograd): the norm forward/backward pair that serves
+// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; cross-entropy over logits; one-pass Adam/AdamW
+// and SGD updates. Each checks shapes/dtypes/devices, allocates, and calls one backend kernel
+// (core/backend.h has the formulas). bf16/f16 tensors are read and written as such by the kernels,
+// with all math in at least f32.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace nl {
+
+// ---- norms over the last dim of x (rows = numel / d) ----
+
+// pRMSNorm's statistic size: ceil(p * d) clamped to [1, d] (p in (0, 1]; 1e-9 of slack so that
+// p*d landing a rounding error above an integer does not take one element more).
+int64_t partial_stat_count(int64_t d, double p);
+
+struct NormForward {
+    Tensor y;     // x's shape and dtype
+    Tensor mean;  // x.shape[:-1], f64 for f64 x else f32; undefined unless subtract_mean
+    Tensor rstd;  // x.shape[:-1], f64 for f64 x else f32
+};
+// subtract_mean: LayerNorm, y = (x - mean) * rstd * w + b with rstd = 1/sqrt(var + eps) (biased var).
+// Otherwise RMSNorm, y = x * rstd * w + b with rstd = 1/sqrt(mean(x^2) + eps).
+// weight/bias: undefined Tensor() for none, else shape [d] with x's dtype and device.
+// stat_count: the statistics use the first stat_count elements of each row (-1: all d; pRMSNorm:
+// partial_stat_count(d, p)); the normalization applies to all d.
+NormForward norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                         bool subtract_mean, int64_t stat_count = -1);
+
+struct NormBackward {
+    Tensor dx;       // x's shape and dtype
+    Tensor dweight;  // [d], weight's dtype; undefined when weight is undefined or !need_dweight
+    Tensor dbias;    // [d], x's dtype; undefined when !need_dbias
+};
+// Closed-form backward given norm_forward's saved mean (LayerNorm only; else pass Tensor()) and rstd.
+NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd, bool subtract_mean, int64_t stat_count = -1,
+                           bool need_dweight = true, bool need_dbias = true);
+
+// ---- cross-entropy over logits (class dim LAST: logits (..., C), targets (...) of i64) ----
+
+enum class Reduction { None, Mean, Sum };
+
+struct CrossEntropyForward {
+    Tensor loss;    // [] for Mean/Sum, targets' shape for None; logits' dtype
+    Tensor lse;     // targets' shape, logsumexp of each row (saved for backward); f64 for f64 else f32
+    int64_t count;  // rows whose target != ignore_index: Mean's divisor
+};
+// PyTorch's F.cross_entropy(logits.view(-1, C), targets.view(-1), ignore_index, reduction), except
+// the class dim is the last one. Ignored rows contribute 0 loss and 0 gradient; Mean divides by the
+// non-ignored count, so when every row is ignored the mean is 0/0 = NaN, as in PyTorch (and the
+// gradient is all zeros, as in PyTorch). Targets outside [0, C) other than ignore_index are errors.
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                          int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+// dloss: [] (or any one-element tensor) for Mean/Sum, targets' shape for None. Returns dlogits with
+// logits' shape and dtype.
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              const Tensor& lse, int64_t ignore_index = -100,
+                              Reduction reduction = Reduction::Mean);
+// Just the loss of cross_entropy_forward.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::Mean);
+
+// ---- optimizer updates, in place, one pass; param/state contiguous f32 or f64, one shape ----
+
+struct AdamParams {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;  // note: torch.optim.AdamW's default is 1e-2
+    bool decoupled = false;     // false: Adam (L2 added to the gradient); true: AdamW
+    bool amsgrad = false;       // needs max_exp_avg_sq
+};
+// PyTorch's Adam/AdamW step number `step` (1 on the first update). exp_avg, exp_avg_sq (and
+// max_exp_avg_sq for amsgrad) start as zeros. grad may be any layout (it is made contiguous).
+void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+               const AdamParams& params, int64_t step, const Tensor& max_exp_avg_sq = Tensor());
+
+struct SgdParams {
+    double lr = 1e-3;
+    double momentum = 0.0;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;  // needs momentum > 0 and dampening == 0, as in PyTorch
+};
+// PyTorch's SGD step. momentum_buffer: undefined when momentum == 0, else param-shaped; on
+// first_step it is overwritten with the gradient (its old contents are ignored).
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params,
+              bool first_step);
+
+}  // namespace nl
