@@ -1,0 +1,619 @@
+#!/usr/bin/env python3
+"""Writes the PyTorch reference fixtures that normlab's C++ tests compare against.
+
+Run from anywhere (needs `pip install torch safetensors`; takes about a minute on 2 cores):
+
+    python3 tests/reference/make_fixtures.py
+
+Outputs (all overwritten):
+    tests/reference/python_sample.safetensors   a tiny file for the safetensors reader test
+    tests/reference/fixtures/*.safetensors      layer, loss, optimizer and stability fixtures
+    tests/reference/README.md                   everything after the GENERATED marker: one table
+                                                per file (tensor name, shape, dtype, meaning)
+
+Deterministic: each fixture seeds torch itself (torch.manual_seed) and torch runs on one CPU
+thread, so a rerun with the same torch version writes the same values. Every file records the
+torch version and its hyper-parameters in its safetensors __metadata__.
+
+The modules below follow Meta's LLaMA reference code (facebookresearch/llama, llama/model.py):
+RMSNorm, FeedForward (SwiGLU), Attention with complex-pair RoPE and grouped-query heads, and
+TransformerBlock (pre-norm). They are written out here so the fixtures do not depend on any
+model library.
+"""
+
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "fixtures")
+README = os.path.join(HERE, "README.md")
+MARKER = "<!-- GENERATED BELOW BY make_fixtures.py: do not edit by hand -->"
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaMA-style modules
+# ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """LLaMA's RMSNorm: x * rsqrt(mean(x^2, -1) + eps), computed in f32, cast back, times weight.
+
+    LLaMA writes x.float(); here f64 inputs stay f64 (issue 4: "computed in at least f32, f64 stays
+    f64"). For f32/bf16/f16 inputs this is exactly LLaMA's computation.
+    """
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        compute = torch.promote_types(x.dtype, torch.float32)
+        output = self._norm(x.to(compute)).type_as(x)
+        return output * self.weight
+
+
+def swiglu_hidden_dim(hidden_dim, multiple_of):
+    """LLaMA FeedForward's hidden size: multiple_of * ceil(int(2 * hidden_dim / 3) / multiple_of)."""
+    hidden_dim = int(2 * hidden_dim / 3)
+    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
+
+    def __init__(self, dim, hidden_dim, multiple_of):
+        super().__init__()
+        hidden = swiglu_hidden_dim(hidden_dim, multiple_of)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def precompute_freqs_cis(head_dim, seq_len, theta=10000.0):
+    """(seq_len, head_dim/2) complex64: e^{i * t * theta^(-2k/head_dim)} for position t, pair k."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: (head_dim // 2)].float() / head_dim))
+    t = torch.arange(seq_len, device=freqs.device)
+    freqs = torch.outer(t, freqs).float()
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    """Rotates interleaved pairs (x[..., 2k], x[..., 2k+1]) as complex numbers by freqs_cis[t, k]."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])  # (1, T, 1, head_dim/2)
+    xq_out = torch.view_as_real(xq_ * freqs).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def repeat_kv(x, n_rep):
+    """(B, T, n_kv_heads, hd) -> (B, T, n_kv_heads * n_rep, hd): query head h uses kv head h // n_rep."""
+    bs, slen, n_kv_heads, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(
+        bs, slen, n_kv_heads * n_rep, head_dim)
+
+
+def causal_mask(seq_len):
+    return torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.n_rep = n_heads // n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.debug = {}  # intermediates kept for the fixture files
+
+    def forward(self, x, freqs_cis, mask):
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        self.debug["q_rope"] = xq
+        self.debug["k_rope"] = xk
+        keys = repeat_kv(xk, self.n_rep).transpose(1, 2)      # (B, H, T, hd)
+        values = repeat_kv(xv, self.n_rep).transpose(1, 2)    # (B, H, T, hd)
+        xq = xq.transpose(1, 2)                               # (B, H, T, hd)
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        scores = scores + mask
+        probs = F.softmax(scores.float(), dim=-1).type_as(xq)  # (B, H, T, T)
+        self.debug["probs"] = probs
+        output = torch.matmul(probs, values).transpose(1, 2).contiguous().view(bsz, seqlen, -1)
+        return self.wo(output)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm: h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))."""
+
+    def __init__(self, dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps):
+        super().__init__()
+        self.attention = Attention(dim, n_heads, n_kv_heads)
+        self.feed_forward = FeedForward(dim, ffn_hidden_dim, multiple_of)
+        self.attention_norm = RMSNorm(dim, eps=norm_eps)
+        self.ffn_norm = RMSNorm(dim, eps=norm_eps)
+
+    def forward(self, x, freqs_cis, mask):
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixture bookkeeping: every tensor is written with a one-line meaning, which goes to the README.
+# ---------------------------------------------------------------------------------------------
+
+
+def sort_metadata_keys(path):
+    """Rewrites the header with __metadata__'s keys sorted, in place.
+
+    The Rust writer keeps metadata in a HashMap, so its key order (and the file's bytes) would change
+    from run to run; sorted keys make reruns byte-identical and match normlab's writer. The header
+    keeps its length (same keys, same compact JSON), so the data section does not move.
+    """
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None)
+        ordered = {"__metadata__": dict(sorted(meta.items()))} if meta else {}
+        ordered.update(header)
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        text += b" " * (n - len(text))
+        assert len(text) == n, path
+        f.seek(8)
+        f.write(text)
+
+
+class Fixture:
+    def __init__(self, filename, description, **metadata):
+        self.filename = filename
+        self.description = description
+        self.metadata = {k: str(v) for k, v in metadata.items()}
+        self.entries = []  # (name, tensor, meaning)
+
+    def add(self, name, tensor, meaning):
+        assert all(name != n for n, _, _ in self.entries), name
+        self.entries.append((name, tensor.detach().clone().contiguous(), meaning))
+
+    def write(self, directory):
+        metadata = {"torch_version": torch.__version__, "generator": "tests/reference/make_fixtures.py",
+                    "fixture": self.filename.replace(".safetensors", "")}
+        metadata.update(self.metadata)
+        path = os.path.join(directory, self.filename)
+        save_file({n: t for n, t, _ in self.entries}, path, metadata=metadata)
+        sort_metadata_keys(path)
+
+    def readme_section(self):
+        lines = [f"### `fixtures/{self.filename}`", "", self.description, ""]
+        if self.metadata:
+            meta = ", ".join(f"`{k}={v}`" for k, v in self.metadata.items())
+            lines += [f"Metadata: {meta} (plus `torch_version`, `generator`, `fixture`).", ""]
+        lines += ["| tensor | shape | dtype | meaning |", "|---|---|---|---|"]
+        for name, tensor, meaning in self.entries:
+            dtype = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16",
+                     torch.float16: "F16", torch.int64: "I64"}[tensor.dtype]
+            lines.append(f"| `{name}` | `{list(tensor.shape)}` | {dtype} | {meaning} |")
+        return "\n".join(lines) + "\n"
+
+
+def add_param_grads(fx, module, prefix_note=""):
+    """Adds `<name>` and `grad.<name>` for every parameter, with PyTorch's dotted names."""
+    for name, p in module.named_parameters():
+        fx.add(name, p, f"parameter{prefix_note}")
+    for name, p in module.named_parameters():
+        fx.add(f"grad.{name}", p.grad, f"d(sum(output * grad_output)) / d({name})")
+
+
+def run_layer(fx, module, x, forward=None):
+    """Forward, backward with a random upstream gradient; stores input, params, output and grads."""
+    x = x.clone().requires_grad_(True)
+    out = forward(x) if forward else module(x)
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    fx.add("input", x, "layer input")
+    add_param_grads(fx, module)
+    fx.add("output", out, "layer output")
+    fx.add("grad_output", grad_output, "upstream gradient fed to backward (random)")
+    fx.add("grad_input", x.grad, "d(sum(output * grad_output)) / d(input)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer fixtures
+# ---------------------------------------------------------------------------------------------
+
+
+def fixture_linear():
+    torch.manual_seed(1)
+    fx = Fixture("linear.safetensors",
+                 "`nn.Linear(5, 4)` with bias (PyTorch default init) on a 3-D input: "
+                 "`output = input @ weight.T + bias` over the last dim.",
+                 in_features=5, out_features=4)
+    layer = nn.Linear(5, 4)
+    run_layer(fx, layer, torch.randn(2, 3, 5))
+    return fx
+
+
+def fixture_layernorm():
+    torch.manual_seed(2)
+    fx = Fixture("layernorm.safetensors",
+                 "`nn.LayerNorm(8, eps=1e-5)` with random weight (1 + 0.5 N(0,1)) and bias (0.2 N(0,1)); "
+                 "input is N(0,1) * 2 + 0.5 so centering matters.",
+                 normalized_shape=8, eps=1e-5)
+    layer = nn.LayerNorm(8, eps=1e-5)
+    with torch.no_grad():
+        layer.weight.copy_(1 + 0.5 * torch.randn(8))
+        layer.bias.copy_(0.2 * torch.randn(8))
+    run_layer(fx, layer, torch.randn(3, 4, 8) * 2 + 0.5)
+    return fx
+
+
+def fixture_rmsnorm():
+    torch.manual_seed(3)
+    fx = Fixture("rmsnorm.safetensors",
+                 "LLaMA RMSNorm(8, eps=1e-6): `x * rsqrt(mean(x^2, -1, keepdim) + eps)` in f32, "
+                 "`type_as(x)`, times `weight` (random: 1 + 0.5 N(0,1)); input N(0,1) * 2 + 0.5.",
+                 dim=8, eps=1e-6)
+    layer = RMSNorm(8, eps=1e-6)
+    with torch.no_grad():
+        layer.weight.copy_(1 + 0.5 * torch.randn(8))
+    run_layer(fx, layer, torch.randn(3, 4, 8) * 2 + 0.5)
+    return fx
+
+
+def fixture_rmsnorm_bf16():
+    torch.manual_seed(4)
+    fx = Fixture("rmsnorm_bf16.safetensors",
+                 "The same LLaMA RMSNorm(8, eps=1e-6) with a BF16 input and BF16 weight: the norm is "
+                 "computed in f32, cast back to bf16 (`type_as`), then multiplied by the bf16 weight "
+                 "(a bf16 product). Gradients are what PyTorch's autograd gives in bf16; compare with "
+                 "bf16 tolerances (a few bf16 ulps, e.g. rtol 2e-2).",
+                 dim=8, eps=1e-6)
+    layer = RMSNorm(8, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_((1 + 0.5 * torch.randn(8)).to(torch.bfloat16))
+    run_layer(fx, layer, (torch.randn(3, 4, 8) * 2 + 0.5).to(torch.bfloat16))
+    return fx
+
+
+def fixture_swiglu():
+    torch.manual_seed(5)
+    dim, hidden_arg, multiple_of = 16, 64, 8
+    hidden = swiglu_hidden_dim(hidden_arg, multiple_of)
+    fx = Fixture("swiglu.safetensors",
+                 f"LLaMA FeedForward(dim={dim}, hidden_dim={hidden_arg}, multiple_of={multiple_of}): hidden = "
+                 f"{multiple_of} * ceil(int(2*{hidden_arg}/3) / {multiple_of}) = {hidden}; "
+                 "`output = w2(silu(w1(x)) * w3(x))`, no biases, PyTorch default Linear init.",
+                 dim=dim, hidden_dim_arg=hidden_arg, multiple_of=multiple_of, hidden=hidden)
+    layer = FeedForward(dim, hidden_arg, multiple_of)
+    run_layer(fx, layer, torch.randn(2, 3, dim))
+    return fx
+
+
+def add_rope(fx, freqs_cis):
+    fx.add("rope.cos", freqs_cis.real, "cos(t * theta^(-2k/head_dim)) for position t, pair k (f32, as LLaMA)")
+    fx.add("rope.sin", freqs_cis.imag, "sin(t * theta^(-2k/head_dim))")
+
+
+ATTENTION_CONVENTIONS = (
+    "RoPE: LLaMA's `apply_rotary_emb`: per head, the pairs `(x[..., 2k], x[..., 2k+1])` (interleaved, "
+    "NOT the half-split GPT-NeoX/HF layout) are rotated as complex numbers by angle `t * theta^(-2k/head_dim)`, "
+    "theta = 10000, positions t = 0..T-1. Grouped-query: query head h uses kv head `h // (n_heads / n_kv_heads)`. "
+    "Scores `q k^T / sqrt(head_dim)` plus a causal mask (-inf above the diagonal), softmax in f32, "
+    "`probs @ v`, heads concatenated back to `(B, T, n_heads * head_dim)`, then `wo`."
+)
+
+
+def fixture_attention():
+    torch.manual_seed(6)
+    dim, n_heads, n_kv_heads, B, T = 16, 4, 2, 2, 5
+    fx = Fixture("attention.safetensors",
+                 f"Causal self-attention as LLaMA's `Attention` (dim={dim}, n_heads={n_heads}, "
+                 f"n_kv_heads={n_kv_heads}, head_dim={dim // n_heads}, no biases, PyTorch default Linear "
+                 f"init) on input (B={B}, T={T}, dim). " + ATTENTION_CONVENTIONS,
+                 dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=dim // n_heads, rope_theta=10000.0,
+                 causal=True)
+    layer = Attention(dim, n_heads, n_kv_heads)
+    freqs_cis = precompute_freqs_cis(dim // n_heads, T, 10000.0)
+    mask = causal_mask(T)
+    run_layer(fx, layer, torch.randn(B, T, dim), forward=lambda x: layer(x, freqs_cis, mask))
+    add_rope(fx, freqs_cis)
+    fx.add("debug.q_rope", layer.debug["q_rope"], "queries after RoPE, (B, T, n_heads, head_dim)")
+    fx.add("debug.k_rope", layer.debug["k_rope"], "keys after RoPE, (B, T, n_kv_heads, head_dim), before repeat_kv")
+    fx.add("debug.probs", layer.debug["probs"], "softmax attention weights, (B, n_heads, T, T)")
+    return fx
+
+
+def fixture_llama_block():
+    torch.manual_seed(7)
+    dim, n_heads, n_kv_heads, hidden_arg, multiple_of, eps, B, T = 16, 4, 2, 64, 8, 1e-6, 2, 6
+    hidden = swiglu_hidden_dim(hidden_arg, multiple_of)
+    fx = Fixture("llama_block.safetensors",
+                 f"LLaMA `TransformerBlock` (pre-norm): `h = x + attention(attention_norm(x))`, "
+                 f"`output = h + feed_forward(ffn_norm(h))`. dim={dim}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, "
+                 f"head_dim={dim // n_heads}, FFN hidden_dim arg {hidden_arg} with multiple_of {multiple_of} -> "
+                 f"hidden {hidden}, RMSNorm eps {eps} with random weights (1 + 0.5 N(0,1)), input (B={B}, T={T}, dim). "
+                 "Attention conventions as in attention.safetensors.",
+                 dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=dim // n_heads, ffn_hidden_dim_arg=hidden_arg,
+                 multiple_of=multiple_of, hidden=hidden, norm_eps=eps, rope_theta=10000.0, causal=True)
+    block = TransformerBlock(dim, n_heads, n_kv_heads, hidden_arg, multiple_of, eps)
+    with torch.no_grad():
+        block.attention_norm.weight.copy_(1 + 0.5 * torch.randn(dim))
+        block.ffn_norm.weight.copy_(1 + 0.5 * torch.randn(dim))
+    freqs_cis = precompute_freqs_cis(dim // n_heads, T, 10000.0)
+    mask = causal_mask(T)
+    run_layer(fx, block, torch.randn(B, T, dim), forward=lambda x: block(x, freqs_cis, mask))
+    add_rope(fx, freqs_cis)
+    return fx
+
+
+def fixture_cross_entropy():
+    torch.manual_seed(8)
+    N, C = 8, 7
+    fx = Fixture("cross_entropy.safetensors",
+                 f"`F.cross_entropy(logits, target, ignore_index=-100, reduction='mean')` on logits ({N}, {C}); "
+                 "targets 1 and 5 are -100 (ignored), so the mean is over the 6 other rows. The loss is a 0-d "
+                 "tensor and `grad_output` a random 0-d upstream gradient.",
+                 ignore_index=-100, reduction="mean")
+    logits = (torch.randn(N, C) * 2).requires_grad_(True)
+    target = torch.randint(0, C, (N,))
+    target[1] = -100
+    target[5] = -100
+    out = F.cross_entropy(logits, target, ignore_index=-100, reduction="mean")
+    grad_output = torch.randn(())
+    out.backward(grad_output)
+    fx.add("input", logits, "logits (N, C)")
+    fx.add("target", target, "class indices (I64); -100 = ignored")
+    fx.add("output", out, "mean loss over non-ignored rows (0-d)")
+    fx.add("grad_output", grad_output, "upstream gradient (0-d, random)")
+    fx.add("grad_input", logits.grad, "d(output * grad_output) / d(logits); ignored rows are 0")
+    return fx
+
+
+def fixture_mse():
+    torch.manual_seed(9)
+    fx = Fixture("mse.safetensors", "`F.mse_loss(input, target, reduction='mean')`; loss and upstream gradient are 0-d.",
+                 reduction="mean")
+    x = torch.randn(4, 5).requires_grad_(True)
+    target = torch.randn(4, 5)
+    out = F.mse_loss(x, target)
+    grad_output = torch.randn(())
+    out.backward(grad_output)
+    fx.add("input", x, "prediction")
+    fx.add("target", target, "target (no gradient)")
+    fx.add("output", out, "mean((input - target)^2) (0-d)")
+    fx.add("grad_output", grad_output, "upstream gradient (0-d, random)")
+    fx.add("grad_input", x.grad, "d(output * grad_output) / d(input) = grad_output * 2 (input - target) / numel")
+    return fx
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer trajectories
+# ---------------------------------------------------------------------------------------------
+
+
+class SmallMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.norm(self.fc1(x))))
+
+
+def fixture_optimizer(filename, opt_name, weight_decay):
+    torch.manual_seed(10)
+    lr, steps = 1e-2, 10
+    x = torch.randn(32, 8)
+    y = torch.randn(32, 4)
+    model = SmallMLP()
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cls = torch.optim.Adam if opt_name == "Adam" else torch.optim.AdamW
+    opt = cls(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    decay_kind = {"Adam": "L2 added to the gradient (coupled)", "AdamW": "decoupled: p -= lr * wd * p"}[opt_name]
+    fx = Fixture(filename,
+                 f"{steps} full-batch steps of `torch.optim.{opt_name}(lr={lr}, betas=(0.9, 0.999), eps=1e-8, "
+                 f"weight_decay={weight_decay})` ({decay_kind if weight_decay else 'no weight decay'}) on "
+                 "SmallMLP = fc1 Linear(8, 16) -> norm LayerNorm(16) -> ReLU -> fc2 Linear(16, 4), "
+                 "loss `mse_loss(model(x), y)` (mean). Each step: zero_grad, loss, backward, step; "
+                 "`losses[i]` is the loss computed at step i, before that step's update.",
+                 optimizer=opt_name, lr=lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=weight_decay, steps=steps,
+                 amsgrad=False)
+    fx.add("x", x, "input data (32, 8)")
+    fx.add("y", y, "target data (32, 4)")
+    for n, t in init.items():
+        fx.add(f"init.{n}", t, "parameter before step 1 (PyTorch default init)")
+    fx.add("losses", torch.tensor(losses, dtype=torch.float32), "loss at steps 1..10, before each update")
+    for n, p in model.named_parameters():
+        fx.add(f"final.{n}", p, "parameter after 10 steps")
+    for n, p in model.named_parameters():
+        state = opt.state[p]
+        fx.add(f"state.{n}.exp_avg", state["exp_avg"], "Adam first moment m after 10 steps")
+        fx.add(f"state.{n}.exp_avg_sq", state["exp_avg_sq"], "Adam second moment v after 10 steps")
+    return fx
+
+
+# ---------------------------------------------------------------------------------------------
+# The stability experiment (issue 5): SimpleModel, MSE, Adam lr 1e-3, 100 full-batch epochs.
+# ---------------------------------------------------------------------------------------------
+
+STABILITY_SEED = 42
+STABILITY_RMS_EPS = 1e-6   # LLaMA RMSNorm's default
+STABILITY_LN_EPS = 1e-5    # nn.LayerNorm's default
+STABILITY_EPOCHS = 100
+STABILITY_LR = 1e-3
+
+
+class SimpleModel(nn.Module):
+    """fc1 Linear(100, 256) -> norm1 -> ReLU -> fc2 Linear(256, 256) -> norm2 -> ReLU -> fc3 Linear(256, 10)."""
+
+    def __init__(self, norm):
+        super().__init__()
+        make_norm = {"rmsnorm": lambda: RMSNorm(256, eps=STABILITY_RMS_EPS),
+                     "layernorm": lambda: nn.LayerNorm(256, eps=STABILITY_LN_EPS)}[norm]
+        self.fc1 = nn.Linear(100, 256)
+        self.norm1 = make_norm()
+        self.fc2 = nn.Linear(256, 256)
+        self.norm2 = make_norm()
+        self.fc3 = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = F.relu(self.norm1(self.fc1(x)))
+        x = F.relu(self.norm2(self.fc2(x)))
+        return self.fc3(x)
+
+
+def stability_setup(norm):
+    """Data then model, drawn in f32 from one seed; both norms get identical fc weights (norm
+    init draws nothing)."""
+    torch.manual_seed(STABILITY_SEED)
+    x = torch.randn(1000, 100)
+    y = torch.randn(1000, 10)
+    model = SimpleModel(norm)
+    return x, y, model
+
+
+def stability_run(norm, dtype, perturb=0.0):
+    x, y, model = stability_setup(norm)
+    model = model.to(dtype)
+    x, y = x.to(dtype), y.to(dtype)
+    if perturb:
+        with torch.no_grad():
+            model.fc1.weight.mul_(1 + perturb)
+    opt = torch.optim.Adam(model.parameters(), lr=STABILITY_LR)
+    losses = []
+    for _ in range(STABILITY_EPOCHS):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return torch.tensor(losses, dtype=dtype)
+
+
+def fixtures_stability():
+    out = []
+    x, y, _ = stability_setup("rmsnorm")
+    data = Fixture("stability_data.safetensors",
+                   f"Data of the stability experiment: `torch.manual_seed({STABILITY_SEED}); x = torch.randn(1000, 100); "
+                   "y = torch.randn(1000, 10)` (f32; the f64 runs use these values converted to f64, exactly).",
+                   seed=STABILITY_SEED)
+    data.add("x", x, "inputs, N(0, 1)")
+    data.add("y", y, "targets, N(0, 1)")
+    out.append(data)
+    for norm in ("rmsnorm", "layernorm"):
+        _, _, model = stability_setup(norm)
+        eps = STABILITY_RMS_EPS if norm == "rmsnorm" else STABILITY_LN_EPS
+        init = Fixture(f"stability_init_{norm}.safetensors",
+                       f"Initial SimpleModel state_dict with {'LLaMA RMSNorm' if norm == 'rmsnorm' else 'nn.LayerNorm'} "
+                       f"(eps {eps}): drawn in f32 right after the data from the same seed, PyTorch default init "
+                       "(Linear: kaiming-uniform a=sqrt(5), bias U(+-1/sqrt(fan_in)); norms: weight 1"
+                       f"{', bias 0' if norm == 'layernorm' else ''}). Loadable as `init_from` with strict names; "
+                       "the fc weights are identical in both init files.",
+                       norm=norm, eps=eps, seed=STABILITY_SEED)
+        for n, p in model.named_parameters():
+            init.add(n, p, "initial parameter")
+        out.append(init)
+        for dtype, dname in ((torch.float64, "f64"), (torch.float32, "f32")):
+            losses = stability_run(norm, dtype)
+            perturbed = stability_run(norm, dtype, perturb=1e-6)
+            run = Fixture(f"stability_{norm}_{dname}.safetensors",
+                          f"Loss curve of SimpleModel with {norm} (eps {eps}) trained in {dname}: init from "
+                          f"`stability_init_{norm}.safetensors` and data from `stability_data.safetensors` "
+                          f"(both converted to {dname}), `torch.optim.Adam(lr={STABILITY_LR})` (betas 0.9/0.999, "
+                          f"eps 1e-8, no weight decay), {STABILITY_EPOCHS} full-batch epochs of zero_grad, "
+                          "`mse_loss(model(x), y)` (mean), backward, step. `losses[i]` is epoch i+1's loss before "
+                          "its update (losses[0] is the loss at the initial weights).",
+                          norm=norm, eps=eps, dtype=dname, lr=STABILITY_LR, epochs=STABILITY_EPOCHS,
+                          seed=STABILITY_SEED, init_from=f"stability_init_{norm}.safetensors",
+                          data_from="stability_data.safetensors")
+            run.add("losses", losses, f"per-epoch loss ({dname})")
+            run.add("losses_perturbed", perturbed,
+                    "the same run with fc1.weight scaled by (1 + 1e-6) before training: the sensitivity probe "
+                    "of issue 5 (late epochs diverge from `losses`; the run is chaotic)")
+            out.append(run)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The safetensors reader's sample (tests/test_safetensors.cpp asserts these exact values).
+# ---------------------------------------------------------------------------------------------
+
+
+def write_python_sample():
+    tensors = {
+        "f32": torch.arange(6, dtype=torch.float32).reshape(2, 3) * 0.5 - 1.0,
+        "f64": torch.tensor([1.0 / 3.0, -2.5e-300, 1e300], dtype=torch.float64),
+        "bf16": torch.tensor([1.0, -2.5, 3.140625, -0.0], dtype=torch.bfloat16),
+        "f16": torch.tensor([0.5, -65504.0, 2.0 ** -14, 2.0 ** -24], dtype=torch.float16),
+        "i64": torch.tensor([-1, 0, 2 ** 40, 2 ** 63 - 1], dtype=torch.int64),
+        "scalar": torch.tensor(7.25),
+        "empty": torch.zeros(0, 3),
+    }
+    # One metadata key only: the Rust writer stores metadata in a HashMap, so with several keys
+    # their order in the header (and the file's bytes) would vary between runs.
+    save_file(tensors, os.path.join(HERE, "python_sample.safetensors"), metadata={"format": "pt"})
+
+
+def write_readme_tables(fixtures):
+    with open(README) as f:
+        text = f.read()
+    if MARKER not in text:
+        sys.exit(f"{README}: missing the marker line {MARKER!r}")
+    head = text.split(MARKER)[0]
+    total = sum(os.path.getsize(os.path.join(FIXTURES, fx.filename)) for fx in fixtures)
+    body = [f"_{len(fixtures)} files, {total / 1e6:.2f} MB in all, written by torch {torch.__version__}._", ""]
+    body += [fx.readme_section() for fx in fixtures]
+    with open(README, "w") as f:
+        f.write(head + MARKER + "\n\n" + "\n".join(body))
+
+
+def main():
+    torch.set_num_threads(1)  # reductions and GEMMs give the same bits on every run
+    os.makedirs(FIXTURES, exist_ok=True)
+    write_python_sample()
+    fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_swiglu(),
+                fixture_attention(), fixture_llama_block(), fixture_cross_entropy(), fixture_mse(),
+                fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
+                fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
+                fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
+    fixtures += fixtures_stability()
+    for fx in fixtures:
+        fx.write(FIXTURES)
+        print(f"wrote fixtures/{fx.filename}: {len(fx.entries)} tensors")
+    write_readme_tables(fixtures)
+
+
+if __name__ == "__main__":
+    main()
