@@ -1,0 +1,94 @@
+// Losses: MSE, and cross-entropy fused (one node over the core kernels) and composed (autograd ops).
+#include "layers/loss.h"
+
+namespace nl {
+
+Var mse_loss(const Var& input, const Var& target) {
+    NL_REQUIRE(input.defined() && target.defined(), "mse_loss: input and target must be defined");
+    NL_REQUIRE(input.shape() == target.shape(), "mse_loss: input ", shape_str(input.shape()),
+               " and target ", shape_str(target.shape()), " must have the same shape");
+    return mean(square(input - target));
+}
+
+namespace {
+
+const char* reduction_name(Reduction reduction) {
+    switch (reduction) {
+        case Reduction::None: return "none";
+        case Reduction::Mean: return "mean";
+        case Reduction::Sum: return "sum";
+    }
+    return "?";
+}
+
+void check_cross_entropy_args(const char* op, const Var& logits, const Tensor& targets) {
+    NL_REQUIRE(logits.defined() && targets.defined(), op, ": logits and targets must be defined");
+    NL_REQUIRE(targets.dtype() == DType::I64, op, ": expected i64 targets, found ", dtype_name(targets.dtype()));
+    NL_REQUIRE(logits.dim() >= 1, op, ": expected logits (..., C), found ", shape_str(logits.shape()));
+    Shape rows(logits.shape().begin(), logits.shape().end() - 1);
+    NL_REQUIRE(targets.shape() == rows, op, ": logits ", shape_str(logits.shape()), " need targets of shape ",
+               shape_str(rows), ", found ", shape_str(targets.shape()));
+}
+
+}  // namespace
+
+Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+    check_cross_entropy_args("cross_entropy", logits, targets);
+    CrossEntropyForward f = cross_entropy_forward(logits.data(), targets, ignore_index, reduction);
+    // Saves the logits, each row's logsumexp and the targets: the backward recomputes
+    // softmax = exp(logit - lse) instead of keeping a (..., C) probability tensor.
+    return make_result(
+        f.loss, "cross_entropy", {logits},
+        {{"logits", logits.data()}, {"lse", f.lse}, {"targets", targets}},
+        [ignore_index, reduction](const Var& dloss, const std::vector<Var>& saved) -> std::vector<Var> {
+            NL_REQUIRE(!is_grad_enabled(), "cross_entropy (fused): the fused backward is first-order only; "
+                                           "use cross_entropy_loss_composed for create_graph");
+            Tensor dlogits = cross_entropy_backward(dloss.data(), saved[0].data(), saved[2].data(),
+                                                    saved[1].data(), ignore_index, reduction);
+            return {Var(dlogits)};
+        });
+}
+
+Var cross_entropy_loss_composed(const Var& logits, const Tensor& targets, int64_t ignore_index,
+                                Reduction reduction) {
+    check_cross_entropy_args("cross_entropy_composed", logits, targets);
+    const int64_t classes = logits.size(-1);
+    // Host-side mask: ignored rows gather class 0 (any valid index) and are multiplied by 0.
+    std::vector<int64_t> ids = targets.to_vector_as<int64_t>();
+    std::vector<double> keep(ids.size());
+    int64_t count = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == ignore_index) {
+            ids[i] = 0;
+            keep[i] = 0.0;
+            continue;
+        }
+        NL_REQUIRE(ids[i] >= 0 && ids[i] < classes, "cross_entropy_composed: target ", ids[i], " at row ", i,
+                   " is out of range for ", classes, " classes (ignore_index ", ignore_index, ")");
+        keep[i] = 1.0;
+        ++count;
+    }
+    Tensor safe = from_vector(ids, targets.shape()).to(logits.device());               // (...)
+    Tensor mask = from_vector(keep, targets.shape(), logits.dtype()).to(logits.device());  // (...)
+    Var logp = log_softmax(logits, -1);                                                  // (..., C)
+    Var picked = squeeze(gather(logp, -1, safe.unsqueeze(-1)), -1);                      // (...)
+    Var losses = -(picked * Var(mask));                                                  // (...)
+    switch (reduction) {
+        case Reduction::None: return losses;
+        case Reduction::Sum: return sum(losses);
+        case Reduction::Mean: return sum(losses) / static_cast<double>(count);  // 0/0 = NaN as PyTorch
+    }
+    throw InternalError("cross_entropy_composed: unknown reduction");
+}
+
+std::string CrossEntropyLoss::extra_repr() const {
+    return detail::concat("ignore_index=", options_.ignore_index, ", reduction=", reduction_name(options_.reduction),
+                          ", fused=", options_.fused ? "true" : "false");
+}
+
+Var CrossEntropyLoss::forward(const Var& logits, const Tensor& targets) {
+    return options_.fused ? cross_entropy_loss(logits, targets, options_.ignore_index, options_.reduction)
+                          : cross_entropy_loss_composed(logits, targets, options_.ignore_index, options_.reduction);
+}
+
+}  // namespace nl

@@ -1,0 +1,150 @@
+// Normalization layers, each in two forms selectable per module (options.fused / set_fused):
+//   composed: built from autograd ops, so autograd derives the backward (and double backward);
+//   fused:    one make_result node over core/fused.h norm_forward/norm_backward, the closed-form
+//             backward, saving only x and rstd (plus mean for LayerNorm) for backward.
+// All normalize over the last dim. Statistics are computed in f32 for bf16/f16 inputs (f64 stays
+// f64) and the result is cast back to the input dtype, as LLaMA's RMSNorm does.
+//
+// What the fused node keeps: its saved tensors are exactly x, rstd (and mean). The weight, which
+// the backward also needs, is a parameter that is alive anyway; the closure holds a reference to
+// it instead of saving it, so graph inspection counts activation memory only. The fused backward is
+// first-order only (a kernel, not Var ops): backward(create_graph=true) through a fused norm throws
+// an nl::Error saying so; gradgradcheck and double backward use the composed forms.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "layers/module.h"
+
+namespace nl {
+
+// ---- functional forms (weight/bias: undefined Var for none, else shape [d] with x's dtype) ----
+
+// LayerNorm (Ba et al. 2016; PyTorch F.layer_norm): y = (x - mean) / sqrt(var + eps) * w + b,
+// biased variance, two-pass.
+Var layer_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps);
+Var layer_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps);
+// RMSNorm (Zhang & Sennrich 2019), LLaMA's exact form:
+//   norm(x) = x * rsqrt(mean(x^2, -1, keepdim) + eps) in f32 (f64 stays f64), cast back to x's
+//   dtype, then * weight (+ bias for the biased variant).
+// stat_count k: the mean of squares uses the first k elements of each row (pRMSNorm; -1 = all d).
+// Note on half inputs: the composed form rounds to x's dtype before multiplying by the weight (as
+// LLaMA); the fused kernel multiplies in f32 and rounds once. They agree to the dtype's precision.
+Var rms_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count = -1);
+Var rms_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count = -1);
+Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused);
+Var rms_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused,
+             int64_t stat_count = -1);
+// AdaptiveRMSNorm (see the class below): rms_norm(x, weight) * sigmoid(alpha * sqrt(var(x) + eps)),
+// alpha a scalar ([]) Var of x's dtype.
+Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double eps, bool fused);
+// HybridNorm (see the class below): (alpha * rmsnorm(x) + (1 - alpha) * layernorm(x)) * w + b.
+Var hybrid_norm(const Var& x, const Var& weight, const Var& bias, double alpha, double eps, bool fused);
+
+// ---- options and the factory ----
+
+struct NormOptions {
+    // "layernorm", "rmsnorm", "rmsnorm_bias", "prmsnorm", "adaptive_rmsnorm", "hybridnorm"
+    std::string type = "rmsnorm";
+    int64_t dim = 0;
+    // Unset: 1e-5 for layernorm and hybridnorm (nn.LayerNorm's default), 1e-6 for the RMSNorm
+    // family (the default of LLaMA's RMSNorm class; LLaMA-2's configs pass norm_eps=1e-5).
+    std::optional<double> eps = std::nullopt;
+    bool fused = true;
+    bool elementwise_affine = true;  // learnable weight (and bias where the norm has one)
+    bool bias = true;                // layernorm and hybridnorm only (nn.LayerNorm's bias=True)
+    double p = 0.0625;               // prmsnorm: the fraction of each row its RMS is computed over
+    double alpha = 0.5;              // hybridnorm: the (fixed) weight of the RMSNorm branch
+    DType dtype = DType::F32;
+
+    double resolved_eps() const;     // eps, or the type's default
+};
+
+// The accepted NormOptions::type values, in the order listed above.
+const std::vector<std::string>& norm_types();
+
+// Every norm: a one-input module over the last dim with a fused/composed switch.
+class Norm : public UnaryModule {
+public:
+    explicit Norm(NormOptions options);
+    const NormOptions& options() const { return options_; }
+    int64_t dim() const { return options_.dim; }
+    double eps() const { return options_.resolved_eps(); }
+    virtual bool fused() const { return options_.fused; }
+    virtual void set_fused(bool fused) { options_.fused = fused; }
+    std::string extra_repr() const override;
+
+protected:
+    // nl::Error unless x is floating, has options().dim as its last dim and the norm's dtype.
+    void check_input(const Var& x) const;
+    NormOptions options_;
+};
+
+// Builds the norm named by options.type; an unknown type is an nl::Error listing the choices.
+std::shared_ptr<Norm> make_norm(const NormOptions& options);
+
+// Switches every norm in `model` (at any depth) to the fused or composed form; returns how many
+// norms it set (a monitored norm counts once).
+int64_t set_norms_fused(Module& model, bool fused);
+
+// nn.LayerNorm(dim, eps, elementwise_affine, bias): weight ones, bias zeros.
+class LayerNorm : public Norm {
+public:
+    explicit LayerNorm(const NormOptions& options);
+    explicit LayerNorm(int64_t dim, double eps = 1e-5);
+    std::string type_name() const override { return "LayerNorm"; }
+    Var forward(const Var& x) override;
+    Var weight() const;  // undefined without elementwise_affine
+    Var bias() const;    // undefined without elementwise_affine or bias
+};
+
+// LLaMA's RMSNorm (type "rmsnorm"), with a bias (type "rmsnorm_bias": y = norm(x) * w + b, bias
+// zeros), or partial (type "prmsnorm": the RMS over the first partial_stat_count(d, p) elements of
+// each row, the paper's pRMSNorm, normalizing all d). Weight ones.
+class RMSNorm : public Norm {
+public:
+    explicit RMSNorm(const NormOptions& options);
+    explicit RMSNorm(int64_t dim, double eps = 1e-6);
+    std::string type_name() const override;  // "RMSNorm", "RMSNormBias", "PRMSNorm"
+    Var forward(const Var& x) override;
+    Var weight() const;
+    Var bias() const;                 // defined for rmsnorm_bias only
+    int64_t stat_count() const;       // d, or ceil(p * d) for prmsnorm
+};
+
+// AdaptiveRMSNorm: y = RMSNorm(x) * sigmoid(alpha * std(x)), with std per row over the last dim,
+// BIASED (divide by d, like the norms' own statistics) and with eps inside the root,
+// std = sqrt(var(x) + eps), so a constant row has a finite gradient. alpha is a learnable scalar
+// parameter ("alpha", shape [], initialised to 1) next to the RMSNorm weight ("weight").
+// Fused form: the fused RMSNorm node times the gate, which stays composed from autograd ops (the
+// gate is a per-row scalar, so it adds only row-sized saved tensors plus its own use of x).
+class AdaptiveRMSNorm : public Norm {
+public:
+    explicit AdaptiveRMSNorm(const NormOptions& options);
+    std::string type_name() const override { return "AdaptiveRMSNorm"; }
+    Var forward(const Var& x) override;
+    Var weight() const;
+    Var alpha() const { return parameter("alpha"); }
+};
+
+// HybridNorm: y = (alpha * rmsnorm(x) + (1 - alpha) * layernorm(x)) * weight + bias, where both
+// branches are unscaled (no affine of their own) and share one weight (ones) and bias (zeros,
+// when options.bias), so it has nn.LayerNorm's parameters. alpha is FIXED (options.alpha, in
+// [0, 1], not learned) so the blend is a controlled experimental knob. Fused form: the two fused
+// norm nodes (without weight) blended and scaled with autograd ops.
+class HybridNorm : public Norm {
+public:
+    explicit HybridNorm(const NormOptions& options);
+    std::string type_name() const override { return "HybridNorm"; }
+    std::string extra_repr() const override;
+    Var forward(const Var& x) override;
+    double alpha() const { return options_.alpha; }
+    Var weight() const;
+    Var bias() const;
+};
+
+}  // namespace nl

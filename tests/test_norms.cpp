@@ -1,0 +1,461 @@
+// Norm tests: every norm against a plain f64 reference loop, fused vs composed (forward and every
+// gradient, f32 and f64), gradcheck of both forms, saved bytes, the paper's invariances, bf16,
+// the factory, the monitor and the LayerNorm -> RMSNorm migration.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "autograd/autograd.h"
+#include "core/fused.h"
+#include "layers/linear.h"
+#include "layers/migrate.h"
+#include "layers/monitor.h"
+#include "layers/norms.h"
+#include "tests/layers_test_util.h"
+
+using namespace nl;
+using nl::test::check_close;
+using nl::test::randomize_parameters;
+
+namespace {
+
+const std::vector<std::string> kTypes = {"layernorm", "rmsnorm", "rmsnorm_bias", "prmsnorm", "adaptive_rmsnorm",
+                                         "hybridnorm"};
+
+NormOptions options_for(const std::string& type, int64_t dim, bool fused, DType dtype) {
+    NormOptions o;
+    o.type = type;
+    o.dim = dim;
+    o.fused = fused;
+    o.dtype = dtype;
+    o.p = 0.3;      // prmsnorm: ceil(0.3 * 16) = 5 of 16 elements
+    o.alpha = 0.3;  // hybridnorm
+    return o;
+}
+
+// The norm's output in plain f64 loops, from the module's own parameters. x: (rows, d) row-major.
+std::vector<double> reference_norm(const Norm& norm, const std::vector<double>& x, int64_t rows, int64_t d) {
+    const std::string& type = norm.options().type;
+    const double eps = norm.eps();
+    auto param = [&](const char* name, double fallback) {
+        return norm.has_parameter(name) ? norm.parameter(name).data().to_vector() : std::vector<double>(d, fallback);
+    };
+    std::vector<double> w = param("weight", 1.0), b = param("bias", 0.0);
+    const double alpha = norm.has_parameter("alpha") ? norm.parameter("alpha").item() : 0.0;
+    const int64_t k = type == "prmsnorm" ? partial_stat_count(d, norm.options().p) : d;
+    std::vector<double> out(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+        const double* xr = &x[r * d];
+        double mu = 0, ms = 0, var = 0;
+        for (int64_t j = 0; j < d; ++j) mu += xr[j] / d;
+        for (int64_t j = 0; j < k; ++j) ms += xr[j] * xr[j] / k;
+        for (int64_t j = 0; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu) / d;
+        for (int64_t j = 0; j < d; ++j) {
+            const double rms_hat = xr[j] / std::sqrt(ms + eps);
+            const double ln_hat = (xr[j] - mu) / std::sqrt(var + eps);
+            double y = 0;
+            if (type == "layernorm") y = ln_hat * w[j] + b[j];
+            else if (type == "rmsnorm" || type == "prmsnorm") y = rms_hat * w[j];
+            else if (type == "rmsnorm_bias") y = rms_hat * w[j] + b[j];
+            else if (type == "adaptive_rmsnorm") y = rms_hat * w[j] / (1 + std::exp(-alpha * std::sqrt(var + eps)));
+            else if (type == "hybridnorm") y = (0.3 * rms_hat + 0.7 * ln_hat) * w[j] + b[j];
+            out[r * d + j] = y;
+        }
+    }
+    return out;
+}
+
+// The functional form of each norm over gradcheck inputs {x, weight, [bias | alpha]}.
+std::vector<Var> functional_inputs(const std::string& type, int64_t rows, int64_t d, Generator& gen) {
+    auto leaf = [&](const Shape& s, double scale, double shift) {
+        return Var(randn(s, gen, DType::F64) * scale + shift, true);
+    };
+    std::vector<Var> in = {leaf({rows, d}, 1.5, 0.3), leaf({d}, 0.5, 1.0)};
+    if (type == "layernorm" || type == "rmsnorm_bias" || type == "hybridnorm") in.push_back(leaf({d}, 0.5, 0.0));
+    if (type == "adaptive_rmsnorm") in.push_back(Var(full({}, 0.7, DType::F64), true));
+    return in;
+}
+
+Var apply_functional(const std::string& type, const std::vector<Var>& in, bool fused) {
+    const int64_t d = in[0].size(-1);
+    if (type == "layernorm") return layer_norm(in[0], in[1], in[2], 1e-5, fused);
+    if (type == "rmsnorm") return rms_norm(in[0], in[1], Var(), 1e-6, fused);
+    if (type == "rmsnorm_bias") return rms_norm(in[0], in[1], in[2], 1e-6, fused);
+    if (type == "prmsnorm") return rms_norm(in[0], in[1], Var(), 1e-6, fused, partial_stat_count(d, 0.3));
+    if (type == "adaptive_rmsnorm") return adaptive_rms_norm(in[0], in[1], in[2], 1e-6, fused);
+    return hybrid_norm(in[0], in[1], in[2], 0.3, 1e-5, fused);
+}
+
+}  // namespace
+
+TEST_CASE("norms: every norm matches a plain f64 reference loop, both forms", "[norms]") {
+    Generator gen(11);
+    const int64_t rows = 6, d = 16;
+    for (const auto& type : kTypes) {
+        for (bool fused : {true, false}) {
+            INFO(type << (fused ? " fused" : " composed"));
+            auto norm = make_norm(options_for(type, d, fused, DType::F64));
+            randomize_parameters(*norm, gen);
+            Tensor x = randn({2, 3, d}, gen, DType::F64) * 2.0 + 0.5;  // (2, 3, d): centering matters
+            Var y = norm->forward(Var(x));
+            REQUIRE(y.shape() == x.shape());
+            Tensor expected = from_vector(reference_norm(*norm, x.to_vector(), rows, d), x.shape(), DType::F64);
+            check_close(y, expected, 1e-12, 1e-10, "output");
+        }
+    }
+}
+
+TEST_CASE("norms: fused and composed agree on the output and every gradient (f32, f64)", "[norms]") {
+    Generator gen(12);
+    const int64_t d = 16;
+    for (DType dtype : {DType::F32, DType::F64}) {
+        const double atol = dtype == DType::F64 ? 1e-12 : 1e-5;
+        const double rtol = dtype == DType::F64 ? 1e-10 : 1e-4;
+        for (const auto& type : kTypes) {
+            INFO(type << " " << dtype_name(dtype));
+            auto fused = make_norm(options_for(type, d, true, dtype));
+            auto composed = make_norm(options_for(type, d, false, dtype));
+            randomize_parameters(*fused, gen);
+            composed->load_state_dict(fused->state_dict());
+            REQUIRE(fused->fused());
+            REQUIRE_FALSE(composed->fused());
+
+            Tensor x = (randn({4, 5, d}, gen, DType::F64) * 2.0 + 0.5).to(dtype);  // (4, 5, d)
+            Tensor g = randn({4, 5, d}, gen, DType::F64).to(dtype);                // upstream gradient
+            Var xf(x.clone(), true), xc(x.clone(), true);
+            Var yf = fused->forward(xf), yc = composed->forward(xc);
+            check_close(yf, yc.data(), atol, rtol, "output");
+            yf.backward(Var(g));
+            yc.backward(Var(g));
+            check_close(xf.grad(), xc.grad().data(), atol, rtol, "grad x");
+            auto pf = fused->named_parameters(), pc = composed->named_parameters();
+            REQUIRE(pf.size() == pc.size());
+            REQUIRE(!pf.empty());
+            for (size_t i = 0; i < pf.size(); ++i) {
+                REQUIRE(pf[i].first == pc[i].first);
+                check_close(pf[i].second.grad(), pc[i].second.grad().data(), atol, rtol, "grad " + pf[i].first);
+            }
+        }
+    }
+}
+
+TEST_CASE("norms: a non-contiguous (transposed) input gives the same result", "[norms]") {
+    Generator gen(13);
+    for (const auto& type : kTypes) {
+        for (bool fused : {true, false}) {
+            INFO(type << (fused ? " fused" : " composed"));
+            auto norm = make_norm(options_for(type, 8, fused, DType::F64));
+            randomize_parameters(*norm, gen);
+            Tensor base = randn({8, 5}, gen, DType::F64);  // its transpose (5, 8) is the input
+            Var xt(base.t(), true), xc(base.t().contiguous(), true);
+            Var yt = norm->forward(xt), yc = norm->forward(xc);
+            check_close(yt, yc.data(), 1e-13, 1e-12, "output");
+            Tensor g = randn({5, 8}, gen, DType::F64);
+            yt.backward(Var(g));
+            yc.backward(Var(g));
+            check_close(xt.grad(), xc.grad().data(), 1e-13, 1e-12, "grad x");
+        }
+    }
+}
+
+TEST_CASE("norms: gradcheck passes for both forms (f64), gradgradcheck for the composed", "[norms]") {
+    Generator gen(14);
+    for (const auto& type : kTypes) {
+        std::vector<Var> inputs = functional_inputs(type, 3, 6, gen);
+        for (bool fused : {true, false}) {
+            INFO(type << (fused ? " fused" : " composed"));
+            GradcheckResult r = gradcheck([&](const std::vector<Var>& in) { return apply_functional(type, in, fused); },
+                                          inputs);
+            INFO(r.message);
+            CHECK(r.ok);
+        }
+        INFO(type << " composed, second order");
+        GradcheckResult r2 = gradgradcheck(
+            [&](const std::vector<Var>& in) { return apply_functional(type, in, false); }, inputs);
+        INFO(r2.message);
+        CHECK(r2.ok);
+    }
+}
+
+TEST_CASE("norms: a fused norm refuses create_graph with a clear error", "[norms]") {
+    Generator gen(15);
+    std::vector<Var> in = functional_inputs("rmsnorm", 2, 4, gen);
+    Var y = sum(square(rms_norm(in[0], in[1], Var(), 1e-6, true)));
+    REQUIRE_THROWS_WITH(gradients(y, {in[0]}, Var(), false, true), Catch::Contains("first-order only"));
+}
+
+TEST_CASE("norms: fused saves exactly x + rstd (+ mean), less than composed", "[norms]") {
+    Generator gen(16);
+    const int64_t d = 16, rows = 20;
+    for (DType dtype : {DType::F32, DType::F64}) {
+        const int64_t stat = dtype == DType::F64 ? 8 : 4;  // rstd/mean are f64 for f64 x, else f32
+        for (const auto& type : kTypes) {
+            INFO(type << " " << dtype_name(dtype));
+            auto fused = make_norm(options_for(type, d, true, dtype));
+            auto composed = make_norm(options_for(type, d, false, dtype));
+            Var x(randn({4, 5, d}, gen, dtype), true);  // (4, 5, d): 20 rows
+            Var yf = fused->forward(x), yc = composed->forward(x);
+            const int64_t bf = graph_saved_bytes(yf), bc = graph_saved_bytes(yc);
+            INFO("fused " << bf << " B, composed " << bc << " B\n" << graph_summary(yf) << "\n" << graph_summary(yc));
+            CHECK(bf < bc);
+            if (type == "adaptive_rmsnorm" || type == "hybridnorm") continue;  // partly composed by design
+            const bool ln = type == "layernorm";
+            CHECK(bf == x.data().nbytes() + rows * stat * (ln ? 2 : 1));
+            // The graph is one node, and it saved exactly these names.
+            auto nodes = graph_nodes(yf);
+            REQUIRE(nodes.size() == 1);
+            std::vector<std::string> names;
+            for (const auto& s : saved_info(*nodes[0])) names.push_back(s.name);
+            CHECK(names == (ln ? std::vector<std::string>{"x", "mean", "rstd"} : std::vector<std::string>{"x", "rstd"}));
+        }
+    }
+}
+
+TEST_CASE("norms: the RMSNorm paper's invariances", "[norms]") {
+    Generator gen(17);
+    Tensor x = randn({6, 32}, gen, DType::F64) + 0.3;
+    for (bool fused : {true, false}) {
+        INFO((fused ? "fused" : "composed"));
+        // eps breaks exact invariance by O(eps / mean(x^2)); a tiny eps makes it exact to rounding.
+        RMSNorm rms(NormOptions{.type = "rmsnorm", .dim = 32, .eps = 1e-14, .fused = fused, .dtype = DType::F64});
+        LayerNorm ln(NormOptions{.type = "layernorm", .dim = 32, .eps = 1e-14, .fused = fused, .dtype = DType::F64});
+        randomize_parameters(rms, gen);
+        randomize_parameters(ln, gen);
+        Tensor y_rms = rms.forward(Var(x)).data(), y_ln = ln.forward(Var(x)).data();
+        for (double c : {0.05, 7.0, 1000.0}) {
+            INFO("scale " << c);
+            check_close(rms.forward(Var(x * c)), y_rms, 1e-10, 1e-10, "RMSNorm(c x) == RMSNorm(x)");
+            check_close(ln.forward(Var(x * c)), y_ln, 1e-10, 1e-10, "LayerNorm(c x) == LayerNorm(x)");
+        }
+        check_close(ln.forward(Var(x + 3.0)), y_ln, 1e-10, 1e-10, "LayerNorm(x + c) == LayerNorm(x)");
+        check_close(ln.forward(Var(x * 2.0 - 5.0)), y_ln, 1e-10, 1e-10, "LayerNorm(2x - 5) == LayerNorm(x)");
+        // Re-centering is NOT an RMSNorm invariance: the output must change by a lot.
+        CHECK(max_abs_diff(rms.forward(Var(x + 3.0)).data(), y_rms) > 0.5);
+    }
+}
+
+TEST_CASE("norms: bf16 RMSNorm equals the f32 math then a cast (LLaMA's x.float() ... type_as(x))", "[norms]") {
+    Generator gen(18);
+    const int64_t d = 24;
+    Tensor x = (randn({5, d}, gen, DType::F32) * 3.0).to(DType::BF16);
+    Tensor w = (randn({d}, gen, DType::F32) * 0.5 + 1.0).to(DType::BF16);
+    // Reference: norm(x.float()) in f32, type_as(x) (round to bf16), then the bf16 product with w.
+    Tensor xf = x.to(DType::F32);
+    Tensor normed = (xf * rsqrt(mean(square(xf), {-1}, true) + 1e-6)).to(DType::BF16);
+    Tensor ref = (normed.to(DType::F32) * w.to(DType::F32)).to(DType::BF16);
+    for (bool fused : {true, false}) {
+        INFO((fused ? "fused" : "composed"));
+        RMSNorm norm(NormOptions{.type = "rmsnorm", .dim = d, .fused = fused, .dtype = DType::BF16});
+        norm.weight().data().copy_(w);
+        Var xv(x, true);
+        Var y = norm.forward(xv);
+        CHECK(y.dtype() == DType::BF16);
+        // Composed rounds exactly as LLaMA (twice); fused rounds once: both within one bf16 ulp.
+        check_close(y.data().to(DType::F64), ref.to(DType::F64), 1e-3, fused ? 8e-3 : 4e-3, "bf16 output");
+        y.backward(Var(ones_like(y.data())));
+        CHECK(xv.grad().dtype() == DType::BF16);
+        CHECK(norm.weight().grad().dtype() == DType::BF16);
+    }
+}
+
+TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
+    std::map<std::string, std::vector<std::string>> expected_names = {
+        {"layernorm", {"weight", "bias"}},      {"rmsnorm", {"weight"}},
+        {"rmsnorm_bias", {"weight", "bias"}},   {"prmsnorm", {"weight"}},
+        {"adaptive_rmsnorm", {"weight", "alpha"}}, {"hybridnorm", {"weight", "bias"}}};
+    for (const auto& type : kTypes) {
+        INFO(type);
+        auto norm = make_norm(NormOptions{.type = type, .dim = 8});
+        std::vector<std::string> names;
+        for (auto& [name, p] : norm->named_parameters()) names.push_back(name);
+        CHECK(names == expected_names[type]);
+        CHECK(norm->eps() == ((type == "layernorm" || type == "hybridnorm") ? 1e-5 : 1e-6));
+        // weights start at one, biases at zero, alpha at one
+        for (auto& [name, p] : norm->named_parameters())
+            CHECK(p.data().to_vector() == std::vector<double>(p.numel(), name == "bias" ? 0.0 : 1.0));
+    }
+    CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .eps = 1e-3})->eps() == 1e-3);
+    CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .bias = false})->named_parameters().size() == 1);
+    CHECK(make_norm(NormOptions{.type = "rmsnorm", .dim = 8, .elementwise_affine = false})->parameters().empty());
+    CHECK(std::dynamic_pointer_cast<RMSNorm>(make_norm(NormOptions{.type = "prmsnorm", .dim = 16}))->stat_count() == 1);
+    CHECK(std::dynamic_pointer_cast<RMSNorm>(make_norm(NormOptions{.type = "prmsnorm", .dim = 16, .p = 0.3}))->stat_count() == 5);
+
+    REQUIRE_THROWS_WITH(make_norm(NormOptions{.type = "batchnorm", .dim = 8}),
+                        Catch::Contains("unknown norm type 'batchnorm'") && Catch::Contains("layernorm, rmsnorm, rmsnorm_bias"));
+    REQUIRE_THROWS_WITH(RMSNorm(NormOptions{.type = "swishnorm", .dim = 8}),
+                        Catch::Contains("unknown norm type 'swishnorm'") && Catch::Contains("hybridnorm"));
+    REQUIRE_THROWS_WITH(make_norm(NormOptions{.type = "rmsnorm", .dim = 0}), Catch::Contains("dim > 0"));
+    REQUIRE_THROWS_WITH(make_norm(NormOptions{.type = "prmsnorm", .dim = 8, .p = 0.0}), Catch::Contains("p in (0, 1]"));
+    REQUIRE_THROWS_WITH(make_norm(NormOptions{.type = "hybridnorm", .dim = 8, .alpha = 1.5}),
+                        Catch::Contains("alpha in [0, 1]"));
+    auto norm = make_norm(NormOptions{.type = "rmsnorm", .dim = 8});
+    REQUIRE_THROWS_WITH(norm->forward(Var(zeros({2, 7}))), Catch::Contains("expected input (..., 8), found [2, 7]"));
+    REQUIRE_THROWS_WITH(norm->forward(Var(zeros({2, 8}, DType::F64))),
+                        Catch::Contains("weight has dtype f32 but the input has f64"));
+    CHECK(norm->str() == "RMSNorm(8, eps=1e-06, elementwise_affine=true, fused=true)");
+}
+
+TEST_CASE("norms: set_fused switches the form and keeps the result", "[norms]") {
+    Generator gen(19);
+    auto norm = make_norm(NormOptions{.type = "layernorm", .dim = 8, .dtype = DType::F64});
+    randomize_parameters(*norm, gen);
+    Var x(randn({3, 8}, gen, DType::F64));
+    Var a = norm->forward(x);
+    norm->set_fused(false);
+    CHECK_FALSE(norm->fused());
+    Var b = norm->forward(x);
+    check_close(b, a.data(), 1e-12, 1e-12, "composed vs fused");
+
+    // Model-wide switch: every norm, a monitored one counted once.
+    struct Model : Module {
+        Model() {
+            register_module("a", make_norm(NormOptions{.type = "rmsnorm", .dim = 4}));
+            register_module("b", std::make_shared<NormMonitor>(make_norm(NormOptions{.type = "layernorm", .dim = 4})));
+        }
+    };
+    Model model;
+    CHECK(set_norms_fused(model, false) == 2);
+    CHECK_FALSE(std::dynamic_pointer_cast<Norm>(model.child("a"))->fused());
+    CHECK_FALSE(std::dynamic_pointer_cast<NormMonitor>(model.child("b"))->inner()->fused());
+    CHECK(set_norms_fused(model, true) == 2);
+    CHECK(std::dynamic_pointer_cast<NormMonitor>(model.child("b"))->inner()->fused());
+}
+
+TEST_CASE("norms: empty batch and a single row", "[norms]") {
+    for (bool fused : {true, false}) {
+        auto norm = make_norm(NormOptions{.type = "layernorm", .dim = 4, .fused = fused, .dtype = DType::F64});
+        Var empty(zeros({0, 4}, DType::F64), true);
+        Var y = norm->forward(empty);
+        CHECK(y.shape() == Shape{0, 4});
+        Var one(from_vector(std::vector<double>{1, 2, 3, 4}, {1, 4}, DType::F64), true);
+        std::vector<double> out = norm->forward(one).data().to_vector();
+        CHECK(out[0] == Approx(-1.5 / std::sqrt(1.25 + 1e-5)));
+    }
+}
+
+// ---- monitor ----
+
+TEST_CASE("monitor: running RMS with momentum 0.1, training only, no graph", "[norms]") {
+    Generator gen(20);
+    auto inner = make_norm(NormOptions{.type = "rmsnorm", .dim = 8});
+    auto monitor = std::make_shared<NormMonitor>(inner);
+    CHECK(std::isnan(monitor->running_rms()));
+    Tensor x1 = randn({4, 8}, gen) * 2.0, x2 = randn({4, 8}, gen) * 5.0;
+    auto rms = [](const Tensor& t) { return std::sqrt(mean(square(t.to(DType::F64))).item()); };
+
+    Var xv(x1, true);
+    Var y = monitor->forward(xv);
+    CHECK(monitor->running_rms() == Approx(rms(x1)).epsilon(1e-6));  // the first call initialises
+    CHECK(monitor->num_batches_tracked() == 1);
+    // The output and its graph are exactly the wrapped norm's.
+    check_close(y, inner->forward(Var(x1)).data(), 0, 0, "monitored output");
+    CHECK(graph_nodes(y).size() == 1);
+    monitor->forward(Var(x2));
+    CHECK(monitor->running_rms() == Approx(0.9 * rms(x1) + 0.1 * rms(x2)).epsilon(1e-6));
+
+    monitor->eval();
+    CHECK_FALSE(inner->is_training());
+    monitor->forward(Var(x1 * 100.0));
+    CHECK(monitor->num_batches_tracked() == 2);  // eval does not update
+    CHECK(monitor->running_rms() == Approx(0.9 * rms(x1) + 0.1 * rms(x2)).epsilon(1e-6));
+
+    // The wrapped norm keeps its names; the buffers join the state_dict.
+    std::vector<std::string> names;
+    for (auto& [name, t] : monitor->state_dict()) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"running_rms", "num_batches_tracked", "weight"});
+    REQUIRE_THROWS_WITH(NormMonitor(monitor), Catch::Contains("already monitored"));
+}
+
+TEST_CASE("monitor: attach to every norm of a model, read after training, names preserved", "[norms]") {
+    struct Net : Module {
+        std::shared_ptr<Linear> fc1 = register_module("fc1", std::make_shared<Linear>(4, 8));
+        std::shared_ptr<Module> ln1 = register_module("ln1", make_norm(NormOptions{.type = "layernorm", .dim = 8}));
+        std::shared_ptr<Module> ln2 = register_module("ln2", make_norm(NormOptions{.type = "rmsnorm", .dim = 8}));
+        Var forward(const Var& x) {
+            Var h = std::dynamic_pointer_cast<Norm>(child("ln1"))->forward(fc1->forward(x));
+            return std::dynamic_pointer_cast<Norm>(child("ln2"))->forward(h * 3.0);
+        }
+    };
+    Net net;
+    auto before = net.named_parameters();
+    CHECK(attach_norm_monitors(net) == 2);
+    CHECK(attach_norm_monitors(net) == 0);  // already monitored
+    auto after = net.named_parameters();
+    REQUIRE(after.size() == before.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+        CHECK(after[i].first == before[i].first);
+        CHECK(after[i].second.impl() == before[i].second.impl());  // the same Vars
+    }
+    Generator gen(21);
+    net.forward(Var(randn({16, 4}, gen)));
+    auto readings = norm_monitor_readings(net);
+    REQUIRE(readings.size() == 2);
+    CHECK(readings[0].first == "ln1");
+    CHECK(readings[1].first == "ln2");
+    CHECK(readings[0].second > 0);
+    CHECK(readings[1].second > 2.0);  // ln1's output (RMS ~1) times 3
+    // The state_dict carries the monitors' buffers under the norms' names.
+    bool found = false;
+    for (auto& [name, t] : net.state_dict()) found = found || name == "ln2.running_rms";
+    CHECK(found);
+}
+
+// ---- migration ----
+
+TEST_CASE("migrate: LayerNorm -> RMSNorm keeps size, eps, weights and names; drops biases", "[norms]") {
+    struct Block : Module {
+        Block() {
+            register_module("fc", std::make_shared<Linear>(8, 8));
+            register_module("norm", std::make_shared<LayerNorm>(8, 1e-4));
+        }
+    };
+    struct Model : Module {
+        Model() {
+            register_module("fc1", std::make_shared<Linear>(4, 8));
+            register_module("ln1", std::make_shared<LayerNorm>(8));
+            register_module("block", std::make_shared<Block>());
+        }
+    };
+    Generator gen(22);
+    Model model;
+    randomize_parameters(model, gen);
+    auto ln1_weight = std::dynamic_pointer_cast<LayerNorm>(model.child("ln1"))->weight().data().clone();
+    auto inner_weight = model.child("block")->child("norm")->parameter("weight").data().clone();
+    model.eval();
+
+    MigrationReport report = migrate_layernorm_to_rmsnorm(model);
+    CHECK(report.replaced == std::vector<std::string>{"ln1", "block.norm"});
+    CHECK(report.dropped_biases == std::vector<std::string>{"ln1.bias", "block.norm.bias"});
+
+    std::vector<std::string> names;
+    for (auto& [name, p] : model.named_parameters()) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "ln1.weight", "block.fc.weight", "block.fc.bias",
+                                            "block.norm.weight"});
+    auto ln1 = std::dynamic_pointer_cast<RMSNorm>(model.child("ln1"));
+    auto inner = std::dynamic_pointer_cast<RMSNorm>(model.child("block")->child("norm"));
+    REQUIRE(ln1 != nullptr);
+    REQUIRE(inner != nullptr);
+    CHECK(ln1->dim() == 8);
+    CHECK(ln1->eps() == 1e-5);    // LayerNorm's eps, not RMSNorm's default
+    CHECK(inner->eps() == 1e-4);
+    CHECK(ln1->weight().data().to_vector() == ln1_weight.to_vector());
+    CHECK(inner->weight().data().to_vector() == inner_weight.to_vector());
+    CHECK_FALSE(ln1->is_training());  // the mode carries over
+    CHECK(migrate_layernorm_to_rmsnorm(model).replaced.empty());
+}
+
+TEST_CASE("migrate: a monitored LayerNorm is replaced inside its monitor", "[norms]") {
+    struct Model : Module {
+        Model() { register_module("ln", std::make_shared<LayerNorm>(4)); }
+    };
+    Model model;
+    attach_norm_monitors(model);
+    MigrationReport report = migrate_layernorm_to_rmsnorm(model);
+    CHECK(report.replaced == std::vector<std::string>{"ln"});
+    auto monitor = std::dynamic_pointer_cast<NormMonitor>(model.child("ln"));
+    REQUIRE(monitor != nullptr);
+    CHECK(monitor->inner()->type_name() == "RMSNorm");
+    Var y = monitor->forward(Var(from_vector(std::vector<double>{1, 1, 1, 1}, {1, 4})));
+    CHECK(y.data().to_vector()[0] == Approx(1.0 / std::sqrt(1.0 + 1e-5)));  // RMSNorm: no centering
+}
