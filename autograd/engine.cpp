@@ -1,0 +1,150 @@
+// The backward engine (micrograd's idea at tensor scale): topologically sort the nodes reachable
+// from the root, walk them in reverse, and accumulate each input's gradient through add_grad.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "autograd/var.h"
+
+namespace nl {
+
+// Declared in graph.h; defined here because backward walks the same order.
+std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) {
+    std::vector<std::shared_ptr<Node>> post_order;  // every node after the nodes it depends on
+    if (!root.defined() || !root.grad_fn()) return post_order;
+    std::unordered_set<const Node*> visited;
+    // Iterative DFS (deep graphs, e.g. long RNN-like chains, would overflow a recursive one).
+    std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
+    stack.emplace_back(root.grad_fn(), 0);
+    visited.insert(root.grad_fn().get());
+    while (!stack.empty()) {
+        auto& [node, next] = stack.back();
+        if (next < node->inputs().size()) {
+            const std::shared_ptr<Node>& child = node->inputs()[next++].node;
+            if (child && visited.insert(child.get()).second) stack.emplace_back(child, 0);
+        } else {
+            post_order.push_back(node);
+            stack.pop_back();
+        }
+    }
+    return {post_order.rbegin(), post_order.rend()};
+}
+
+namespace {
+
+// The one accumulation path: checks the gradient against the shape and dtype it must have, then
+// adds it to what `slot` holds (as a Var op, so under create_graph the sum is recorded too).
+Var add_grad(const Var& slot, const Var& grad, const Shape& shape, DType dtype, const Node& node,
+             size_t input) {
+    NL_REQUIRE(grad.shape() == shape, "backward of ", node.name(), ": the gradient for input ", input,
+               " has shape ", shape_str(grad.shape()), " but the input has shape ", shape_str(shape));
+    NL_REQUIRE(grad.dtype() == dtype, "backward of ", node.name(), ": the gradient for input ", input,
+               " has dtype ", dtype_name(grad.dtype()), " but the input has dtype ", dtype_name(dtype));
+    return slot.defined() ? add(slot, grad) : grad;
+}
+
+// .grad of a leaf (or retain_grad non-leaf). Without create_graph the stored grad is a fresh
+// contiguous tensor that aliases nothing (add's backward hands the same gradient to both inputs,
+// and optimizers scale grads in place), updated in place so handles to it stay valid.
+void accumulate_into(VarImpl& target, const Var& grad, bool create_graph) {
+    if (create_graph) {
+        target.grad = (target.grad ? add(Var(target.grad), grad) : grad).impl();
+    } else if (!target.grad) {
+        target.grad = Var(grad.data().clone()).impl();
+    } else {
+        target.grad->data = add(target.grad->data, grad.data());
+    }
+}
+
+// Runs backward from `root`. With `capture` (gradients()), the grads of those inputs are returned
+// instead of accumulated into any .grad.
+std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain_graph, bool create_graph,
+                              const std::vector<Var>* capture) {
+    NL_REQUIRE(root.defined(), "backward: the Var is undefined");
+    NL_REQUIRE(root.requires_grad(), "backward: the Var does not require grad and has no grad_fn "
+               "(was it computed under NoGradGuard, or from inputs that do not require grad?)");
+    Var grad = grad_root;
+    if (!grad.defined()) {
+        NL_REQUIRE(root.numel() == 1, "backward: a gradient can be created implicitly only for a "
+                   "single-element output, found shape ", shape_str(root.shape()),
+                   "; pass backward(grad) with a gradient of that shape");
+        grad = Var(ones_like(root.data()));
+    }
+    NL_REQUIRE(grad.shape() == root.shape(), "backward: the gradient has shape ", shape_str(grad.shape()),
+               " but the output has shape ", shape_str(root.shape()));
+    NL_REQUIRE(grad.dtype() == root.dtype(), "backward: the gradient has dtype ", dtype_name(grad.dtype()),
+               " but the output has dtype ", dtype_name(root.dtype()));
+    retain_graph = retain_graph || create_graph;
+    GradModeGuard mode(create_graph);  // record the backward pass only when asked
+
+    // Where captured gradients go: leaves by their impl, non-leaves by their producing node.
+    std::unordered_map<const VarImpl*, size_t> capture_leaf;
+    std::unordered_map<const Node*, size_t> capture_node;
+    std::vector<Var> captured;
+    if (capture) {
+        captured.resize(capture->size());
+        for (size_t i = 0; i < capture->size(); ++i) {
+            const Var& v = (*capture)[i];
+            NL_REQUIRE(v.defined() && v.requires_grad(), "gradients: input ", i, " does not require grad");
+            if (v.grad_fn()) capture_node[v.grad_fn().get()] = i;
+            else capture_leaf[v.impl().get()] = i;
+        }
+    }
+    auto to_leaf = [&](VarImpl& leaf, const Var& g) {
+        if (!capture) return accumulate_into(leaf, g, create_graph);
+        auto it = capture_leaf.find(&leaf);
+        if (it != capture_leaf.end()) captured[it->second] = captured[it->second].defined()
+                                                                   ? add(captured[it->second], g) : g;
+    };
+
+    if (!root.grad_fn()) {  // a leaf: its gradient is the given one
+        to_leaf(*root.impl(), grad);
+        return captured;
+    }
+
+    std::vector<std::shared_ptr<Node>> order = graph_nodes(root);
+    std::unordered_map<const Node*, Var> grads;  // gradient w.r.t. each node's output, so far
+    grads[root.grad_fn().get()] = grad;
+    for (const std::shared_ptr<Node>& node : order) {
+        auto it = grads.find(node.get());
+        if (it == grads.end()) continue;  // no gradient reached this node
+        Var g = std::move(it->second);
+        grads.erase(it);
+        if (capture) {
+            auto c = capture_node.find(node.get());
+            if (c != capture_node.end()) captured[c->second] = g;
+        } else if (auto out = node->output.lock(); out && out->retains_grad) {
+            accumulate_into(*out, g, create_graph);
+        }
+        std::vector<Var> input_grads = node->apply(g);
+        g = Var();
+        for (size_t i = 0; i < input_grads.size(); ++i) {
+            const Edge& edge = node->inputs()[i];
+            if (!edge.requires_grad() || !input_grads[i].defined()) continue;
+            if (edge.node) {
+                Var& slot = grads[edge.node.get()];
+                slot = add_grad(slot, input_grads[i], edge.shape, edge.dtype, *node, i);
+            } else {
+                to_leaf(*edge.leaf, add_grad(Var(), input_grads[i], edge.shape, edge.dtype, *node, i));
+            }
+        }
+        if (!retain_graph) node->release();  // free saved tensors as soon as they are used
+    }
+    if (!retain_graph)
+        for (const std::shared_ptr<Node>& node : order) node->release();
+    return captured;
+}
+
+}  // namespace
+
+void Var::backward(const Var& grad, bool retain_graph, bool create_graph) const {
+    run_backward(*this, grad, retain_graph, create_graph, nullptr);
+}
+
+std::vector<Var> gradients(const Var& output, const std::vector<Var>& inputs, const Var& grad_output,
+                           bool retain_graph, bool create_graph) {
+    return run_backward(output, grad_output, retain_graph, create_graph, &inputs);
+}
+
+}  // namespace nl
