@@ -1,0 +1,412 @@
+// Elementwise ops against plain f64 reference loops: every binary op with broadcasting, views
+// (transposed, stepped slices, expanded), size-1 and empty dims, f32/f64/bf16/f16, scalar forms and
+// operators, every unary op, where/masked_fill/tril, allclose/max_abs_diff, and the error messages.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+
+using namespace nl;
+
+namespace {
+
+using BinaryFn = std::function<Tensor(const Tensor&, const Tensor&)>;
+using RefFn = std::function<double(double, double)>;
+
+struct BinaryCase {
+    std::string name;
+    BinaryFn fn;
+    RefFn ref;
+    bool comparison;
+};
+
+std::vector<BinaryCase> binary_cases() {
+    return {
+        {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }, [](double x, double y) { return x + y; }, false},
+        {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }, [](double x, double y) { return x - y; }, false},
+        {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, [](double x, double y) { return x * y; }, false},
+        {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, [](double x, double y) { return x / y; }, false},
+        {"pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, [](double x, double y) { return std::pow(x, y); }, false},
+        {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, [](double x, double y) { return x > y ? x : y; }, false},
+        {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, [](double x, double y) { return x < y ? x : y; }, false},
+        {"eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); }, [](double x, double y) { return double(x == y); }, true},
+        {"ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); }, [](double x, double y) { return double(x != y); }, true},
+        {"lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); }, [](double x, double y) { return double(x < y); }, true},
+        {"le", [](const Tensor& a, const Tensor& b) { return le(a, b); }, [](double x, double y) { return double(x <= y); }, true},
+        {"gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); }, [](double x, double y) { return double(x > y); }, true},
+        {"ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); }, [](double x, double y) { return double(x >= y); }, true},
+    };
+}
+
+// Row-major multi-index of flat position `flat` in `shape`.
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
+    std::vector<int64_t> idx(shape.size());
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+        idx[d] = flat % shape[d];
+        flat /= shape[d];
+    }
+    return idx;
+}
+
+// Flat row-major position in `shape` of the broadcast element at `out_idx` (right-aligned dims).
+int64_t broadcast_source(const std::vector<int64_t>& out_idx, const Shape& shape) {
+    int64_t pos = 0;
+    const size_t skip = out_idx.size() - shape.size();
+    for (size_t d = 0; d < shape.size(); ++d) pos = pos * shape[d] + (shape[d] == 1 ? 0 : out_idx[skip + d]);
+    return pos;
+}
+
+// NumPy broadcasting written out plainly, for the reference.
+Shape ref_broadcast(const Shape& a, const Shape& b) {
+    Shape out(std::max(a.size(), b.size()), 1);
+    for (size_t i = 0; i < a.size(); ++i) out[out.size() - a.size() + i] = a[i];
+    for (size_t i = 0; i < b.size(); ++i) {
+        int64_t& s = out[out.size() - b.size() + i];
+        if (s == 1) s = b[i];
+    }
+    return out;
+}
+
+std::vector<double> ref_binary(const Tensor& a, const Tensor& b, const RefFn& f, Shape* out_shape) {
+    const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+    *out_shape = ref_broadcast(a.shape(), b.shape());
+    std::vector<double> out(shape_numel(*out_shape));
+    for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+        const std::vector<int64_t> idx = unravel(i, *out_shape);
+        out[i] = f(av[broadcast_source(idx, a.shape())], bv[broadcast_source(idx, b.shape())]);
+    }
+    return out;
+}
+
+// Elementwise |got - want| <= tol * (1 + |want|); NaN must meet NaN.
+void check_values(const Tensor& got, const Shape& shape, const std::vector<double>& want, double tol) {
+    REQUIRE(got.shape() == shape);
+    const std::vector<double> g = got.to_vector();
+    REQUIRE(g.size() == want.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+        const bool ok = std::isnan(want[i]) ? std::isnan(g[i])
+                                            : (g[i] == want[i] ||  // infinities
+                                               std::abs(g[i] - want[i]) <= tol * (1.0 + std::abs(want[i])));
+        if (ok) continue;  // one REQUIRE per tensor keeps big comparisons fast
+        INFO("index " << i << ": got " << g[i] << ", want " << want[i]);
+        REQUIRE(ok);
+    }
+    SUCCEED("values match");
+}
+
+double tol_for(DType dt) {
+    switch (dt) {
+        case DType::F64: return 1e-12;
+        case DType::F32: return 2e-6;
+        default: return 1e-2;  // bf16 has 8 bits of mantissa, f16 11
+    }
+}
+
+// Small integers as floats, so comparisons see many ties.
+Tensor rand_ints(const Shape& shape, Generator& gen, DType dt) {
+    std::vector<double> v = randn(shape, gen, DType::F64).to_vector();
+    for (double& x : v) x = std::round(x * 1.5);
+    return from_vector(v, shape, dt);
+}
+
+// Positive bases keep pow real-valued.
+Tensor inputs_for(const BinaryCase& c, const Shape& shape, Generator& gen, DType dt, bool first) {
+    if (c.comparison) return rand_ints(shape, gen, dt);
+    if (c.name == "pow" && first) return add(abs(randn(shape, gen, DType::F64)), 0.25).to(dt);
+    return randn(shape, gen, dt);
+}
+
+void check_binary(const BinaryCase& c, const Tensor& a, const Tensor& b) {
+    INFO(c.name << " " << dtype_name(a.dtype()) << " " << shape_str(a.shape()) << " with " << shape_str(b.shape()));
+    const Tensor got = c.fn(a, b);
+    REQUIRE(got.dtype() == a.dtype());
+    Shape shape;
+    const std::vector<double> want = ref_binary(a, b, c.ref, &shape);
+    check_values(got, shape, want, c.comparison ? 0.0 : tol_for(a.dtype()));
+}
+
+}  // namespace
+
+TEST_CASE("binary ops broadcast like NumPy, f32 and f64", "[elementwise]") {
+    Generator gen(11);
+    const std::vector<std::pair<Shape, Shape>> pairs = {
+        {{3, 1, 4}, {2, 1}}, {{2, 3}, {3}},       {{4}, {}},         {{}, {}},
+        {{1}, {5, 1}},       {{2, 0, 3}, {1, 3}}, {{2, 3}, {2, 3}},  {{1, 1, 5}, {3, 1, 1}},
+    };
+    for (const BinaryCase& c : binary_cases())
+        for (DType dt : {DType::F32, DType::F64})
+            for (const auto& [sa, sb] : pairs)
+                check_binary(c, inputs_for(c, sa, gen, dt, true), inputs_for(c, sb, gen, dt, false));
+}
+
+TEST_CASE("binary ops read transposed, stepped and expanded views", "[elementwise]") {
+    Generator gen(12);
+    for (const BinaryCase& c : binary_cases()) {
+        for (DType dt : {DType::F32, DType::F64}) {
+            const Tensor a = inputs_for(c, {4, 6}, gen, dt, true).t();                     // [6, 4]
+            const Tensor b = inputs_for(c, {6, 8}, gen, dt, false).slice(1, 0, 8, 2);    // [6, 4]
+            const Tensor e = inputs_for(c, {1, 4}, gen, dt, false).expand({6, 4});       // stride 0
+            const Tensor p = inputs_for(c, {4, 2, 6}, gen, dt, false).permute({2, 1, 0});  // [6, 2, 4]
+            check_binary(c, a, b);
+            check_binary(c, a, e);
+            check_binary(c, e, b);
+            check_binary(c, p, a.unsqueeze(1));
+            check_binary(c, b.slice(0, 1, 6, 2), p.select(1, 1).slice(0, 0, 6, 2));
+        }
+    }
+}
+
+TEST_CASE("binary ops on large tensors take the threaded paths", "[elementwise]") {
+    Generator gen(13);
+    const BinaryCase c = binary_cases()[2];  // mul
+    const Tensor a = randn({300, 257}, gen);
+    check_binary(c, a, randn({300, 257}, gen));                 // contiguous fast path
+    check_binary(c, a, randn({257}, gen));                      // broadcast row
+    check_binary(c, a, randn({257, 300}, gen).t());             // strided n-d path
+    check_binary(c, randn({300, 1}, gen), randn({1, 257}, gen));  // outer product
+    check_binary(c, a, scalar_tensor(1.5));
+}
+
+TEST_CASE("binary ops on bf16 and f16 compute in f32 and round back", "[elementwise]") {
+    Generator gen(14);
+    for (DType dt : {DType::BF16, DType::F16}) {
+        for (const BinaryCase& c : binary_cases()) {
+            const Tensor a = inputs_for(c, {3, 1, 4}, gen, dt, true);
+            const Tensor b = inputs_for(c, {2, 1}, gen, dt, false);
+            const Tensor got = c.fn(a, b);
+            REQUIRE(got.dtype() == dt);
+            // exactly the f32 result rounded once
+            REQUIRE(max_abs_diff(got, c.fn(a.to(DType::F32), b.to(DType::F32)).to(dt)) == 0.0);
+            check_binary(c, a, b);  // and close to the f64 reference of the half inputs
+        }
+    }
+}
+
+TEST_CASE("scalar forms and operators", "[elementwise]") {
+    Generator gen(15);
+    for (DType dt : {DType::F32, DType::F64}) {
+        const Tensor a = randn({3, 5}, gen, dt).t();  // non-contiguous [5, 3]
+        const Tensor b = randn({5, 3}, gen, dt);
+        const Tensor pos = add(abs(a), 0.5);
+        const double tol = tol_for(dt);
+        const std::vector<double> av = a.to_vector(), bv = b.to_vector(), pv = pos.to_vector();
+        auto map = [](const std::vector<double>& v, const std::function<double(double)>& f) {
+            std::vector<double> out;
+            for (double x : v) out.push_back(f(x));
+            return out;
+        };
+        auto zip = [](const std::vector<double>& x, const std::vector<double>& y, const RefFn& f) {
+            std::vector<double> out;
+            for (size_t i = 0; i < x.size(); ++i) out.push_back(f(x[i], y[i]));
+            return out;
+        };
+        const Shape s = {5, 3};
+        check_values(add(a, 2.5), s, map(av, [](double x) { return x + 2.5; }), tol);
+        check_values(sub(a, 2.5), s, map(av, [](double x) { return x - 2.5; }), tol);
+        check_values(rsub(2.5, a), s, map(av, [](double x) { return 2.5 - x; }), tol);
+        check_values(mul(a, -3.0), s, map(av, [](double x) { return x * -3.0; }), tol);
+        check_values(div(a, 4.0), s, map(av, [](double x) { return x / 4.0; }), tol);
+        check_values(rdiv(2.0, pos), s, map(pv, [](double x) { return 2.0 / x; }), tol);
+        check_values(pow(pos, 2.0), s, map(pv, [](double x) { return x * x; }), tol);
+        check_values(pow(pos, 0.5), s, map(pv, [](double x) { return std::sqrt(x); }), tol);
+        check_values(maximum(a, 0.1), s, map(av, [](double x) { return std::max(x, 0.1); }), tol);
+        check_values(minimum(a, 0.1), s, map(av, [](double x) { return std::min(x, 0.1); }), tol);
+        check_values(gt(a, 0.0), s, map(av, [](double x) { return double(x > 0.0); }), 0.0);
+        check_values(lt(a, 0.0), s, map(av, [](double x) { return double(x < 0.0); }), 0.0);
+        check_values(eq(a, av[4]), s, map(av, [&](double x) { return double(x == av[4]); }), 0.0);
+        REQUIRE(eq(a, av[4]).to_vector()[4] == 1.0);
+
+        check_values(a + b, s, zip(av, bv, [](double x, double y) { return x + y; }), tol);
+        check_values(a - b, s, zip(av, bv, [](double x, double y) { return x - y; }), tol);
+        check_values(a * b, s, zip(av, bv, [](double x, double y) { return x * y; }), tol);
+        check_values(a / pos, s, zip(av, pv, [](double x, double y) { return x / y; }), tol);
+        check_values(a + 1.0, s, map(av, [](double x) { return x + 1.0; }), tol);
+        check_values(a - 1.0, s, map(av, [](double x) { return x - 1.0; }), tol);
+        check_values(a * 2.0, s, map(av, [](double x) { return x * 2.0; }), tol);
+        check_values(2.0 * a, s, map(av, [](double x) { return x * 2.0; }), tol);
+        check_values(a / 2.0, s, map(av, [](double x) { return x / 2.0; }), tol);
+        check_values(-a, s, map(av, [](double x) { return -x; }), 0.0);
+        REQUIRE((a * 2.0).dtype() == dt);
+    }
+    const Tensor h = full({2}, 3.0, DType::BF16);
+    REQUIRE(mul(h, 0.1).dtype() == DType::BF16);
+    REQUIRE(mul(h, 0.1).to_vector()[0] == Approx(0.3).epsilon(1e-2));
+    REQUIRE(rsub(1.0, h).to_vector()[1] == -2.0);
+}
+
+TEST_CASE("unary ops match the f64 reference", "[elementwise]") {
+    Generator gen(16);
+    struct UnaryCase {
+        const char* name;
+        std::function<Tensor(const Tensor&)> fn;
+        std::function<double(double)> ref;
+        bool positive;  // needs x > 0
+    };
+    auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+    const std::vector<UnaryCase> cases = {
+        {"neg", [](const Tensor& a) { return neg(a); }, [](double x) { return -x; }, false},
+        {"exp", [](const Tensor& a) { return exp(a); }, [](double x) { return std::exp(x); }, false},
+        {"log", [](const Tensor& a) { return log(a); }, [](double x) { return std::log(x); }, true},
+        {"sqrt", [](const Tensor& a) { return sqrt(a); }, [](double x) { return std::sqrt(x); }, true},
+        {"rsqrt", [](const Tensor& a) { return rsqrt(a); }, [](double x) { return 1.0 / std::sqrt(x); }, true},
+        {"abs", [](const Tensor& a) { return abs(a); }, [](double x) { return std::abs(x); }, false},
+        {"relu", [](const Tensor& a) { return relu(a); }, [](double x) { return x > 0 ? x : 0.0; }, false},
+        {"silu", [](const Tensor& a) { return silu(a); }, [&](double x) { return x * sig(x); }, false},
+        {"sigmoid", [](const Tensor& a) { return sigmoid(a); }, sig, false},
+        {"tanh", [](const Tensor& a) { return tanh(a); }, [](double x) { return std::tanh(x); }, false},
+        {"gelu", [](const Tensor& a) { return gelu(a); },
+         [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }, false},
+        {"sign", [](const Tensor& a) { return sign(a); }, [](double x) { return double((x > 0) - (x < 0)); }, false},
+        {"square", [](const Tensor& a) { return square(a); }, [](double x) { return x * x; }, false},
+    };
+    for (const UnaryCase& c : cases) {
+        for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+            std::vector<Shape> shapes = {{4, 7}, {}, {3, 0}, {1, 5}};
+            if (dt == DType::F32) shapes.push_back({200, 180});  // threaded
+            for (const Shape& shape : shapes) {
+                INFO(c.name << " " << dtype_name(dt) << " " << shape_str(shape));
+                Tensor a = randn(shape, gen, DType::F64) * 2.0;
+                if (c.positive) a = add(abs(a), 0.1);
+                a = a.to(dt);
+                const std::vector<double> av = a.to_vector();
+                std::vector<double> want;
+                for (double x : av) want.push_back(c.ref(x));
+                const Tensor got = c.fn(a);
+                REQUIRE(got.dtype() == dt);
+                check_values(got, shape, want, tol_for(dt) * 2);
+                if (a.dim() == 2) {  // transposed input
+                    const Tensor at = a.t();
+                    std::vector<double> want_t;
+                    for (double x : at.to_vector()) want_t.push_back(c.ref(x));
+                    check_values(c.fn(at), at.shape(), want_t, tol_for(dt) * 2);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("unary ops are stable at large |x| and keep NaN", "[elementwise]") {
+    const Tensor x = from_vector(std::vector<double>{-1000.0, 1000.0, -50.0, 50.0, 0.0}, {5});
+    const std::vector<double> s = sigmoid(x).to_vector();
+    REQUIRE(s[0] == 0.0);
+    REQUIRE(s[1] == 1.0);
+    REQUIRE(s[2] == Approx(std::exp(-50.0)).epsilon(1e-5));
+    REQUIRE(s[3] == 1.0);
+    REQUIRE(s[4] == 0.5);
+    const std::vector<double> si = silu(x).to_vector();
+    REQUIRE(si[0] == 0.0);
+    REQUIRE(si[1] == 1000.0);
+    const std::vector<double> g = gelu(x).to_vector();
+    REQUIRE(g[0] == 0.0);
+    REQUIRE(g[1] == 1000.0);
+    REQUIRE(sign(x).to_vector() == std::vector<double>{-1, 1, -1, 1, 0});
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const Tensor n = from_vector(std::vector<double>{nan, 1.0, 2.0}, {3}, DType::F64);
+    const Tensor m = from_vector(std::vector<double>{0.0, nan, 1.0}, {3}, DType::F64);
+    for (const Tensor& r : {maximum(n, m), minimum(n, m)}) {
+        const std::vector<double> v = r.to_vector();
+        REQUIRE(std::isnan(v[0]));
+        REQUIRE(std::isnan(v[1]));
+    }
+    REQUIRE(maximum(n, m).to_vector()[2] == 2.0);
+    REQUIRE(minimum(n, m).to_vector()[2] == 1.0);
+    REQUIRE(std::isnan(relu(n).to_vector()[0]));
+    REQUIRE(std::isnan(sign(n).to_vector()[0]));
+}
+
+TEST_CASE("comparisons accept i64; other i64 math is an error", "[elementwise]") {
+    const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});
+    const Tensor other = from_vector(std::vector<int64_t>{1, 0, 3, 5}, {4});
+    const Tensor e = eq(ids, other);
+    REQUIRE(e.dtype() == DType::I64);
+    REQUIRE(e.to_vector() == std::vector<double>{1, 0, 1, 0});
+    REQUIRE(lt(ids, other).to_vector() == std::vector<double>{0, 0, 0, 1});
+    REQUIRE(eq(ids, 3.0).to_vector() == std::vector<double>{0, 0, 1, 0});
+    REQUIRE(gt(ids, 2.0).to_vector() == std::vector<double>{0, 0, 1, 1});
+    REQUIRE_THROWS_WITH(add(ids, other), Catch::Contains("add: expected a floating dtype, found i64"));
+    REQUIRE_THROWS_WITH(mul(ids, 2.0), Catch::Contains("mul: expected a floating dtype, found i64"));
+    REQUIRE_THROWS_WITH(exp(ids), Catch::Contains("exp: expected a floating dtype, found i64"));
+}
+
+TEST_CASE("binary op errors name the op, the shapes and the dtypes", "[elementwise]") {
+    const Tensor a = zeros({2, 3}), b = zeros({4});
+    REQUIRE_THROWS_WITH(add(a, b), Catch::Contains("add: cannot broadcast [2, 3] with [4]"));
+    REQUIRE_THROWS_WITH(a * b, Catch::Contains("mul: cannot broadcast [2, 3] with [4]"));
+    REQUIRE_THROWS_WITH(add(a, zeros({2, 3}, DType::F64)), Catch::Contains("add: dtype mismatch: f32 vs f64"));
+    REQUIRE_THROWS_WITH(maximum(zeros({2}, DType::BF16), zeros({2})),
+                        Catch::Contains("maximum: dtype mismatch: bf16 vs f32"));
+    REQUIRE_THROWS_WITH(sub(a, Tensor()), Catch::Contains("sub: operand is an undefined tensor"));
+    REQUIRE_THROWS_WITH(relu(Tensor()), Catch::Contains("relu: operand is an undefined tensor"));
+}
+
+TEST_CASE("where selects with broadcasting on any dtype; masked_fill; tril", "[elementwise]") {
+    Generator gen(17);
+    const Tensor cond = from_vector(std::vector<double>{1, 0, 0, 2}, {4});   // [4]
+    const Tensor a = randn({3, 1}, gen), b = randn({3, 4}, gen).t().t();   // [3, 1], [3, 4]
+    const Tensor w = where(cond, a, b);
+    REQUIRE(w.shape() == Shape{3, 4});
+    for (int64_t i = 0; i < 3; ++i)
+        for (int64_t j = 0; j < 4; ++j)
+            REQUIRE(w.at({i, j}) == (cond.at({j}) != 0 ? a.at({i, 0}) : b.at({i, j})));
+    // i64 condition, bf16 and i64 values are selected exactly
+    const Tensor ci = from_vector(std::vector<int64_t>{0, 1}, {2, 1});
+    const Tensor hb = randn({2, 3}, gen, DType::BF16), hz = zeros({3}, DType::BF16);
+    const Tensor wh = where(ci, hb, hz);
+    REQUIRE(wh.dtype() == DType::BF16);
+    REQUIRE(wh.to_vector() == std::vector<double>{0, 0, 0, hb.at({1, 0}), hb.at({1, 1}), hb.at({1, 2})});
+    const Tensor wi = where(ci, from_vector(std::vector<int64_t>{7, 8}, {2}), full({1}, -1.0, DType::I64));
+    REQUIRE(wi.to_vector() == std::vector<double>{-1, -1, 7, 8});
+    REQUIRE_THROWS_WITH(where(cond, zeros({4}), zeros({4}, DType::F64)),
+                        Catch::Contains("where: dtype mismatch: f32 vs f64"));
+    REQUIRE_THROWS_WITH(where(zeros({3}), zeros({4}), zeros({4})), Catch::Contains("where: cannot broadcast"));
+
+    // masked_fill: mask [1, 4] over scores [3, 4], as causal attention does with -inf
+    const Tensor scores = randn({3, 4}, gen);
+    const Tensor filled = masked_fill(scores, from_vector(std::vector<double>{0, 1, 0, 1}, {1, 4}),
+                                      -std::numeric_limits<double>::infinity());
+    for (int64_t i = 0; i < 3; ++i)
+        for (int64_t j = 0; j < 4; ++j)
+            REQUIRE(filled.at({i, j}) == (j % 2 ? -std::numeric_limits<double>::infinity() : scores.at({i, j})));
+    REQUIRE_THROWS_WITH(masked_fill(zeros({1, 4}), zeros({3, 1}), 0.0),
+                        Catch::Contains("masked_fill: mask [3, 1] does not broadcast to [1, 4]"));
+
+    // tril: zero above the given diagonal of the last two dims, batched and on views
+    const Tensor m = randn({2, 3, 4}, gen);
+    for (int64_t diag : {0, 1, -1, 5}) {
+        for (const Tensor& src : {m, m.transpose(1, 2)}) {
+            const Tensor t = tril(src, diag);
+            REQUIRE(t.shape() == src.shape());
+            for (int64_t bi = 0; bi < src.size(0); ++bi)
+                for (int64_t i = 0; i < src.size(1); ++i)
+                    for (int64_t j = 0; j < src.size(2); ++j)
+                        REQUIRE(t.at({bi, i, j}) == (j - i <= diag ? src.at({bi, i, j}) : 0.0));
+        }
+    }
+    REQUIRE_THROWS_WITH(tril(zeros({3})), Catch::Contains("tril: expected a tensor with at least 2 dims, found [3]"));
+}
+
+TEST_CASE("allclose and max_abs_diff", "[elementwise]") {
+    const Tensor a = from_vector(std::vector<double>{1.0, 2.0, 3.0}, {3}, DType::F64);
+    const Tensor b = from_vector(std::vector<double>{1.0, 2.0 + 1e-7, 3.5}, {3}, DType::F64);
+    REQUIRE(max_abs_diff(a, b) == Approx(0.5));
+    REQUIRE_FALSE(allclose(a, b));
+    REQUIRE(allclose(a, b, 0.2));
+    REQUIRE(allclose(a.narrow(0, 0, 2), b.narrow(0, 0, 2), 1e-5));
+    REQUIRE_FALSE(allclose(a.narrow(0, 0, 2), b.narrow(0, 0, 2), 0.0, 0.0));
+    REQUIRE(allclose(a, a.to(DType::F32)));  // dtypes may differ
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    const Tensor i = from_vector(std::vector<double>{inf, -inf}, {2}, DType::F64);
+    REQUIRE(allclose(i, i));
+    REQUIRE(max_abs_diff(i, i) == 0.0);
+    const Tensor n = from_vector(std::vector<double>{nan, 1.0}, {2}, DType::F64);
+    REQUIRE_FALSE(allclose(n, n));
+    REQUIRE(std::isnan(max_abs_diff(n, n)));
+    REQUIRE(max_abs_diff(zeros({0}), zeros({0})) == 0.0);
+    REQUIRE_THROWS_WITH(allclose(zeros({3}), zeros({3, 1})), Catch::Contains("allclose: shape mismatch: [3] vs [3, 1]"));
+    REQUIRE_THROWS_WITH(max_abs_diff(zeros({3}), zeros({1})), Catch::Contains("max_abs_diff: shape mismatch"));
+}
