@@ -1,0 +1,337 @@
+// LLaMA-style transformer parts (reference: meta-llama/llama model.py; the fixtures' generator
+// tests/reference/make_fixtures.py mirrors it). Everything is composed from autograd ops.
+#include "layers/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "layers/norms.h"
+
+namespace nl {
+
+// ---------------------------------------------------------------- SwiGLU feed-forward
+
+int64_t swiglu_hidden_dim(int64_t hidden_dim, int64_t multiple_of) {
+    NL_REQUIRE(hidden_dim > 0, "FeedForward: hidden_dim must be > 0, found ", hidden_dim);
+    NL_REQUIRE(multiple_of > 0, "FeedForward: multiple_of must be > 0, found ", multiple_of);
+    const int64_t h = 2 * hidden_dim / 3;  // python int(2 * hidden_dim / 3): floor for positives
+    return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+FeedForward::FeedForward(const FeedForwardOptions& options)
+    : options_(options), hidden_(swiglu_hidden_dim(options.hidden_dim, options.multiple_of)) {
+    NL_REQUIRE(options.dim > 0, "FeedForward: dim must be > 0, found ", options.dim);
+    options_.generator = nullptr;  // only used while constructing
+    auto linear = [&](int64_t in, int64_t out) {
+        LinearOptions lo;
+        lo.in_features = in;
+        lo.out_features = out;
+        lo.bias = false;
+        lo.dtype = options.dtype;
+        lo.generator = options.generator;
+        return std::make_shared<Linear>(lo);
+    };
+    // LLaMA's construction (and so init) order: w1, w2, w3.
+    w1_ = register_module("w1", linear(options.dim, hidden_));
+    w2_ = register_module("w2", linear(hidden_, options.dim));
+    w3_ = register_module("w3", linear(options.dim, hidden_));
+}
+
+std::string FeedForward::extra_repr() const {
+    return detail::concat("dim=", options_.dim, ", hidden=", hidden_);
+}
+
+Var FeedForward::forward(const Var& x) {
+    return w2_->forward(silu(w1_->forward(x)) * w3_->forward(x));
+}
+
+// ---------------------------------------------------------------- RoPE
+
+RopeTables rope_tables(int64_t head_dim, int64_t seq_len, double theta, DType dtype) {
+    NL_REQUIRE(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim must be even and > 0, found ", head_dim);
+    NL_REQUIRE(seq_len >= 0, "rope_tables: seq_len must be >= 0, found ", seq_len);
+    NL_REQUIRE(theta > 0.0, "rope_tables: theta must be > 0, found ", theta);
+    NL_REQUIRE(dtype == DType::F32 || dtype == DType::F64, "rope_tables: dtype must be f32 or f64, found ",
+               dtype_name(dtype));
+    const int64_t half = head_dim / 2;
+    std::vector<double> c(static_cast<size_t>(seq_len * half)), s(c.size());  // (T, hd/2)
+    for (int64_t k = 0; k < half; ++k) {
+        if (dtype == DType::F32) {
+            // LLaMA's precompute_freqs_cis in f32: 1 / theta^(arange(0, hd, 2) / hd), angle t * freq.
+            const float freq = 1.0f / std::pow(static_cast<float>(theta),
+                                               static_cast<float>(2 * k) / static_cast<float>(head_dim));
+            for (int64_t t = 0; t < seq_len; ++t) {
+                const float angle = static_cast<float>(t) * freq;
+                c[t * half + k] = std::cos(angle);
+                s[t * half + k] = std::sin(angle);
+            }
+        } else {
+            const double freq = 1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(head_dim));
+            for (int64_t t = 0; t < seq_len; ++t) {
+                const double angle = static_cast<double>(t) * freq;
+                c[t * half + k] = std::cos(angle);
+                s[t * half + k] = std::sin(angle);
+            }
+        }
+    }
+    return {from_vector(c, {seq_len, half}, dtype), from_vector(s, {seq_len, half}, dtype)};
+}
+
+Var apply_rope(const Var& x, const RopeTables& tables) {
+    NL_REQUIRE(x.defined() && x.dim() == 4, "apply_rope: expected x of shape (B, T, H, head_dim), found ",
+               x.defined() ? shape_str(x.shape()) : "undefined");
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3);
+    NL_REQUIRE(hd % 2 == 0, "apply_rope: head_dim must be even, found ", shape_str(x.shape()));
+    NL_REQUIRE(tables.cos.defined() && tables.cos.dim() == 2 && tables.cos.size(1) == hd / 2 &&
+                   tables.cos.size(0) >= T && tables.sin.shape() == tables.cos.shape(),
+               "apply_rope: tables must be (>= ", T, ", ", hd / 2, ") for x ", shape_str(x.shape()), ", found cos ",
+               tables.cos.defined() ? shape_str(tables.cos.shape()) : "undefined");
+    // Half inputs rotate in f32 and are cast back (LLaMA: xq.float() ... .type_as(xq)).
+    const DType compute = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+    NL_REQUIRE(tables.cos.dtype() == compute, "apply_rope: x of dtype ", dtype_name(x.dtype()),
+               " needs ", dtype_name(compute), " tables, found ", dtype_name(tables.cos.dtype()));
+    const Var xc = to(x, compute);
+    const Var cos(tables.cos.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device()));  // (T, 1, hd/2)
+    const Var sin(tables.sin.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device()));
+    const Var pairs = reshape(xc, {B, T, H, hd / 2, 2});
+    const Var re = select(pairs, 4, 0);  // (B, T, H, hd/2)
+    const Var im = select(pairs, 4, 1);
+    // (re + i im) * (cos + i sin), in the order of torch's complex product.
+    const Var out_re = re * cos - im * sin;
+    const Var out_im = re * sin + im * cos;
+    const Var out = reshape(cat({unsqueeze(out_re, 4), unsqueeze(out_im, 4)}, 4), {B, T, H, hd});
+    return to(out, x.dtype());
+}
+
+// ---------------------------------------------------------------- attention
+
+Attention::Attention(const AttentionOptions& options) : options_(options) {
+    NL_REQUIRE(options.dim > 0, "Attention: dim must be > 0, found ", options.dim);
+    NL_REQUIRE(options.n_heads > 0 && options.dim % options.n_heads == 0, "Attention: n_heads (", options.n_heads,
+               ") must be > 0 and divide dim (", options.dim, ")");
+    if (options_.n_kv_heads == 0) options_.n_kv_heads = options.n_heads;
+    NL_REQUIRE(options_.n_kv_heads > 0 && options.n_heads % options_.n_kv_heads == 0, "Attention: n_kv_heads (",
+               options_.n_kv_heads, ") must be > 0 and divide n_heads (", options.n_heads, ")");
+    head_dim_ = options.dim / options.n_heads;
+    NL_REQUIRE(head_dim_ % 2 == 0, "Attention: head_dim = dim / n_heads = ", head_dim_, " must be even for RoPE");
+    NL_REQUIRE(options.max_seq_len > 0, "Attention: max_seq_len must be > 0, found ", options.max_seq_len);
+    options_.generator = nullptr;  // only used while constructing
+    auto linear = [&](int64_t in, int64_t out) {
+        LinearOptions lo;
+        lo.in_features = in;
+        lo.out_features = out;
+        lo.bias = false;
+        lo.dtype = options.dtype;
+        lo.generator = options.generator;
+        return std::make_shared<Linear>(lo);
+    };
+    wq_ = register_module("wq", linear(options.dim, options.n_heads * head_dim_));
+    wk_ = register_module("wk", linear(options.dim, options_.n_kv_heads * head_dim_));
+    wv_ = register_module("wv", linear(options.dim, options_.n_kv_heads * head_dim_));
+    wo_ = register_module("wo", linear(options.n_heads * head_dim_, options.dim));
+}
+
+std::string Attention::extra_repr() const {
+    return detail::concat("dim=", options_.dim, ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads,
+                          ", head_dim=", head_dim_, ", rope_theta=", options_.rope_theta);
+}
+
+RopeTables Attention::rope(int64_t seq_len, DType dtype) {
+    const DType table_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+    if (!rope_cache_.cos.defined() || rope_cache_.cos.dtype() != table_dtype || rope_cache_.cos.size(0) < seq_len)
+        rope_cache_ = rope_tables(head_dim_, seq_len, options_.rope_theta, table_dtype);
+    return {rope_cache_.cos.narrow(0, 0, seq_len), rope_cache_.sin.narrow(0, 0, seq_len)};
+}
+
+Var Attention::forward(const Var& x) {
+    NL_REQUIRE(x.defined() && x.dim() == 3 && x.size(2) == options_.dim, "Attention: expected x of shape (B, T, ",
+               options_.dim, "), found ", x.defined() ? shape_str(x.shape()) : "undefined");
+    const int64_t B = x.size(0), T = x.size(1);
+    const int64_t H = options_.n_heads, KV = options_.n_kv_heads, hd = head_dim_;
+    NL_REQUIRE(T <= options_.max_seq_len, "Attention: sequence length ", T, " exceeds max_seq_len ",
+               options_.max_seq_len);
+    const RopeTables tables = rope(T, x.dtype());
+    const Var q = apply_rope(reshape(wq_->forward(x), {B, T, H, hd}), tables);   // (B, T, H, hd)
+    Var k = apply_rope(reshape(wk_->forward(x), {B, T, KV, hd}), tables);        // (B, T, KV, hd)
+    Var v = reshape(wv_->forward(x), {B, T, KV, hd});                            // (B, T, KV, hd)
+    if (KV != H) {
+        // repeat_kv: query head h reads kv head h / (H / KV).
+        const int64_t rep = H / KV;
+        k = reshape(expand(unsqueeze(k, 3), {B, T, KV, rep, hd}), {B, T, H, hd});
+        v = reshape(expand(unsqueeze(v, 3), {B, T, KV, rep, hd}), {B, T, H, hd});
+    }
+    const Var qh = transpose(q, 1, 2);  // (B, H, T, hd)
+    const Var kh = transpose(k, 1, 2);
+    const Var vh = transpose(v, 1, 2);
+    Var scores = matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, T)
+    // Causal mask: key position > query position is -inf (LLaMA adds a -inf upper triangle).
+    std::vector<double> future(static_cast<size_t>(T * T), 0.0);  // (T, T)
+    for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = i + 1; j < T; ++j) future[i * T + j] = 1.0;
+    scores = masked_fill(scores, from_vector(future, {T, T}, scores.dtype()).to(x.device()),
+                         -std::numeric_limits<double>::infinity());
+    // Softmax in f32 at least (LLaMA: F.softmax(scores.float(), dim=-1).type_as(xq)).
+    const DType compute = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+    const Var probs = nl::to(softmax(nl::to(scores, compute), 3), x.dtype());  // (B, H, T, T)
+    const Var out = matmul(probs, vh);                                  // (B, H, T, hd)
+    return wo_->forward(reshape(transpose(out, 1, 2), {B, T, H * hd}));
+}
+
+// ---------------------------------------------------------------- blocks
+
+TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : options_(options) {
+    options_.generator = nullptr;  // only used while constructing
+    if (options_.n_kv_heads == 0) options_.n_kv_heads = options.n_heads;
+    if (options_.ffn_hidden_dim == 0) options_.ffn_hidden_dim = 4 * options.dim;
+    options_.norm.dim = options.dim;
+    options_.norm.dtype = options.dtype;
+
+    AttentionOptions ao;
+    ao.dim = options.dim;
+    ao.n_heads = options.n_heads;
+    ao.n_kv_heads = options_.n_kv_heads;
+    ao.rope_theta = options.rope_theta;
+    ao.max_seq_len = options.max_seq_len;
+    ao.dtype = options.dtype;
+    ao.generator = options.generator;
+    FeedForwardOptions fo;
+    fo.dim = options.dim;
+    fo.hidden_dim = options_.ffn_hidden_dim;
+    fo.multiple_of = options.multiple_of;
+    fo.dtype = options.dtype;
+    fo.generator = options.generator;
+    // LLaMA's order (named_parameters and init): attention, feed_forward, attention_norm, ffn_norm.
+    register_module("attention", std::make_shared<Attention>(ao));
+    register_module("feed_forward", std::make_shared<FeedForward>(fo));
+    register_module("attention_norm", make_norm(options_.norm));
+    register_module("ffn_norm", make_norm(options_.norm));
+}
+
+std::string TransformerBlock::extra_repr() const { return options_.pre_norm ? "pre_norm" : "post_norm"; }
+
+namespace {
+template <typename M>
+std::shared_ptr<M> typed_child(const Module& m, const std::string& name) {
+    std::shared_ptr<Module> child = m.child(name);
+    std::shared_ptr<M> typed = std::dynamic_pointer_cast<M>(child);
+    NL_REQUIRE(typed != nullptr, m.type_name(), ": child '", name, "' is a ", child->type_name(),
+               ", which is not the expected kind of module");
+    return typed;
+}
+}  // namespace
+
+std::shared_ptr<Attention> TransformerBlock::attention() const { return typed_child<Attention>(*this, "attention"); }
+std::shared_ptr<FeedForward> TransformerBlock::feed_forward() const {
+    return typed_child<FeedForward>(*this, "feed_forward");
+}
+std::shared_ptr<UnaryModule> TransformerBlock::attention_norm() const {
+    return typed_child<UnaryModule>(*this, "attention_norm");
+}
+std::shared_ptr<UnaryModule> TransformerBlock::ffn_norm() const { return typed_child<UnaryModule>(*this, "ffn_norm"); }
+
+Var TransformerBlock::forward(const Var& x) {
+    if (options_.pre_norm) {
+        const Var h = x + attention()->forward(attention_norm()->forward(x));
+        return h + feed_forward()->forward(ffn_norm()->forward(h));
+    }
+    const Var h = attention_norm()->forward(x + attention()->forward(x));
+    return ffn_norm()->forward(h + feed_forward()->forward(h));
+}
+
+// ---------------------------------------------------------------- the language model
+
+void TransformerOptions::validate() const {
+    NL_REQUIRE(vocab_size > 0, "TransformerOptions: vocab_size must be > 0, found ", vocab_size);
+    NL_REQUIRE(dim > 0, "TransformerOptions: dim must be > 0, found ", dim);
+    NL_REQUIRE(n_layers >= 0, "TransformerOptions: n_layers must be >= 0, found ", n_layers);
+    NL_REQUIRE(n_heads > 0 && dim % n_heads == 0, "TransformerOptions: n_heads (", n_heads,
+               ") must be > 0 and divide dim (", dim, ")");
+    const int64_t kv = n_kv_heads == 0 ? n_heads : n_kv_heads;
+    NL_REQUIRE(kv > 0 && n_heads % kv == 0, "TransformerOptions: n_kv_heads (", n_kv_heads,
+               ") must be > 0 and divide n_heads (", n_heads, ")");
+    NL_REQUIRE((dim / n_heads) % 2 == 0, "TransformerOptions: head dim = dim / n_heads = ", dim / n_heads,
+               " must be even for RoPE");
+    NL_REQUIRE(multiple_of > 0, "TransformerOptions: multiple_of must be > 0, found ", multiple_of);
+    NL_REQUIRE(ffn_hidden_dim >= 0, "TransformerOptions: ffn_hidden_dim must be >= 0, found ", ffn_hidden_dim);
+    NL_REQUIRE(rope_theta > 0.0, "TransformerOptions: rope_theta must be > 0, found ", rope_theta);
+    NL_REQUIRE(max_seq_len > 0, "TransformerOptions: max_seq_len must be > 0, found ", max_seq_len);
+    NL_REQUIRE(is_floating(dtype), "TransformerOptions: dtype must be floating, found ", dtype_name(dtype));
+}
+
+Transformer::Transformer(const TransformerOptions& options) : options_(options) {
+    options.validate();
+    if (options_.n_kv_heads == 0) options_.n_kv_heads = options.n_heads;
+    options_.norm.dim = options.dim;
+    options_.norm.dtype = options.dtype;
+    Generator gen(options.seed);
+
+    EmbeddingOptions eo;
+    eo.num_embeddings = options.vocab_size;
+    eo.embedding_dim = options.dim;
+    eo.dtype = options.dtype;
+    eo.generator = &gen;
+    register_module("tok_embeddings", std::make_shared<Embedding>(eo));
+
+    auto layers = register_module("layers", std::make_shared<ModuleList>());
+    for (int64_t i = 0; i < options.n_layers; ++i) {
+        TransformerBlockOptions bo;
+        bo.dim = options.dim;
+        bo.n_heads = options.n_heads;
+        bo.n_kv_heads = options_.n_kv_heads;
+        bo.ffn_hidden_dim = options.ffn_hidden_dim;
+        bo.multiple_of = options.multiple_of;
+        bo.norm = options_.norm;
+        bo.pre_norm = options.pre_norm;
+        bo.rope_theta = options.rope_theta;
+        bo.max_seq_len = options.max_seq_len;
+        bo.dtype = options.dtype;
+        bo.generator = &gen;
+        layers->push_back(std::make_shared<TransformerBlock>(bo));
+    }
+    register_module("norm", make_norm(options_.norm));
+
+    LinearOptions lo;
+    lo.in_features = options.dim;
+    lo.out_features = options.vocab_size;
+    lo.bias = false;
+    lo.dtype = options.dtype;
+    lo.generator = &gen;
+    register_module("output", std::make_shared<Linear>(lo));
+}
+
+std::string Transformer::extra_repr() const {
+    return detail::concat("vocab_size=", options_.vocab_size, ", dim=", options_.dim, ", n_layers=", options_.n_layers,
+                          ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads, ", norm=",
+                          options_.norm.type, ", ", options_.pre_norm ? "pre_norm" : "post_norm");
+}
+
+std::shared_ptr<TransformerBlock> Transformer::layer(int64_t index) const {
+    return typed_child<ModuleList>(*this, "layers")->at<TransformerBlock>(index);
+}
+
+Var Transformer::forward(const Tensor& ids) {
+    NL_REQUIRE(ids.defined() && ids.dim() == 2, "Transformer: expected ids of shape (B, T), found ",
+               ids.defined() ? shape_str(ids.shape()) : "undefined");
+    NL_REQUIRE(ids.dtype() == DType::I64, "Transformer: expected i64 ids, found ", dtype_name(ids.dtype()));
+    NL_REQUIRE(ids.size(1) <= options_.max_seq_len, "Transformer: sequence length ", ids.size(1),
+               " exceeds max_seq_len ", options_.max_seq_len);
+    Var h = typed_child<Embedding>(*this, "tok_embeddings")->forward(ids);  // (B, T, dim)
+    const auto layers = typed_child<ModuleList>(*this, "layers");
+    for (int64_t i = 0; i < layers->size(); ++i) h = layers->at<UnaryModule>(i)->forward(h);
+    h = typed_child<UnaryModule>(*this, "norm")->forward(h);
+    return typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
+}
+
+int64_t count_parameters(const Module& module, bool include_embeddings) {
+    int64_t total = 0;
+    const std::string suffix = "embeddings.weight";
+    for (const auto& [name, param] : module.named_parameters()) {
+        const bool embedding = name.size() >= suffix.size() &&
+                               name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+        if (embedding && !include_embeddings) continue;
+        total += param.numel();
+    }
+    return total;
+}
+
+}  // namespace nl

@@ -1,0 +1,187 @@
+// LLaMA-style transformer parts with LLaMA's parameter names (Touvron et al. 2023; the reference is
+// meta-llama/llama model.py): the SwiGLU FeedForward, causal multi-head self-attention with
+// grouped-query heads and rotary position embeddings (RoPE, Su et al. 2021, LLaMA's interleaved
+// complex-pair layout), the pre-norm LLaMA block and the post-norm block of the original
+// Transformer (Vaswani et al. 2017), and a decoder-only language model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/rng.h"
+#include "layers/linear.h"
+#include "layers/module.h"
+#include "layers/norms.h"
+
+namespace nl {
+
+// ---- SwiGLU feed-forward ----
+
+// LLaMA's FeedForward hidden size: multiple_of * ceil(int(2 * hidden_dim / 3) / multiple_of).
+// E.g. (64, 8): int(128 / 3) = 42 -> 48.
+int64_t swiglu_hidden_dim(int64_t hidden_dim, int64_t multiple_of);
+
+struct FeedForwardOptions {
+    int64_t dim = 0;
+    int64_t hidden_dim = 0;   // the argument before the 2/3 rule (LLaMA passes 4 * dim)
+    int64_t multiple_of = 1;
+    DType dtype = DType::F32;
+    Generator* generator = nullptr;  // null: module_init_generator()
+};
+
+// out = w2(silu(w1 x) * w3 x); w1, w3 (hidden, dim), w2 (dim, hidden), no biases.
+class FeedForward : public UnaryModule {
+public:
+    explicit FeedForward(const FeedForwardOptions& options);
+    std::string type_name() const override { return "FeedForward"; }
+    std::string extra_repr() const override;
+    Var forward(const Var& x) override;  // (..., dim) -> (..., dim)
+    int64_t hidden() const { return hidden_; }
+
+private:
+    FeedForwardOptions options_;
+    int64_t hidden_;
+    std::shared_ptr<Linear> w1_, w2_, w3_;
+};
+
+// ---- rotary position embeddings ----
+
+struct RopeTables {
+    Tensor cos;  // (T, head_dim / 2): cos(t * theta^(-2k / head_dim))
+    Tensor sin;  // (T, head_dim / 2)
+};
+// Positions 0..seq_len-1. dtype F32 computes as LLaMA does (the frequencies and angles in f32);
+// F64 computes everything in f64 (for gradient checks). Other dtypes are not accepted.
+RopeTables rope_tables(int64_t head_dim, int64_t seq_len, double theta, DType dtype = DType::F32);
+
+// x (B, T, H, head_dim): rotates each interleaved pair (x[2k], x[2k+1]) at position t by the angle
+// of tables[t, k]: out[2k] = x[2k] cos - x[2k+1] sin, out[2k+1] = x[2k] sin + x[2k+1] cos.
+// The tables need at least T rows (extra rows are ignored). bf16/f16 x is rotated in f32 and cast
+// back (LLaMA's xq.float() ... type_as(xq)); f64 x needs f64 tables, other x f32 tables.
+Var apply_rope(const Var& x, const RopeTables& tables);
+
+// ---- attention ----
+
+struct AttentionOptions {
+    int64_t dim = 0;
+    int64_t n_heads = 1;
+    int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention); must divide n_heads
+    double rope_theta = 10000.0;
+    int64_t max_seq_len = 4096;  // longer inputs are an error
+    DType dtype = DType::F32;
+    Generator* generator = nullptr;  // null: module_init_generator()
+};
+
+// Causal self-attention as LLaMA's Attention: wq (n_heads*hd, dim), wk and wv (n_kv_heads*hd, dim),
+// wo (dim, n_heads*hd), no biases, hd = dim / n_heads. RoPE on q and k; query head h reads kv head
+// h / (n_heads / n_kv_heads) (repeat_kv); scores q k^T / sqrt(hd) with -inf above the diagonal;
+// softmax in f32 (cast back for half inputs); heads concatenated head-major, then wo.
+class Attention : public UnaryModule {
+public:
+    explicit Attention(const AttentionOptions& options);
+    std::string type_name() const override { return "Attention"; }
+    std::string extra_repr() const override;
+    Var forward(const Var& x) override;  // (B, T, dim) -> (B, T, dim)
+
+    int64_t head_dim() const { return head_dim_; }
+    int64_t n_heads() const { return options_.n_heads; }
+    int64_t n_kv_heads() const { return options_.n_kv_heads; }
+    // The RoPE tables for positions 0..seq_len-1 in `dtype` (cached, recomputed when a longer
+    // sequence or another dtype comes).
+    RopeTables rope(int64_t seq_len, DType dtype);
+
+private:
+    AttentionOptions options_;
+    int64_t head_dim_;
+    std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+    RopeTables rope_cache_;
+};
+
+// ---- blocks ----
+
+struct TransformerBlockOptions {
+    int64_t dim = 0;
+    int64_t n_heads = 1;
+    int64_t n_kv_heads = 0;      // 0: n_heads
+    int64_t ffn_hidden_dim = 0;  // the FeedForward argument before the 2/3 rule; 0: 4 * dim (LLaMA)
+    int64_t multiple_of = 256;   // LLaMA's default
+    NormOptions norm;            // any norm type (norm.dim is set to dim)
+    bool pre_norm = true;
+    double rope_theta = 10000.0;
+    int64_t max_seq_len = 4096;
+    DType dtype = DType::F32;
+    Generator* generator = nullptr;  // null: module_init_generator()
+};
+
+// Children, in LLaMA's order: attention, feed_forward, attention_norm, ffn_norm.
+//   pre-norm (LLaMA):           h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))
+//   post-norm (Vaswani et al.): h = attention_norm(x + attention(x)); out = ffn_norm(h + feed_forward(h))
+class TransformerBlock : public UnaryModule {
+public:
+    explicit TransformerBlock(const TransformerBlockOptions& options);
+    std::string type_name() const override { return "TransformerBlock"; }
+    std::string extra_repr() const override;
+    Var forward(const Var& x) override;  // (B, T, dim) -> (B, T, dim)
+
+    std::shared_ptr<Attention> attention() const;
+    std::shared_ptr<FeedForward> feed_forward() const;
+    // Read through child() so a norm swapped by replace_module (the LayerNorm -> RMSNorm
+    // migration) is the one used.
+    std::shared_ptr<UnaryModule> attention_norm() const;
+    std::shared_ptr<UnaryModule> ffn_norm() const;
+    const TransformerBlockOptions& options() const { return options_; }
+
+private:
+    TransformerBlockOptions options_;
+};
+
+// ---- the language model ----
+
+// LLaMA's ModelArgs, plus the norm and pre/post-norm choice.
+struct TransformerOptions {
+    int64_t vocab_size = 0;
+    int64_t dim = 64;
+    int64_t n_layers = 2;
+    int64_t n_heads = 4;
+    int64_t n_kv_heads = 0;      // 0: n_heads
+    int64_t multiple_of = 32;    // SwiGLU hidden rounding (LLaMA: 256)
+    int64_t ffn_hidden_dim = 0;  // 0: 4 * dim before the 2/3 rule (LLaMA)
+    NormOptions norm;            // every block's norms and the final norm (norm.dim is set to dim)
+    bool pre_norm = true;
+    double rope_theta = 10000.0;
+    int64_t max_seq_len = 256;
+    uint64_t seed = 0;           // initial weights are drawn from Generator(seed)
+    DType dtype = DType::F32;
+
+    // nl::Error naming the field when sizes do not fit (dim % n_heads, n_heads % n_kv_heads, odd head dim...).
+    void validate() const;
+};
+
+// Parameters (LLaMA names): tok_embeddings.weight (vocab, dim), layers.<i>.attention.w{q,k,v,o}.weight,
+// layers.<i>.feed_forward.w{1,2,3}.weight, layers.<i>.attention_norm.*, layers.<i>.ffn_norm.*,
+// norm.*, output.weight (vocab, dim). Init: Embedding N(0, 1), Linear PyTorch's default, norms ones,
+// all drawn in construction order from Generator(options.seed). The final norm is kept for post-norm
+// models too (the blocks' outputs are already normalized there), so the names never change.
+class Transformer : public Module {
+public:
+    explicit Transformer(const TransformerOptions& options);
+    std::string type_name() const override { return "Transformer"; }
+    std::string extra_repr() const override;
+
+    // ids (B, T) i64, each in [0, vocab_size), T <= max_seq_len -> logits (B, T, vocab_size).
+    Var forward(const Tensor& ids);
+
+    const TransformerOptions& options() const { return options_; }
+    std::shared_ptr<TransformerBlock> layer(int64_t index) const;
+    int64_t n_layers() const { return options_.n_layers; }
+
+private:
+    TransformerOptions options_;
+};
+
+// Parameter count of a module (elements); without embeddings: minus every parameter whose name
+// ends in "embeddings.weight" (the lookup tables, as model-size conventions count).
+int64_t count_parameters(const Module& module, bool include_embeddings = true);
+
+}  // namespace nl
