@@ -1,0 +1,476 @@
+// `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm, fused vs composed, forward and forward+backward,
+// f32, at the seed article's shapes (hidden 128..2048 x batch 32..128, 100 repetitions) and at large
+// shapes. Reports the median time (and its spread), GB/s counted as the bytes a fused kernel must move
+// (fwd 8 B/element: read x, write y; fwd+bwd 20 B/element: that plus read x and dy, write dx), the
+// ratio to a memory copy of the same bytes timed interleaved with each case (A B A B ...), the
+// RMSNorm/LayerNorm time ratio per implementation, peak memory per call and the bytes each norm saves
+// for backward. Prints tables and writes a CSV.
+//
+// Four implementations, from the bare kernel up to what a model runs:
+//   kernel:   the backend's norm_forward/norm_backward on preallocated buffers (no allocation at all)
+//   op:       core/fused.h norm_forward/norm_backward (allocates its outputs, as tensor ops do)
+//   fused:    make_norm({fused = true}) through autograd (one node, closed-form backward)
+//   composed: make_norm({fused = false}) through autograd (primitive ops, derived backward)
+// The modules are nn.LayerNorm-like (weight and bias) and LLaMA's RMSNorm (weight only), the pair the
+// seed article compares.
+#include "examples/commands.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "autograd/autograd.h"
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/fused.h"
+#include "core/tensor.h"
+#include "examples/bench_util.h"
+#include "examples/config.h"
+#include "examples/run_dir.h"
+#include "layers/norms.h"
+
+namespace nl::cli {
+
+namespace {
+
+struct Shape2 {
+    int64_t rows = 0;    // batch (seed shapes) or tokens (large shapes)
+    int64_t hidden = 0;  // the normalized dim d
+    bool large = false;
+};
+
+// The benchmark's settings: configs/bench_norms.json documents each key; absent keys take these.
+struct NormsBenchConfig {
+    int64_t reps = 100;                                     // samples per case at the seed shapes
+    std::vector<int64_t> hidden = {128, 256, 512, 1024, 2048};
+    std::vector<int64_t> batch = {32, 64, 128};
+    std::vector<std::string> large_shapes = {"32768x512", "16384x4096"};  // "ROWSxHIDDEN"
+    int64_t large_reps = 10;                                // samples per case at the large shapes
+    std::vector<std::string> norms = {"layernorm", "rmsnorm"};
+    std::vector<std::string> impls = {"kernel", "op", "fused", "composed"};
+    std::vector<std::string> passes = {"fwd", "fwd+bwd"};
+    double min_sample_ms = 1.0;  // a sample averages enough back-to-back calls to last this long
+    int64_t threads = 0;         // 0: OpenMP's default
+    std::string clock = "wall";  // "wall" or "cpu" (process CPU time; see examples/bench_util.h)
+    uint64_t seed = 0;
+
+    std::vector<Shape2> shapes() const;
+};
+
+const std::vector<std::string> kNorms = {"layernorm", "rmsnorm"};
+const std::vector<std::string> kImpls = {"kernel", "op", "fused", "composed"};
+const std::vector<std::string> kPasses = {"fwd", "fwd+bwd"};
+
+std::vector<Shape2> NormsBenchConfig::shapes() const {
+    std::vector<Shape2> out;
+    for (int64_t h : hidden)
+        for (int64_t b : batch) out.push_back({b, h, false});
+    for (const std::string& s : large_shapes) {
+        const size_t x = s.find('x');
+        out.push_back({std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1)), true});
+    }
+    return out;
+}
+
+// "32768x512" -> true when both parts are positive integers.
+bool valid_shape_text(const std::string& s) {
+    const size_t x = s.find('x');
+    if (x == std::string::npos || x == 0 || x + 1 == s.size()) return false;
+    for (size_t i = 0; i < s.size(); ++i)
+        if (i != x && (s[i] < '0' || s[i] > '9')) return false;
+    return std::stoll(s.substr(0, x)) > 0 && std::stoll(s.substr(x + 1)) > 0;
+}
+
+NormsBenchConfig read_config(const json& root, const std::string& file) {
+    ConfigReader r(root, file);
+    NormsBenchConfig c;
+    c.reps = r.get_int("reps", c.reps, 1, 100000);
+    c.hidden = r.get_int_list("hidden", c.hidden, 1, 1 << 20);
+    c.batch = r.get_int_list("batch", c.batch, 1, 1 << 24);
+    c.large_shapes = r.get_string_list("large_shapes", c.large_shapes);
+    for (const std::string& s : c.large_shapes)
+        if (!valid_shape_text(s))
+            r.fail("large_shapes", "expected shapes written ROWSxHIDDEN with positive integers (e.g. \"32768x512\"), got \"" + s + "\"");
+    c.large_reps = r.get_int("large_reps", c.large_reps, 1, 100000);
+    c.norms = r.get_string_list("norms", c.norms, kNorms);
+    c.impls = r.get_string_list("impls", c.impls, kImpls);
+    c.passes = r.get_string_list("passes", c.passes, kPasses);
+    c.min_sample_ms = r.get_double("min_sample_ms", c.min_sample_ms, 0.0, 10000.0);
+    c.threads = r.get_int("threads", c.threads, 0, 1024);
+    c.clock = r.get_string("clock", c.clock, {"wall", "cpu"});
+    c.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0));
+    r.finish();
+    if (c.norms.empty()) r.fail("norms", "expected at least one norm");
+    if (c.impls.empty()) r.fail("impls", "expected at least one implementation");
+    if (c.passes.empty()) r.fail("passes", "expected at least one pass");
+    return c;
+}
+
+// --quick: a smoke run that still exercises every code path (not a measurement).
+void make_quick(NormsBenchConfig& c) {
+    c.reps = 5;
+    c.hidden = {128, 1024};
+    c.batch = {32};
+    c.large_shapes = {"4096x512"};
+    c.large_reps = 3;
+    c.min_sample_ms = 0.2;
+}
+
+// One measured case.
+struct Result {
+    Shape2 shape;
+    std::string norm, impl, pass;
+    Stats ours, copy;
+    double bytes = 0;          // bytes a fused kernel must move (the GB/s numerator for every impl)
+    int64_t peak_bytes = -1;   // peak allocator bytes above the inputs during one call; -1: not measured
+    int64_t saved_bytes = -1;  // bytes saved for backward by the graph; -1: no graph (kernel, op)
+
+    double gbs() const { return bytes / ours.median * 1e-9; }
+    double copy_gbs() const { return bytes / copy.median * 1e-9; }
+    double vs_copy() const { return copy.median / ours.median; }
+};
+
+// The inputs and preallocated buffers of one shape. x, dy ~ N(0, 1); weight, bias ~ 1 + N(0, 0.1) so
+// the affine part does real work (ones and zeros could be special-cased by nobody, but it is cheap).
+struct ShapeData {
+    Tensor x, dy, weight, bias;                 // (rows, d), (rows, d), (d), (d)
+    Tensor y, dx, dweight, dbias, mean, rstd;   // kernel outputs: (rows, d) x2, (d) x2, (rows) x2
+    Tensor copy_src, copy_dst;                  // (rows * d) f32 each: the copy's buffers
+
+    ShapeData(const Shape2& s, Generator& gen) {
+        const Shape xs = {s.rows, s.hidden};
+        x = randn(xs, gen);
+        dy = randn(xs, gen);
+        weight = normal({s.hidden}, 1.0, 0.1, gen);
+        bias = normal({s.hidden}, 0.0, 0.1, gen);
+        y = zeros(xs);
+        dx = zeros(xs);
+        dweight = zeros({s.hidden});
+        dbias = zeros({s.hidden});
+        mean = zeros({s.rows});
+        rstd = zeros({s.rows});
+        copy_src = randn({s.rows * s.hidden}, gen);
+        copy_dst = zeros({s.rows * s.hidden});
+    }
+};
+
+// Moves `bytes` (read + written) with parallel memcpy between the copy buffers: whole passes over
+// them and a partial last one, so a fwd+bwd case (20 B/element) copies 2.5 tensors' worth.
+void copy_bytes(const ShapeData& d, double bytes) {
+    const size_t buffer = static_cast<size_t>(d.copy_src.nbytes());
+    size_t left = static_cast<size_t>(bytes / 2);  // each copied byte is read once and written once
+    while (left > 0) {
+        const size_t n = std::min(left, buffer);
+        parallel_copy(d.copy_dst.data_ptr(), d.copy_src.data_ptr(), n);
+        left -= n;
+    }
+}
+
+// One call of (norm, impl, pass) on a shape; everything it allocates dies when it returns.
+std::function<void()> make_call(const std::string& norm_type, const std::string& impl, const std::string& pass,
+                                ShapeData& d, const std::shared_ptr<Norm>& module) {
+    const bool layer = norm_type == "layernorm";
+    const bool backward = pass == "fwd+bwd";
+    const double eps = module->eps();
+    const int64_t rows = d.x.size(0), hidden = d.x.size(1);
+    Tensor bias = layer ? d.bias : Tensor();
+    if (impl == "kernel") {
+        Backend* be = &backend_for(Device::cpu());
+        return [be, &d, layer, backward, eps, rows, hidden] {
+            be->norm_forward(DType::F32, d.x.data_ptr(), d.weight.data_ptr(), layer ? d.bias.data_ptr() : nullptr,
+                            d.y.data_ptr(), layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), rows, hidden,
+                            eps, layer, hidden);
+            if (backward)
+                be->norm_backward(DType::F32, d.dy.data_ptr(), d.x.data_ptr(), d.weight.data_ptr(),
+                                 layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), d.dx.data_ptr(),
+                                 d.dweight.data_ptr(), layer ? d.dbias.data_ptr() : nullptr, rows, hidden, layer,
+                                 hidden);
+        };
+    }
+    if (impl == "op") {
+        return [&d, bias, layer, backward, eps] {
+            NormForward f = norm_forward(d.x, d.weight, bias, eps, layer);
+            if (backward) NormBackward g = norm_backward(d.dy, d.x, d.weight, f.mean, f.rstd, layer, -1, true, layer);
+        };
+    }
+    // fused / composed modules through autograd. Forward alone runs as inference (no graph).
+    return [&d, module, backward] {
+        if (!backward) {
+            NoGradGuard no_grad;
+            Var y = module->forward(Var(d.x));
+            return;
+        }
+        Var x(d.x, true);
+        Var y = module->forward(x);
+        y.backward(Var(d.dy));
+        module->zero_grad();
+    };
+}
+
+// Peak allocator bytes above what was live before one call (the call's own transient memory).
+int64_t peak_of(const std::function<void()>& call) {
+    const Device cpu = Device::cpu();
+    const int64_t base = memory_stats(cpu).current_bytes;
+    reset_peak(cpu);
+    call();
+    return memory_stats(cpu).peak_bytes - base;
+}
+
+// Bytes the module's graph keeps for backward after one forward with grad.
+int64_t saved_of(ShapeData& d, const std::shared_ptr<Norm>& module) {
+    Var x(d.x, true);
+    Var y = module->forward(x);
+    return graph_saved_bytes(y);
+}
+
+std::shared_ptr<Norm> build_module(const std::string& norm_type, const std::string& impl, const ShapeData& d) {
+    NormOptions o;
+    o.type = norm_type;
+    o.dim = d.x.size(1);
+    o.fused = impl != "composed";
+    std::shared_ptr<Norm> m = make_norm(o);
+    // The same random affine parameters for every impl.
+    m->parameter("weight").data().copy_(d.weight);
+    if (m->has_parameter("bias")) m->parameter("bias").data().copy_(d.bias);
+    return m;
+}
+
+std::string shape_label(const Shape2& s) { return fmt::format("{}x{}", s.rows, s.hidden); }
+
+// "0.123+-4%": the median in ms and half the interquartile range.
+std::string time_cell(const Stats& s) {
+    const double ms = s.median * 1e3;
+    const int decimals = ms < 1 ? 4 : ms < 100 ? 3 : 1;
+    return fmt::format("{:.{}f}+-{:.0f}%", ms, decimals, s.spread_pct());
+}
+
+const Result* find(const std::vector<Result>& results, const Shape2& s, const std::string& norm,
+                   const std::string& impl, const std::string& pass) {
+    for (const Result& r : results)
+        if (r.shape.rows == s.rows && r.shape.hidden == s.hidden && r.norm == norm && r.impl == impl && r.pass == pass)
+            return &r;
+    return nullptr;
+}
+
+void print_time_tables(const NormsBenchConfig& c, const std::vector<Result>& results) {
+    for (const std::string& pass : c.passes) {
+        fmt::print("\n{} ({} B/element moved by a fused kernel), f32: median ms +- half the IQR, GB/s, and "
+                   "x copy = copy time / our time for the same bytes\n",
+                   pass == "fwd" ? "forward" : "forward+backward", pass == "fwd" ? 8 : 20);
+        std::string header = fmt::format("  {:<11} {:<10} {:>8}", "shape", "norm", "copy GB/s");
+        for (const std::string& impl : c.impls) header += fmt::format(" | {:>26}", impl + ": ms, GB/s, x copy");
+        fmt::print("{}\n", header);
+        for (const Shape2& s : c.shapes()) {
+            for (const std::string& norm : c.norms) {
+                std::string line;
+                double copy_gbs = 0;
+                for (const std::string& impl : c.impls) {
+                    const Result* r = find(results, s, norm, impl, pass);
+                    if (!r) continue;
+                    copy_gbs = std::max(copy_gbs, r->copy_gbs());
+                    line += fmt::format(" | {:>14} {:6.2f} {:4.2f}", time_cell(r->ours), r->gbs(), r->vs_copy());
+                }
+                fmt::print("  {:<11} {:<10} {:>8.2f}{}\n", shape_label(s), norm, copy_gbs, line);
+            }
+        }
+    }
+    fmt::print("  copy = std::memcpy split over the OpenMP threads, timed interleaved with each case; the copy "
+               "GB/s shown is the best of the row's cases.\n");
+}
+
+// RMSNorm time / LayerNorm time per shape and implementation; under 1 means RMSNorm is faster.
+void print_ratio_table(const NormsBenchConfig& c, const std::vector<Result>& results) {
+    if (std::find(c.norms.begin(), c.norms.end(), "layernorm") == c.norms.end() ||
+        std::find(c.norms.begin(), c.norms.end(), "rmsnorm") == c.norms.end())
+        return;
+    fmt::print("\nRMSNorm time / LayerNorm time (median over median; < 1: RMSNorm faster; the seed article "
+               "claims 0.80-0.85)\n");
+    std::string header = fmt::format("  {:<11}", "shape");
+    for (const std::string& pass : c.passes)
+        for (const std::string& impl : c.impls) header += fmt::format(" {:>17}", impl + " " + pass);
+    fmt::print("{}\n", header);
+    // Geometric means over the seed shapes and over the large shapes.
+    std::map<std::string, std::pair<double, int>> log_sum[2];
+    for (const Shape2& s : c.shapes()) {
+        std::string line = fmt::format("  {:<11}", shape_label(s));
+        for (const std::string& pass : c.passes) {
+            for (const std::string& impl : c.impls) {
+                const Result* rms = find(results, s, "rmsnorm", impl, pass);
+                const Result* ln = find(results, s, "layernorm", impl, pass);
+                if (!rms || !ln) {
+                    line += fmt::format(" {:>17}", "-");
+                    continue;
+                }
+                const double ratio = rms->ours.median / ln->ours.median;
+                auto& acc = log_sum[s.large ? 1 : 0][pass + " " + impl];
+                acc.first += std::log(ratio);
+                acc.second += 1;
+                line += fmt::format(" {:>17.3f}", ratio);
+            }
+        }
+        fmt::print("{}\n", line);
+    }
+    for (int group = 0; group < 2; ++group) {
+        std::string line = fmt::format("  {:<11}", group == 0 ? "geomean seed" : "geomean large");
+        bool any = false;
+        for (const std::string& pass : c.passes) {
+            for (const std::string& impl : c.impls) {
+                auto it = log_sum[group].find(pass + " " + impl);
+                if (it == log_sum[group].end() || it->second.second == 0) {
+                    line += fmt::format(" {:>17}", "-");
+                    continue;
+                }
+                any = true;
+                line += fmt::format(" {:>17.3f}", std::exp(it->second.first / it->second.second));
+            }
+        }
+        if (any) fmt::print("{}\n", line);
+    }
+}
+
+void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& results) {
+    fmt::print("\nmemory per call: peak allocator bytes above the inputs during one fwd+bwd call, and the bytes "
+               "the graph saves for backward (x itself included)\n");
+    std::string header = fmt::format("  {:<11} {:<10}", "shape", "norm");
+    for (const std::string& impl : c.impls)
+        if (impl == "fused" || impl == "composed")
+            header += fmt::format(" | {:>12} {:>12}", impl + " peak", "saved");
+    header += fmt::format(" | {:>12}", "op peak");
+    fmt::print("{}\n", header);
+    for (const Shape2& s : c.shapes()) {
+        for (const std::string& norm : c.norms) {
+            std::string line = fmt::format("  {:<11} {:<10}", shape_label(s), norm);
+            bool any = false;
+            for (const std::string& impl : c.impls) {
+                if (impl != "fused" && impl != "composed") continue;
+                const Result* r = find(results, s, norm, impl, "fwd+bwd");
+                if (!r) {
+                    line += fmt::format(" | {:>12} {:>12}", "-", "-");
+                    continue;
+                }
+                any = true;
+                line += fmt::format(" | {:>12} {:>12}", format_bytes(static_cast<double>(r->peak_bytes)),
+                                    format_bytes(static_cast<double>(r->saved_bytes)));
+            }
+            const Result* op = find(results, s, norm, "op", "fwd+bwd");
+            line += fmt::format(" | {:>12}", op ? format_bytes(static_cast<double>(op->peak_bytes)) : "-");
+            if (any || op) fmt::print("{}\n", line);
+        }
+    }
+}
+
+std::string csv_text(const std::vector<Result>& results) {
+    std::string out =
+        "group,rows,hidden,norm,impl,pass,samples,calls_per_sample,median_s,p25_s,p75_s,min_s,max_s,bytes,gbs,"
+        "copy_median_s,copy_min_s,copy_max_s,copy_gbs,ratio_to_copy,peak_bytes,saved_bytes\n";
+    for (const Result& r : results) {
+        out += fmt::format("{},{},{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.0f},{:.6g},{:.9g},{:.9g},"
+                           "{:.9g},{:.6g},{:.6g},{},{}\n",
+                           r.shape.large ? "large" : "seed", r.shape.rows, r.shape.hidden, r.norm, r.impl, r.pass,
+                           r.ours.samples, r.ours.calls_per_sample, r.ours.median, r.ours.p25, r.ours.p75, r.ours.min,
+                           r.ours.max, r.bytes, r.gbs(), r.copy.median, r.copy.min, r.copy.max, r.copy_gbs(),
+                           r.vs_copy(), r.peak_bytes, r.saved_bytes);
+    }
+    return out;
+}
+
+struct NormsCommand {
+    std::string config;
+    std::vector<std::string> overrides;
+    std::string csv;
+    std::string out;
+    bool quick = false;
+    bool force = false;
+};
+
+void run_bench_norms(const NormsCommand& cmd) {
+    json root = cmd.config.empty() ? json::object() : load_json_file(cmd.config);
+    NL_REQUIRE(root.is_object(), cmd.config, ": expected a JSON object at the top level");
+    for (const std::string& o : cmd.overrides) apply_override(root, o);
+    NormsBenchConfig c = read_config(root, cmd.config.empty() ? "(defaults)" : cmd.config);
+    if (cmd.quick) make_quick(c);
+    if (c.threads > 0) {
+        omp_set_num_threads(static_cast<int>(c.threads));
+        openblas_set_num_threads(static_cast<int>(c.threads));
+    }
+
+    // Decide where the CSV goes before any work, so a refusal costs nothing.
+    std::string csv = cmd.csv;
+    if (csv.empty()) csv = (cmd.out.empty() ? std::string(".") : cmd.out) + "/bench_norms.csv";
+    NL_REQUIRE(cmd.force || !std::filesystem::exists(csv), "bench norms: ", csv,
+               " exists (pass --force to overwrite, or --csv PATH)");
+    if (!cmd.out.empty()) std::filesystem::create_directories(cmd.out);
+
+    fmt::print("normlab bench norms: f32, {} reps at the seed shapes, {} at the large ones, >= {} ms per sample; "
+               "OpenMP {} threads, OpenBLAS {} threads; {} clock\n",
+               c.reps, c.large_reps, c.min_sample_ms, omp_get_max_threads(), openblas_get_num_threads(),
+               c.clock == "cpu" ? "process CPU-time" : "wall");
+    fmt::print("implementations: kernel = backend kernel on preallocated buffers; op = core/fused.h (allocates "
+               "outputs); fused / composed = make_norm modules through autograd\n");
+
+    Generator gen(c.seed);
+    std::vector<Result> results;
+    const double min_sample_s = c.min_sample_ms * 1e-3;
+    const Clock clock = c.clock == "cpu" ? Clock::Cpu : Clock::Wall;
+    for (const Shape2& s : c.shapes()) {
+        ShapeData d(s, gen);
+        const double n = static_cast<double>(s.rows * s.hidden);
+        fmt::print(stderr, "  shape {} ...\n", shape_label(s));
+        for (const std::string& norm : c.norms) {
+            for (const std::string& impl : c.impls) {
+                std::shared_ptr<Norm> module = build_module(norm, impl, d);
+                for (const std::string& pass : c.passes) {
+                    Result r;
+                    r.shape = s;
+                    r.norm = norm;
+                    r.impl = impl;
+                    r.pass = pass;
+                    r.bytes = (pass == "fwd" ? 8.0 : 20.0) * n;
+                    std::function<void()> call = make_call(norm, impl, pass, d, module);
+                    const double bytes = r.bytes;
+                    auto copy = [&d, bytes] { copy_bytes(d, bytes); };
+                    r.peak_bytes = peak_of(call);
+                    std::tie(r.ours, r.copy) = time_interleaved(call, copy, s.large ? c.large_reps : c.reps,
+                                                                s.large ? 0.0 : min_sample_s, clock);
+                    if (pass == "fwd+bwd" && (impl == "fused" || impl == "composed")) r.saved_bytes = saved_of(d, module);
+                    results.push_back(r);
+                }
+            }
+        }
+    }
+
+    print_time_tables(c, results);
+    print_ratio_table(c, results);
+    print_memory_table(c, results);
+    write_file_atomic(csv, csv_text(results));
+    fmt::print("\nwrote {} ({} cases)\n", csv, results.size());
+}
+
+}  // namespace
+
+void register_bench_norms(CLI::App& bench) {
+    auto cmd = std::make_shared<NormsCommand>();
+    CLI::App* sub = bench.add_subcommand(
+        "norms", "LayerNorm vs RMSNorm, fused vs composed, fwd and fwd+bwd: time, GB/s vs a memory copy, memory");
+    sub->add_option("config", cmd->config, "JSON config (see configs/bench_norms.json); defaults when absent");
+    sub->add_option("--set", cmd->overrides, "override a config key, e.g. --set reps=20 (repeatable)")
+        ->allow_extra_args(false);  // one KEY=VALUE per --set, so a config path after it stays positional
+    sub->add_option("--csv", cmd->csv, "CSV output path (default: bench_norms.csv in --out or the current dir)");
+    sub->add_option("--out", cmd->out, "directory for the CSV (created when missing)");
+    sub->add_flag("--quick", cmd->quick, "a smoke run: two small seed shapes, one 4096x512 shape, 5 reps");
+    sub->add_flag("--force", cmd->force, "overwrite an existing CSV");
+    sub->callback([cmd] { run_bench_norms(*cmd); });
+}
+
+}  // namespace nl::cli

@@ -1,0 +1,383 @@
+// `normlab bench torch`: normlab against PyTorch on CPU, same machine, same thread count, one run.
+// Times normlab's stability experiment (the seed article's SimpleModel, 1000x100 full batch, Adam,
+// MSE; seconds per epoch, LayerNorm and RMSNorm) and toy transformer training steps (the model of
+// configs/toy_transformer.json, AdamW + grad clipping on random tokens; tokens per second), then runs
+// examples/torch_bench.py --json with the same sizes and prints both sides and their ratios. Without
+// python3 + torch the PyTorch side is skipped and the reason printed.
+// Target (issue 5): normlab at least as fast as PyTorch on both, i.e. every "torch / normlab" >= 1.
+#include "examples/commands.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "autograd/autograd.h"
+#include "examples/bench_util.h"
+#include "examples/config.h"
+#include "examples/data.h"
+#include "layers/activation.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/norms.h"
+#include "layers/transformer.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+
+namespace nl::cli {
+
+namespace {
+
+struct TorchCommand {
+    std::string config = "configs/toy_transformer.json";
+    std::string script = "examples/torch_bench.py";
+    std::string python = "python3";
+    int64_t threads = 0;   // 0: OpenMP's default
+    int64_t epochs = 100;  // timed stability epochs per norm (the experiment's length)
+    int64_t steps = 30;    // timed transformer steps
+    int64_t warmup = 3;    // untimed epochs/steps first, on both sides
+    bool quick = false;
+    bool skip_torch = false;
+};
+
+// The toy transformer and its training step, as resolved from the config (both sides use these).
+struct ToySpec {
+    TransformerOptions model;
+    int64_t seq_len = 0;  // model input length T
+    int64_t batch = 0;
+    double lr = 1e-3, weight_decay = 0.0, grad_clip = 1.0;
+    std::string source;   // where the values came from, for the printout
+};
+
+// Reads `key` under the JSON pointer `at` when present, else keeps `value`.
+template <typename T>
+void read_if(const json& root, const std::string& at, T& value) {
+    const json::json_pointer p(at);
+    try {
+        if (root.contains(p) && !root.at(p).is_null()) value = root.at(p).get<T>();
+    } catch (const json::exception& e) {
+        throw Error(detail::concat(at, ": ", e.what()));
+    }
+}
+
+// The default training config's model, data and batch. The train job owns the config's validation;
+// this reads the few keys that decide the amount of work, with the train job's defaults.
+ToySpec resolve_toy_spec(const std::string& path) {
+    ToySpec s;
+    s.model.norm.type = "rmsnorm";
+    s.batch = 64;
+    json root = json::object();
+    if (std::filesystem::exists(path)) {
+        root = load_json_file(path);
+        s.source = path;
+    } else {
+        s.source = path + " not found; built-in defaults";
+    }
+    TransformerOptions& m = s.model;
+    read_if(root, "/model/dim", m.dim);
+    read_if(root, "/model/n_layers", m.n_layers);
+    read_if(root, "/model/n_heads", m.n_heads);
+    read_if(root, "/model/n_kv_heads", m.n_kv_heads);
+    read_if(root, "/model/multiple_of", m.multiple_of);
+    read_if(root, "/model/ffn_hidden_dim", m.ffn_hidden_dim);
+    read_if(root, "/model/pre_norm", m.pre_norm);
+    read_if(root, "/model/rope_theta", m.rope_theta);
+    if (root.contains(json::json_pointer("/model/norm")) && root.at(json::json_pointer("/model/norm")).is_string())
+        read_if(root, "/model/norm", m.norm.type);
+    const bool norm_object = root.contains(json::json_pointer("/model/norm")) &&
+                             root.at(json::json_pointer("/model/norm")).is_object();
+    if (norm_object) read_if(root, "/model/norm/type", m.norm.type);
+    for (const char* at : {norm_object ? "/model/norm/eps" : "/model/norm_eps"}) {
+        double eps = -1;
+        read_if(root, at, eps);
+        if (eps >= 0) m.norm.eps = eps;
+    }
+    read_if(root, "/train/batch_size", s.batch);
+    read_if(root, "/train/lr", s.lr);
+    read_if(root, "/optim/lr", s.lr);
+    read_if(root, "/train/weight_decay", s.weight_decay);
+    read_if(root, "/optim/weight_decay", s.weight_decay);
+    read_if(root, "/train/grad_clip", s.grad_clip);
+    read_if(root, "/optim/grad_clip", s.grad_clip);
+
+    // The data decide the vocabulary and the sequence length.
+    DataOptions d;
+    read_if(root, "/data/source", d.source);
+    read_if(root, "/data/task", d.task);
+    read_if(root, "/data/length", d.length);
+    read_if(root, "/data/symbols", d.symbols);
+    read_if(root, "/data/path", d.path);
+    read_if(root, "/data/seq_len", d.seq_len);
+    d.eval_sequences = 1;  // only the sizes are needed here
+    std::unique_ptr<Dataset> data = make_dataset(d, path + ": /data");
+    m.vocab_size = data->vocab_size();
+    s.seq_len = data->seq_len();
+    m.max_seq_len = std::max(m.max_seq_len, s.seq_len);
+    m.validate();
+    return s;
+}
+
+// ---- normlab's side ----
+
+// The seed article's SimpleModel: Linear 100->256, norm, ReLU, Linear 256->256, norm, ReLU, Linear 256->10.
+std::shared_ptr<Sequential> simple_model(const std::string& norm, bool fused) {
+    auto model = std::make_shared<Sequential>();
+    auto add_norm = [&] {
+        NormOptions o;
+        o.type = norm;
+        o.dim = 256;
+        o.fused = fused;
+        model->push_back(make_norm(o));
+    };
+    model->push_back(std::make_shared<Linear>(100, 256));
+    add_norm();
+    model->push_back(std::make_shared<ReLU>());
+    model->push_back(std::make_shared<Linear>(256, 256));
+    add_norm();
+    model->push_back(std::make_shared<ReLU>());
+    model->push_back(std::make_shared<Linear>(256, 10));
+    return model;
+}
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds per full-batch epoch (zero_grad, forward, MSE, backward, Adam step).
+Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_t warmup) {
+    Generator gen(0);
+    std::shared_ptr<Sequential> model = simple_model(norm, fused);
+    Adam opt(model->named_parameters(), AdamOptions{.lr = 1e-3});
+    Var x(randn({1000, 100}, gen));  // (N, 100)
+    Var y(randn({1000, 10}, gen));   // (N, 10)
+    std::vector<double> times;
+    for (int64_t epoch = 0; epoch < warmup + epochs; ++epoch) {
+        const double start = now_s();
+        opt.zero_grad();
+        Var loss = mse_loss(model->forward(x), y);
+        loss.backward();
+        opt.step();
+        if (epoch >= warmup) times.push_back(now_s() - start);
+    }
+    return summarize(times);
+}
+
+// Seconds per transformer training step on random tokens (the batch is drawn before the clock starts).
+Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup) {
+    Transformer model(spec.model);
+    AdamOptions ao;
+    ao.lr = spec.lr;
+    ao.weight_decay = spec.weight_decay;
+    AdamW opt(model.named_parameters(), ao);
+    Generator gen(1);
+    const int64_t vocab = spec.model.vocab_size, B = spec.batch, T = spec.seq_len;
+    std::vector<double> times;
+    for (int64_t step = 0; step < warmup + steps; ++step) {
+        std::vector<int64_t> ids(static_cast<size_t>(B * (T + 1)));
+        for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(vocab)));
+        Tensor seq = from_vector(ids, {B, T + 1});                  // (B, T + 1)
+        Tensor inputs = seq.narrow(1, 0, T).contiguous();           // (B, T)
+        Tensor targets = seq.narrow(1, 1, T).contiguous();          // (B, T)
+        const double start = now_s();
+        opt.zero_grad();
+        Var loss = cross_entropy_loss(model.forward(inputs), targets);
+        loss.backward();
+        if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
+        opt.step();
+        if (step >= warmup) times.push_back(now_s() - start);
+    }
+    return summarize(times);
+}
+
+// ---- PyTorch's side ----
+
+struct Shell {
+    int status = -1;
+    std::string out;  // stdout
+    std::string err;  // stderr (from a temporary file)
+};
+
+std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+Shell run_shell(const std::string& command) {
+    Shell r;
+    const std::string err_path =
+        (std::filesystem::temp_directory_path() / fmt::format("normlab-bench-torch-{}.err", getpid())).string();
+    FILE* pipe = popen((command + " 2>" + quote(err_path)).c_str(), "r");
+    if (!pipe) return r;
+    std::array<char, 4096> buffer{};
+    size_t n = 0;
+    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
+    const int raw = pclose(pipe);
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    std::ifstream in(err_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    std::filesystem::remove(err_path);
+    return r;
+}
+
+std::string last_line(const std::string& text) {
+    std::string t = text;
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+    const size_t nl = t.rfind('\n');
+    return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+// The PyTorch results, or nullopt with `why` set.
+std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int threads, std::string& why) {
+    if (cmd.skip_torch) {
+        why = "--skip-torch was given";
+        return std::nullopt;
+    }
+    if (!std::filesystem::exists(cmd.script)) {
+        why = cmd.script + " not found (run from the repository root, or pass --script)";
+        return std::nullopt;
+    }
+    Shell probe = run_shell(quote(cmd.python) + " -c 'import torch'");
+    if (probe.status != 0) {
+        why = fmt::format("`{} -c 'import torch'` failed: {}", cmd.python,
+                          probe.status == 127 ? std::string("python3 not found") : last_line(probe.err));
+        return std::nullopt;
+    }
+    const TransformerOptions& m = spec.model;
+    std::string command = fmt::format(
+        "{} {} --json --threads {} --epochs {} --steps {} --warmup {} --vocab-size {} --dim {} --n-layers {} "
+        "--n-heads {} --n-kv-heads {} --multiple-of {} --ffn-hidden-dim {} --norm {} --rope-theta {} --seq-len {} "
+        "--batch {} --lr {} --weight-decay {} --grad-clip {}",
+        quote(cmd.python), quote(cmd.script), threads, cmd.epochs, cmd.steps, cmd.warmup, m.vocab_size, m.dim,
+        m.n_layers, m.n_heads, m.n_kv_heads, m.multiple_of, m.ffn_hidden_dim, quote(m.norm.type), m.rope_theta,
+        spec.seq_len, spec.batch, spec.lr, spec.weight_decay, spec.grad_clip);
+    if (m.norm.eps) command += fmt::format(" --norm-eps {}", *m.norm.eps);
+    if (!m.pre_norm) command += " --post-norm";
+    fmt::print(stderr, "  running {}\n", command);
+    Shell r = run_shell(command);
+    if (r.status != 0) {
+        why = fmt::format("{} exited with status {}: {}", cmd.script, r.status, last_line(r.err));
+        return std::nullopt;
+    }
+    try {
+        return json::parse(last_line(r.out));
+    } catch (const json::exception& e) {
+        why = fmt::format("could not parse {}'s JSON output: {}", cmd.script, e.what());
+        return std::nullopt;
+    }
+}
+
+std::string ms_cell(const Stats& s) {
+    return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", s.median * 1e3, s.min * 1e3, s.max * 1e3);
+}
+
+std::string ms_cell(const json& r) {
+    return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", r.at("median_s").get<double>() * 1e3,
+                       r.at("min_s").get<double>() * 1e3, r.at("max_s").get<double>() * 1e3);
+}
+
+void run_bench_torch(TorchCommand cmd) {
+    if (cmd.quick) {
+        cmd.epochs = 5;
+        cmd.steps = 3;
+        cmd.warmup = 1;
+    }
+    NL_REQUIRE(cmd.epochs >= 1 && cmd.steps >= 1 && cmd.warmup >= 0,
+               "bench torch: --epochs and --steps must be at least 1 and --warmup at least 0, found ", cmd.epochs,
+               ", ", cmd.steps, ", ", cmd.warmup);
+    if (cmd.threads > 0) {
+        omp_set_num_threads(static_cast<int>(cmd.threads));
+        openblas_set_num_threads(static_cast<int>(cmd.threads));
+    }
+    const int threads = omp_get_max_threads();
+    const ToySpec spec = resolve_toy_spec(cmd.config);
+    const TransformerOptions& m = spec.model;
+    fmt::print("normlab bench torch: normlab vs PyTorch on CPU, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
+               threads);
+    fmt::print("  stability: SimpleModel 100-256-256-10, x (1000, 100), Adam lr 1e-3, MSE, full batch; {} timed epochs "
+               "after {} warm-up\n",
+               cmd.epochs, cmd.warmup);
+    fmt::print("  transformer ({}): vocab {}, dim {}, {} layers, {} heads ({} kv), {} {}, batch {} x seq {}, AdamW, "
+               "clip {}; {} timed steps after {} warm-up\n\n",
+               spec.source, m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads ? m.n_kv_heads : m.n_heads,
+               m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
+               cmd.steps, cmd.warmup);
+
+    // normlab first, then PyTorch (separate processes cannot interleave per step).
+    fmt::print(stderr, "  timing normlab ...\n");
+    const std::vector<std::string> norms = {"layernorm", "rmsnorm"};
+    std::vector<Stats> ours_fused, ours_composed;
+    for (const std::string& norm : norms) {
+        ours_fused.push_back(time_stability(norm, true, cmd.epochs, cmd.warmup));
+        ours_composed.push_back(time_stability(norm, false, cmd.epochs, cmd.warmup));
+    }
+    const Stats ours_tf = time_transformer(spec, cmd.steps, cmd.warmup);
+    const double ours_tps = static_cast<double>(spec.batch * spec.seq_len) / ours_tf.median;
+
+    std::string why;
+    fmt::print(stderr, "  timing PyTorch ...\n");
+    std::optional<json> torch = run_torch(cmd, spec, threads, why);
+
+    fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "", "normlab", torch ? "PyTorch " + torch->at("torch_version").get<std::string>()
+                                                                     : std::string("PyTorch (skipped)"), "torch/ours");
+    for (size_t i = 0; i < norms.size(); ++i) {
+        std::string theirs = "-", ratio = "-";
+        if (torch) {
+            const json& r = torch->at("stability").at(norms[i]);
+            theirs = ms_cell(r);
+            ratio = fmt::format("{:.2f}", r.at("median_s").get<double>() / ours_fused[i].median);
+        }
+        fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "stability " + norms[i] + " s/epoch", ms_cell(ours_fused[i]), theirs,
+                   ratio);
+        fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "  (normlab composed norm)", ms_cell(ours_composed[i]), "", "");
+    }
+    std::string theirs = "-", ratio = "-";
+    if (torch) {
+        const json& r = torch->at("transformer");
+        const double tps = r.at("tokens_per_s").get<double>();
+        theirs = fmt::format("{:.0f} tok/s ({:.1f} ms/step)", tps, r.at("median_s").get<double>() * 1e3);
+        ratio = fmt::format("{:.2f}", ours_tps / tps);
+    }
+    fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "transformer tokens/s",
+               fmt::format("{:.0f} tok/s ({:.1f} ms/step)", ours_tps, ours_tf.median * 1e3), theirs, ratio);
+    fmt::print("torch/ours = PyTorch time / normlab time (for tokens/s: ours / theirs); >= 1 means normlab is at least "
+               "as fast (the issue's target).\n");
+    fmt::print("medians with [min, max] over the timed epochs/steps; normlab's stability rows use its fused norms, "
+               "PyTorch's nn.LayerNorm / nn.RMSNorm.\n");
+    if (!torch) fmt::print("PyTorch side skipped: {}\n", why);
+}
+
+}  // namespace
+
+void register_bench_torch(CLI::App& bench) {
+    auto cmd = std::make_shared<TorchCommand>();
+    CLI::App* sub = bench.add_subcommand(
+        "torch", "normlab vs PyTorch on CPU: stability seconds/epoch and toy transformer tokens/s, side by side");
+    sub->add_option("--config", cmd->config, "the toy transformer's training config")->capture_default_str();
+    sub->add_option("--script", cmd->script, "the PyTorch script")->capture_default_str();
+    sub->add_option("--python", cmd->python, "the Python interpreter")->capture_default_str();
+    sub->add_option("--threads", cmd->threads, "threads for both sides (0: OpenMP's default)")->capture_default_str();
+    sub->add_option("--epochs", cmd->epochs, "timed stability epochs per norm")->capture_default_str();
+    sub->add_option("--steps", cmd->steps, "timed transformer steps")->capture_default_str();
+    sub->add_option("--warmup", cmd->warmup, "untimed epochs/steps first")->capture_default_str();
+    sub->add_flag("--quick", cmd->quick, "5 epochs, 3 steps: a smoke run, not a measurement");
+    sub->add_flag("--skip-torch", cmd->skip_torch, "time normlab only");
+    sub->callback([cmd] { run_bench_torch(*cmd); });
+}
+
+}  // namespace nl::cli

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""PyTorch side of `normlab bench torch`: the same models as normlab, timed on CPU.
+
+1. The stability experiment (the seed article's SimpleModel: Linear 100->256, norm, ReLU,
+   Linear 256->256, norm, ReLU, Linear 256->10; MSE on x ~ N(0,1) (1000, 100), y ~ N(0,1) (1000, 10);
+   Adam lr 1e-3; one full-batch step per epoch) with LayerNorm and with RMSNorm: seconds per epoch.
+2. The toy transformer (LLaMA-style, as normlab's layers/transformer.h: token embedding, pre- or
+   post-norm blocks with causal multi-head attention, grouped-query heads, interleaved RoPE and a
+   SwiGLU feed-forward without biases, a final norm, an output head), trained with AdamW and global
+   grad-norm clipping on random tokens: tokens per second (batch * seq_len / step time).
+
+`normlab bench torch` runs this with --json and the model sizes it resolved from
+configs/toy_transformer.json, so both sides build the same model. Run alone, it prints a table.
+CI never runs this script (it needs `pip install torch`).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def summarize(samples):
+    """Median, quartiles and extremes of per-call seconds (the same summary as normlab's)."""
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0]] * 3
+    return {"median_s": statistics.median(s), "p25_s": q[0], "p75_s": q[2], "min_s": s[0], "max_s": s[-1],
+            "samples": len(s)}
+
+
+def make_norm(kind, dim, eps):
+    # The best each library offers: nn.LayerNorm (weight and bias) and nn.RMSNorm (weight only).
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=eps if eps is not None else 1e-5)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps if eps is not None else 1e-6)
+    raise SystemExit(f"torch_bench.py: norm '{kind}' has no PyTorch twin here (layernorm, rmsnorm)")
+
+
+# ---- 1. the stability experiment ----
+
+class SimpleModel(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.fc1 = nn.Linear(100, 256)
+        self.norm1 = make_norm(norm, 256, None)
+        self.fc2 = nn.Linear(256, 256)
+        self.norm2 = make_norm(norm, 256, None)
+        self.fc3 = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = F.relu(self.norm1(self.fc1(x)))
+        x = F.relu(self.norm2(self.fc2(x)))
+        return self.fc3(x)
+
+
+def bench_stability(norm, epochs, warmup):
+    torch.manual_seed(0)
+    model = SimpleModel(norm)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(1000, 100)
+    y = torch.randn(1000, 10)
+    times = []
+    for epoch in range(warmup + epochs):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        if epoch >= warmup:
+            times.append(elapsed)
+    out = summarize(times)
+    out["final_loss"] = loss.item()
+    return out
+
+
+# ---- 2. the toy transformer (LLaMA's model.py, as normlab's layers/transformer.h) ----
+
+def swiglu_hidden_dim(hidden, multiple_of):
+    hidden = int(2 * hidden / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def rope_tables(head_dim, seq_len, theta):
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len).float(), freqs)  # (T, hd/2)
+    return torch.polar(torch.ones_like(angles), angles)          # complex64
+
+
+def apply_rope(x, freqs_cis):
+    # x (B, T, H, hd): rotate interleaved pairs (x[2k], x[2k+1]) as LLaMA does with complex numbers.
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    out = torch.view_as_real(xc * freqs_cis[None, :, None, :]).flatten(3)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, freqs_cis, mask):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:  # repeat_kv
+            k = k.repeat_interleave(rep, dim=2)
+            v = v.repeat_interleave(rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim) + mask
+        probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        out = (probs @ v).transpose(1, 2).reshape(B, T, -1)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden, multiple_of):
+        super().__init__()
+        hidden = swiglu_hidden_dim(hidden, multiple_of)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.attention = Attention(a.dim, a.n_heads, a.n_kv_heads or a.n_heads)
+        self.feed_forward = FeedForward(a.dim, a.ffn_hidden_dim or 4 * a.dim, a.multiple_of)
+        self.attention_norm = make_norm(a.norm, a.dim, a.norm_eps)
+        self.ffn_norm = make_norm(a.norm, a.dim, a.norm_eps)
+        self.pre_norm = a.pre_norm
+
+    def forward(self, x, freqs_cis, mask):
+        if self.pre_norm:
+            h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
+            return h + self.feed_forward(self.ffn_norm(h))
+        h = self.attention_norm(x + self.attention(x, freqs_cis, mask))
+        return self.ffn_norm(h + self.feed_forward(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
+        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.norm = make_norm(a.norm, a.dim, a.norm_eps)
+        self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
+        self.freqs_cis = rope_tables(a.dim // a.n_heads, a.seq_len, a.rope_theta)
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        h = self.tok_embeddings(ids)
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        for layer in self.layers:
+            h = layer(h, self.freqs_cis[:T], mask)
+        return self.output(self.norm(h))
+
+
+def bench_transformer(a):
+    torch.manual_seed(a.seed)
+    model = Transformer(a)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    gen = torch.Generator().manual_seed(a.seed)
+    times = []
+    for step in range(a.warmup + a.steps):
+        ids = torch.randint(0, a.vocab_size, (a.batch, a.seq_len + 1), generator=gen)
+        start = time.perf_counter()
+        opt.zero_grad()
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, a.vocab_size), ids[:, 1:].reshape(-1))
+        loss.backward()
+        if a.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+        opt.step()
+        elapsed = time.perf_counter() - start
+        if step >= a.warmup:
+            times.append(elapsed)
+    out = summarize(times)
+    out["tokens_per_s"] = a.batch * a.seq_len / out["median_s"]
+    out["parameters"] = sum(p.numel() for p in model.parameters())
+    out["final_loss"] = loss.item()
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object (what normlab bench torch reads)")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--epochs", type=int, default=100, help="timed stability epochs per norm")
+    p.add_argument("--warmup", type=int, default=3, help="untimed epochs/steps first")
+    p.add_argument("--skip-stability", action="store_true")
+    p.add_argument("--skip-transformer", action="store_true")
+    # The toy transformer; normlab bench torch passes the values it resolved from the config.
+    p.add_argument("--vocab-size", type=int, default=11)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--n-kv-heads", type=int, default=0)
+    p.add_argument("--multiple-of", type=int, default=32)
+    p.add_argument("--ffn-hidden-dim", type=int, default=0)
+    p.add_argument("--norm", default="rmsnorm")
+    p.add_argument("--norm-eps", type=float, default=None)
+    p.add_argument("--post-norm", dest="pre_norm", action="store_false")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--seq-len", type=int, default=16, help="model input length T")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=50, help="timed transformer training steps")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    result = {"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+              "python": sys.version.split()[0]}
+    if not a.skip_stability:
+        result["stability"] = {norm: bench_stability(norm, a.epochs, a.warmup) for norm in ("layernorm", "rmsnorm")}
+    if not a.skip_transformer:
+        result["transformer"] = bench_transformer(a)
+
+    if a.json:
+        print(json.dumps(result))
+        return
+    print(f"PyTorch {result['torch_version']} on CPU, {result['threads']} threads")
+    for norm, r in result.get("stability", {}).items():
+        print(f"  stability {norm:<10} {r['median_s'] * 1e3:8.3f} ms/epoch  [{r['min_s'] * 1e3:.3f}, {r['max_s'] * 1e3:.3f}]")
+    if "transformer" in result:
+        r = result["transformer"]
+        print(f"  transformer  {r['tokens_per_s']:10.0f} tokens/s  ({r['median_s'] * 1e3:.2f} ms/step, "
+              f"{r['parameters']} parameters)")
+
+
+if __name__ == "__main__":
+    main()
