@@ -4,6 +4,9 @@
 
 #ifdef NORMLAB_HAVE_CUDA
 
+#include <string>
+#include <vector>
+
 #include "core/allocator.h"
 #include "core/backend.h"
 
@@ -13,6 +16,18 @@ namespace nl {
 Allocator& cuda_allocator(int index);
 // The backend for CUDA device `index`; throws nl::Error when no such GPU is present.
 Backend& cuda_backend(int index);
+
+// Number of usable GPUs: 0 when there is no driver or no device (never throws).
+int cuda_device_count();
+// One line per GPU: "cuda:0: NVIDIA H200, sm_90, 139.8 GiB, 132 SMs"; empty without a usable GPU.
+std::vector<std::string> cuda_device_descriptions();
+// Waits until every queued kernel and copy on GPU `index` has finished (for timing).
+void cuda_synchronize(int index);
+// Returns GPU `index`'s idle cached blocks to the driver (cudaFree); live tensors are untouched.
+void cuda_empty_cache(int index);
+// f32 gemm on TF32 tensor cores (faster, ~1e-3 relative error) instead of exact f32: off by default.
+void set_cuda_tf32(bool allow);
+bool cuda_tf32();
 
 }  // namespace nl
 

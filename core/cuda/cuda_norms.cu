@@ -1,0 +1,202 @@
+// CUDA kernels for the fused norms (LayerNorm, RMSNorm, RMSNorm with bias, pRMSNorm's first-k
+// statistics); the formulas are in core/backend.h and derived in core/cpu/cpu_norms.cpp.
+//
+// One block per row. bf16/f16 are converted to f32 on load and rounded once on store, with all math
+// and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations).
+// dweight/dbias are reduced without atomics in two stages: the rows are cut into a number of chunks
+// that depends on `rows` only; block c walks its chunk's rows in order, each thread adding into the
+// partial-row columns it alone owns; then one thread per column sums the partial rows in chunk order.
+// So the bits are the same on every run and every GPU.
+#include <algorithm>
+
+#include "core/cuda/cuda_backend.cuh"
+#include "core/cuda/cuda_common.cuh"
+#include "core/cuda/cuda_runtime.h"
+
+namespace nl {
+
+namespace {
+
+constexpr int64_t kMaxChunks = 512;  // partial rows for dweight/dbias (and blocks in the backward)
+
+int norm_threads(int64_t d) {
+    int64_t t = (d + 31) / 32 * 32;
+    return static_cast<int>(std::clamp<int64_t>(t, 32, cuda::kThreads));
+}
+
+// T is the math type: float for f32/bf16/f16, double for f64. mean, rstd: (rows).
+template <typename T>
+__global__ void norm_forward_kernel(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                                    T* mean, T* rstd, int64_t rows, int64_t d, T eps, bool subtract_mean,
+                                    int64_t k) {
+    __shared__ T scratch[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t base = r * d;  // row r of x, y: (d)
+        T mu = T(0);
+        if (subtract_mean) {
+            T sum = T(0);
+            for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += cuda::load_as<T>(dtype, x, base + j);
+            mu = cuda::block_sum(sum, scratch) / T(k);
+        }
+        // Second pass over centered values: exact enough even when |mean| >> std.
+        T sum_sq = T(0);
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+            const T c = cuda::load_as<T>(dtype, x, base + j) - mu;
+            sum_sq += c * c;
+        }
+        const T rs = T(1) / cuda::m_sqrt(cuda::block_sum(sum_sq, scratch) / T(k) + eps);
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            const T w = weight ? cuda::load_as<T>(dtype, weight, j) : T(1);
+            const T b = bias ? cuda::load_as<T>(dtype, bias, j) : T(0);
+            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
+            cuda::store_as<T>(dtype, y, base + j, xhat * w + b);
+        }
+        if (threadIdx.x == 0) {
+            if (subtract_mean && mean != nullptr) mean[r] = mu;
+            rstd[r] = rs;
+        }
+    }
+}
+
+// Block c handles rows [c * rows / chunks, (c + 1) * rows / chunks): dx for each, and its partial
+// rows dw_partial[c] (d), db_partial[c] (d) when those are wanted (null otherwise).
+template <typename T>
+__global__ void norm_backward_kernel(DType dtype, const void* dy, const void* x, const void* weight,
+                                     const T* mean, const T* rstd, void* dx, T* dw_partial, T* db_partial,
+                                     int64_t rows, int64_t d, bool subtract_mean, int64_t k, int64_t chunks) {
+    __shared__ T scratch[32];
+    const int64_t c = blockIdx.x;
+    T* dw_row = dw_partial ? dw_partial + c * d : nullptr;  // (d)
+    T* db_row = db_partial ? db_partial + c * d : nullptr;  // (d)
+    // Every column j is touched only by thread j % blockDim.x, here and below: no barrier needed.
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        if (dw_row) dw_row[j] = T(0);
+        if (db_row) db_row[j] = T(0);
+    }
+    const T inv_k = T(1) / T(k);
+    const int64_t row_end = (c + 1) * rows / chunks;
+    for (int64_t r = c * rows / chunks; r < row_end; ++r) {
+        const int64_t base = r * d;
+        const T mu = subtract_mean ? mean[r] : T(0);
+        const T rs = rstd[r];
+        T sum_g = T(0), sum_g_xhat = T(0);
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
+            const T g = cuda::load_as<T>(dtype, dy, base + j) * (weight ? cuda::load_as<T>(dtype, weight, j) : T(1));
+            sum_g += g;
+            sum_g_xhat += g * xhat;
+        }
+        sum_g = cuda::block_sum(sum_g, scratch);
+        sum_g_xhat = cuda::block_sum(sum_g_xhat, scratch);
+        const T a = subtract_mean ? sum_g * inv_k : T(0);
+        const T b = sum_g_xhat * inv_k;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
+            const T dyj = cuda::load_as<T>(dtype, dy, base + j);
+            const T g = dyj * (weight ? cuda::load_as<T>(dtype, weight, j) : T(1));
+            // Elements past k do not feed the statistics: only the direct path remains.
+            const T through_stats = j < k ? a + xhat * b : T(0);
+            cuda::store_as<T>(dtype, dx, base + j, rs * (g - through_stats));
+            if (dw_row) dw_row[j] += dyj * xhat;
+            if (db_row) db_row[j] += dyj;
+        }
+    }
+}
+
+// out[j] = sum over c of partial[c][j], in chunk order (zeros when chunks == 0).
+template <typename T>
+__global__ void sum_partials_kernel(DType dtype, const T* partial, void* out, int64_t chunks, int64_t d) {
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
+        T sum = T(0);
+        for (int64_t c = 0; c < chunks; ++c) sum += partial[c * d + j];
+        cuda::store_as<T>(dtype, out, j, sum);
+    }
+}
+
+// A scratch buffer from the device's caching allocator, returned on scope exit. Returning it before
+// the kernels using it have run is safe: its next owner's work is queued behind them on the stream.
+class Scratch {
+public:
+    Scratch(int device, size_t nbytes) : allocator_(cuda_allocator(device)), nbytes_(nbytes) {
+        if (nbytes_ > 0) ptr_ = allocator_.allocate(nbytes_);
+    }
+    ~Scratch() {
+        if (ptr_) allocator_.deallocate(ptr_, nbytes_);
+    }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(ptr_);
+    }
+
+private:
+    Allocator& allocator_;
+    size_t nbytes_;
+    void* ptr_ = nullptr;
+};
+
+template <typename T>
+void norm_backward_typed(int device, DType dtype, const void* dy, const void* x, const void* weight,
+                         const void* mean, const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows,
+                         int64_t d, bool subtract_mean, int64_t k) {
+    const int64_t chunks = std::min(rows, kMaxChunks);
+    const size_t partial_bytes = static_cast<size_t>(chunks * d) * sizeof(T);
+    Scratch dw_partial(device, dweight ? partial_bytes : 0);  // (chunks, d)
+    Scratch db_partial(device, dbias ? partial_bytes : 0);    // (chunks, d)
+    if (chunks > 0) {
+        norm_backward_kernel<T><<<static_cast<unsigned>(chunks), norm_threads(d)>>>(
+            dtype, dy, x, weight, static_cast<const T*>(mean), static_cast<const T*>(rstd), dx, dw_partial.as<T>(),
+            db_partial.as<T>(), rows, d, subtract_mean, k, chunks);
+        NL_CUDA_CHECK_LAUNCH();
+    }
+    for (auto [partial, out] : {std::pair{&dw_partial, dweight}, std::pair{&db_partial, dbias}}) {
+        if (out == nullptr) continue;
+        sum_partials_kernel<T><<<cuda::blocks_for(d), cuda::kThreads>>>(dtype, partial->template as<T>(), out,
+                                                                        chunks, d);
+        NL_CUDA_CHECK_LAUNCH();
+    }
+}
+
+void check_norm_sizes(const char* op, DType dtype, int64_t rows, int64_t d, int64_t k) {
+    NL_CHECK(is_floating(dtype), op, ": dtype ", dtype_name(dtype));
+    NL_CHECK(rows >= 0 && d >= 1 && k >= 1 && k <= d, op, ": rows ", rows, " d ", d, " k ", k);
+}
+
+}  // namespace
+
+void CudaBackend::norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                               void* mean, void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
+                               int64_t stat_count) {
+    check_norm_sizes("norm_forward", dtype, rows, d, stat_count);
+    if (rows == 0) return;
+    cuda::DeviceGuard guard(index_);
+    const unsigned blocks = cuda::row_blocks(rows);
+    if (dtype == DType::F64) {
+        norm_forward_kernel<double><<<blocks, norm_threads(d)>>>(dtype, x, weight, bias, y, static_cast<double*>(mean),
+                                                                 static_cast<double*>(rstd), rows, d, eps,
+                                                                 subtract_mean, stat_count);
+    } else {
+        norm_forward_kernel<float><<<blocks, norm_threads(d)>>>(dtype, x, weight, bias, y, static_cast<float*>(mean),
+                                                                static_cast<float*>(rstd), rows, d,
+                                                                static_cast<float>(eps), subtract_mean, stat_count);
+    }
+    NL_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
+                                const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
+                                bool subtract_mean, int64_t stat_count) {
+    check_norm_sizes("norm_backward", dtype, rows, d, stat_count);
+    NL_CHECK(!subtract_mean || mean != nullptr || rows == 0, "norm_backward: LayerNorm needs mean");
+    cuda::DeviceGuard guard(index_);
+    if (dtype == DType::F64) {
+        norm_backward_typed<double>(index_, dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d,
+                                    subtract_mean, stat_count);
+    } else {
+        norm_backward_typed<float>(index_, dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d,
+                                   subtract_mean, stat_count);
+    }
+}
+
+}  // namespace nl
