@@ -430,7 +430,15 @@ Var matmul(const Var& a, const Var& b) {
                                if (a_vec) d = squeeze(d, -2);
                                da = sum_to(d, sa);
                            }
-                           if (gb) {
+                           if (gb && sb.size() == 2 && sa.size() > 2 && sa.back() > 0) {
+                               // A shared matrix (Linear's weight) against batched rows: one
+                               // (k, B*T) @ (B*T, m) gemm instead of B small gemms then a sum over B.
+                               const Var& a = s[ga ? 1 : 0];
+                               const int64_t k = sa.back(), m = sb.back();
+                               const Var a_rows = reshape(a, {a.numel() / k, k});
+                               const Var g_rows = reshape(g2, {a_rows.size(0), m});
+                               db = matmul(transpose(a_rows, 0, 1), g_rows);  // (k, m)
+                           } else if (gb) {
                                const Var& a = s[ga ? 1 : 0];
                                Var a2 = a_vec ? unsqueeze(a, 0) : a;
                                Var d = matmul(transpose(a2, -1, -2), g2);  // (..., k, m)

@@ -47,6 +47,32 @@ Var FeedForward::forward(const Var& x) {
 
 // ---------------------------------------------------------------- RoPE
 
+namespace {
+
+// x (B, T, H, hd) with each (even, odd) pair rotated: (re + i im) * (cos + i sin), in the order of
+// torch's complex product; cos/sin are (T, 1, hd/2). Runs on plain tensors (no graph of its own).
+Tensor rotate_pairs_data(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3);
+    const Tensor pairs = x.reshape({B, T, H, hd / 2, 2});
+    const Tensor re = pairs.select(4, 0);  // (B, T, H, hd/2)
+    const Tensor im = pairs.select(4, 1);
+    Tensor out = Tensor::empty({B, T, H, hd / 2, 2}, x.dtype(), x.device());
+    out.select(4, 0).copy_(sub(mul(re, cos), mul(im, sin)));
+    out.select(4, 1).copy_(add(mul(re, sin), mul(im, cos)));
+    return out.view({B, T, H, hd});
+}
+
+// One graph node for the whole rotation (instead of select/mul/sub/cat nodes whose backward fills
+// zeros and scatters): the gradient is the inverse rotation, i.e. the same op with -sin.
+Var rotate_pairs(const Var& x, const Tensor& cos, const Tensor& sin) {
+    return make_result(rotate_pairs_data(x.data(), cos, sin), "rope", {x}, {},
+                       [cos, sin](const Var& g, const std::vector<Var>&) -> std::vector<Var> {
+                           return {rotate_pairs(g, cos, neg(sin))};
+                       });
+}
+
+}  // namespace
+
 RopeTables rope_tables(int64_t head_dim, int64_t seq_len, double theta, DType dtype) {
     NL_REQUIRE(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim must be even and > 0, found ", head_dim);
     NL_REQUIRE(seq_len >= 0, "rope_tables: seq_len must be >= 0, found ", seq_len);
@@ -80,7 +106,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t seq_len, double theta, DType dt
 Var apply_rope(const Var& x, const RopeTables& tables) {
     NL_REQUIRE(x.defined() && x.dim() == 4, "apply_rope: expected x of shape (B, T, H, head_dim), found ",
                x.defined() ? shape_str(x.shape()) : "undefined");
-    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3);
+    const int64_t T = x.size(1), hd = x.size(3);
     NL_REQUIRE(hd % 2 == 0, "apply_rope: head_dim must be even, found ", shape_str(x.shape()));
     NL_REQUIRE(tables.cos.defined() && tables.cos.dim() == 2 && tables.cos.size(1) == hd / 2 &&
                    tables.cos.size(0) >= T && tables.sin.shape() == tables.cos.shape(),
@@ -91,15 +117,9 @@ Var apply_rope(const Var& x, const RopeTables& tables) {
     NL_REQUIRE(tables.cos.dtype() == compute, "apply_rope: x of dtype ", dtype_name(x.dtype()),
                " needs ", dtype_name(compute), " tables, found ", dtype_name(tables.cos.dtype()));
     const Var xc = to(x, compute);
-    const Var cos(tables.cos.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device()));  // (T, 1, hd/2)
-    const Var sin(tables.sin.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device()));
-    const Var pairs = reshape(xc, {B, T, H, hd / 2, 2});
-    const Var re = select(pairs, 4, 0);  // (B, T, H, hd/2)
-    const Var im = select(pairs, 4, 1);
-    // (re + i im) * (cos + i sin), in the order of torch's complex product.
-    const Var out_re = re * cos - im * sin;
-    const Var out_im = re * sin + im * cos;
-    const Var out = reshape(cat({unsqueeze(out_re, 4), unsqueeze(out_im, 4)}, 4), {B, T, H, hd});
+    const Tensor cos = tables.cos.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device());  // (T, 1, hd/2)
+    const Tensor sin = tables.sin.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device());
+    const Var out = rotate_pairs(xc, cos, sin);  // (B, T, H, hd)
     return to(out, x.dtype());
 }
 

@@ -180,12 +180,13 @@ void unary_loop(const Loop& loop, const StridedArg& out, const StridedArg& in, F
     });
 }
 
-// Stable for large |x|: never evaluates exp of a large positive number.
+// Stable for large |x|: never evaluates exp of a large positive number. One exp of -|x| and a
+// select instead of a branch on the sign, which mispredicts half the time on activations.
 template <typename T>
 inline T stable_sigmoid(T x) {
-    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-    const T e = std::exp(x);
-    return e / (T(1) + e);
+    const T e = std::exp(-std::abs(x));
+    const T one_plus = T(1) + e;
+    return x >= T(0) ? T(1) / one_plus : e / one_plus;
 }
 
 template <typename T>

@@ -2,10 +2,14 @@
 // bias and pRMSNorm (statistics over the first k elements of each row). The formulas are written out
 // in core/backend.h next to the declarations.
 //
-// Precision: per-row math (sums, centering, scaling) runs in double for every dtype; f32/bf16/f16
-// rows are read as f32 and the result is rounded once on store. Row sums use two passes (mean, then
-// sum of squared deviations), never E[x^2] - E[x]^2. mean/rstd are saved as f32 (f64 for f64).
+// Precision: T is the row type (double for f64, float for f32/bf16/f16; halves go through an f32
+// scratch row). Row sums accumulate in double over several independent lanes (vectorized, and no add
+// waits on the previous one); the elementwise loops run in T, so f32 rows cost f32 arithmetic. Row
+// statistics use two passes (mean, then sum of squared deviations), never E[x^2] - E[x]^2, and the
+// mean is applied as a hi + lo pair of T so a large mean (|mean| >> std) keeps its digits in f32.
+// mean/rstd are saved as f32 (f64 for f64).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -19,8 +23,48 @@ namespace {
 
 // Below this many elements a norm runs on one thread: forking costs more than it saves.
 constexpr int64_t kParallelElements = 32768;
-// dweight/dbias partials: rows are cut into at most this many fixed chunks (see norm_backward_impl).
+// dweight/dbias partials: rows are cut into fixed chunks of at least kMinChunkRows rows and at most
+// kMaxChunks chunks (see norm_backward_impl), so few rows mean few partial rows to sum.
 constexpr int64_t kMaxChunks = 64;
+constexpr int64_t kMinChunkRows = 16;
+// lane_sum: kLanes independent T accumulators (vector registers, no add waits on the previous one),
+// flushed into a double total every kBlock terms, so each T accumulator adds only kBlock / kLanes
+// terms: the rounding of a float sum stays near one float ulp of a block's sum, at float speed.
+constexpr int64_t kLanes = 16;
+constexpr int64_t kBlock = 256;
+// dweight/dbias rows are accumulated in T over kRowBlock rows, then flushed into the double partial.
+constexpr int64_t kRowBlock = 16;
+// The elementwise loops run in blocks of kPrefetchBlock elements and prefetch the same span of the
+// next row, one kLineElements cache line at a time (64 bytes of f32).
+constexpr int64_t kPrefetchBlock = 128;
+constexpr int64_t kLineElements = 16;
+// Columns per block when the dweight/dbias partials are summed (a block's sums stay in L1).
+constexpr int64_t kColumnBlock = 256;
+
+// total[i] = sum_{j < n} term(j)[i] for i < N: N sums in one sweep. The order is fixed by n alone
+// (deterministic).
+template <typename T, int N, typename Term>
+std::array<double, N> lane_sums(int64_t n, Term term) {
+    std::array<double, N> total = {};
+    int64_t j = 0;
+    while (j < n) {
+        const int64_t end = std::min(n, j + kBlock);
+        T acc[N][kLanes] = {};
+        for (; j + kLanes <= end; j += kLanes) {
+            for (int64_t l = 0; l < kLanes; ++l) {
+                const std::array<T, N> t = term(j + l);
+                for (int i = 0; i < N; ++i) acc[i][l] += t[i];
+            }
+        }
+        for (int64_t l = 0; j < end; ++j, ++l) {
+            const std::array<T, N> t = term(j);
+            for (int i = 0; i < N; ++i) acc[i][l] += t[i];
+        }
+        for (int i = 0; i < N; ++i)
+            for (int64_t l = 0; l < kLanes; ++l) total[i] += static_cast<double>(acc[i][l]);
+    }
+    return total;
+}
 
 // A (d) parameter row as T: the stored row, a converted copy, or `fill` when the pointer is null
 // (weight 1, bias 0), so the kernels have no null branches in their inner loops.
@@ -34,7 +78,7 @@ const T* param_row(DType dtype, const void* param, int64_t d, double fill, std::
     return cpu_rows::load<T>(dtype, param, 0, d, buffer.data());
 }
 
-// T is the row type: double for f64, float for f32/bf16/f16. mean, rstd: (rows).
+// mean, rstd: (rows).
 template <typename T>
 void norm_forward_impl(DType dtype, const void* x, const void* weight, const void* bias, void* y,
                        T* mean, T* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
@@ -52,26 +96,34 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
             T* yr = cpu_rows::output<T>(dtype, y, r, d, y_scratch.data());
             double mu = 0.0;
             if (subtract_mean) {
-                double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t j = 0; j < k; ++j) sum += static_cast<double>(xr[j]);
-                mu = sum / static_cast<double>(k);
+                // Summing x - x[0] keeps a large common offset out of the T accumulators.
+                const T x0 = xr[0];
+                mu = static_cast<double>(x0) +
+                     lane_sums<T, 1>(k, [xr, x0](int64_t j) { return std::array<T, 1>{xr[j] - x0}; })[0] /
+                         static_cast<double>(k);
             }
+            // mu = mu_hi + mu_lo to about twice T's precision. x - mu_hi is exact when x is near the
+            // mean (Sterbenz), so centering in T loses nothing even when |mean| >> std.
+            const T mu_hi = static_cast<T>(mu);
+            const T mu_lo = static_cast<T>(mu - static_cast<double>(mu_hi));
             // Second pass over centered values: exact enough even when |mean| >> std.
-            double sum_sq = 0.0;
-#pragma omp simd reduction(+ : sum_sq)
-            for (int64_t j = 0; j < k; ++j) {
-                const double c = static_cast<double>(xr[j]) - mu;
-                sum_sq += c * c;
-            }
+            const double sum_sq = lane_sums<T, 1>(k, [xr, mu_hi, mu_lo](int64_t j) {
+                const T c = (xr[j] - mu_hi) - mu_lo;
+                return std::array<T, 1>{c * c};
+            })[0];
             const double rs = 1.0 / std::sqrt(sum_sq / static_cast<double>(k) + eps);
-            for (int64_t j = 0; j < d; ++j) {
-                const double xhat = (static_cast<double>(xr[j]) - mu) * rs;
-                yr[j] = static_cast<T>(xhat * static_cast<double>(w[j]) + static_cast<double>(b[j]));
+            const T rs_t = static_cast<T>(rs);
+            // While this row is computed (from cache), pull the next row in, so memory and compute
+            // overlap instead of every row waiting on its first pass.
+            const T* next = !convert && r + 1 < rows ? xr + d : nullptr;
+            for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
+                const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
+                for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
+                for (int64_t j = j0; j < j1; ++j) yr[j] = ((xr[j] - mu_hi) - mu_lo) * rs_t * w[j] + b[j];
             }
             cpu_rows::store<T>(dtype, y, r, d, yr);
-            if (subtract_mean && mean != nullptr) mean[r] = static_cast<T>(mu);
-            rstd[r] = static_cast<T>(rs);
+            if (subtract_mean && mean != nullptr) mean[r] = mu_hi;
+            rstd[r] = rs_t;
         }
     }
 }
@@ -92,9 +144,9 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
     const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
     // dweight/dbias: rows are cut into fixed chunks that depend on `rows` only, each chunk sums its
-    // rows in order into its own partial row, then the partials are summed in chunk order. No
-    // atomics, and the same bits for any thread count.
-    const int64_t chunks = std::max<int64_t>(1, std::min(rows, kMaxChunks));
+    // rows in order into its own partial row (vectorized row axpys in T over kRowBlock rows, flushed
+    // into double), then the partials are summed in chunk order. No atomics, and the same bits for any thread count.
+    const int64_t chunks = std::clamp((rows + kMinChunkRows - 1) / kMinChunkRows, int64_t{1}, kMaxChunks);
     std::vector<double> dw_partial(dweight ? chunks * d : 0);  // (chunks, d)
     std::vector<double> db_partial(dbias ? chunks * d : 0);    // (chunks, d)
     const double inv_k = 1.0 / static_cast<double>(k);
@@ -102,53 +154,75 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
     {
         std::vector<T> x_scratch(convert ? d : 0), dy_scratch(convert ? d : 0),
             dx_scratch(convert ? d : 0);  // (d) each
+        std::vector<T> dw_acc(d), db_acc(d);  // (d) each: sums over the current kRowBlock rows
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; ++c) {
             double* dw_row = dweight ? dw_partial.data() + c * d : nullptr;  // (d)
             double* db_row = dbias ? db_partial.data() + c * d : nullptr;    // (d)
             const int64_t row_end = (c + 1) * rows / chunks;
-            for (int64_t r = c * rows / chunks; r < row_end; ++r) {
-                const T* xr = cpu_rows::load<T>(dtype, x, r, d, x_scratch.data());
-                const T* dyr = cpu_rows::load<T>(dtype, dy, r, d, dy_scratch.data());
-                T* dxr = cpu_rows::output<T>(dtype, dx, r, d, dx_scratch.data());
-                const double mu = subtract_mean ? static_cast<double>(mean[r]) : 0.0;
-                const double rs = static_cast<double>(rstd[r]);
-                double sum_g = 0.0, sum_g_xhat = 0.0;
-#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
-                for (int64_t j = 0; j < d; ++j) {
-                    const double xhat = (static_cast<double>(xr[j]) - mu) * rs;
-                    const double g = static_cast<double>(dyr[j]) * static_cast<double>(w[j]);
-                    sum_g += g;
-                    sum_g_xhat += g * xhat;
+            for (int64_t block = c * rows / chunks; block < row_end; block += kRowBlock) {
+                const int64_t block_end = std::min(row_end, block + kRowBlock);
+                std::fill(dw_acc.begin(), dw_acc.end(), T(0));
+                std::fill(db_acc.begin(), db_acc.end(), T(0));
+                for (int64_t r = block; r < block_end; ++r) {
+                    const T* xr = cpu_rows::load<T>(dtype, x, r, d, x_scratch.data());
+                    const T* dyr = cpu_rows::load<T>(dtype, dy, r, d, dy_scratch.data());
+                    T* dxr = cpu_rows::output<T>(dtype, dx, r, d, dx_scratch.data());
+                    const T mu = subtract_mean ? mean[r] : T(0);
+                    const T rs = rstd[r];
+                    // sums[0] = sum(g), sums[1] = sum(g * xhat), with g = dy * w.
+                    const std::array<double, 2> sums = lane_sums<T, 2>(d, [dyr, w, xr, mu, rs](int64_t j) {
+                        const T g = dyr[j] * w[j];
+                        return std::array<T, 2>{g, g * ((xr[j] - mu) * rs)};
+                    });
+                    const T a = subtract_mean ? static_cast<T>(sums[0] * inv_k) : T(0);
+                    const T b = static_cast<T>(sums[1] * inv_k);
+                    // dx, and dy * xhat and dy summed into this row block's accumulators, in one sweep.
+                    // Without dweight/dbias the accumulators are scratch (no branch in the loop).
+                    T* dw_sum = dw_acc.data();  // (d)
+                    T* db_sum = db_acc.data();  // (d)
+                    const T* next_x = !convert && r + 1 < rows ? xr + d : nullptr;
+                    const T* next_dy = !convert && r + 1 < rows ? dyr + d : nullptr;
+                    for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
+                        const int64_t j1 = std::min(d, j0 + kPrefetchBlock), jk = std::clamp(k, j0, j1);
+                        for (int64_t p = j0; next_x != nullptr && p < j1; p += kLineElements) {
+                            __builtin_prefetch(next_x + p);
+                            __builtin_prefetch(next_dy + p);
+                        }
+                        // Elements past k do not feed the statistics: only the direct path remains.
+                        for (int64_t j = j0; j < jk; ++j) {
+                            const T xhat = (xr[j] - mu) * rs;
+                            dxr[j] = rs * (dyr[j] * w[j] - (a + xhat * b));
+                            dw_sum[j] += dyr[j] * xhat;
+                            db_sum[j] += dyr[j];
+                        }
+                        for (int64_t j = jk; j < j1; ++j) {
+                            dxr[j] = rs * (dyr[j] * w[j]);
+                            dw_sum[j] += dyr[j] * ((xr[j] - mu) * rs);
+                            db_sum[j] += dyr[j];
+                        }
+                    }
+                    cpu_rows::store<T>(dtype, dx, r, d, dxr);
                 }
-                const double a = subtract_mean ? sum_g * inv_k : 0.0;
-                const double b = sum_g_xhat * inv_k;
-                for (int64_t j = 0; j < d; ++j) {
-                    const double xhat = (static_cast<double>(xr[j]) - mu) * rs;
-                    const double g = static_cast<double>(dyr[j]) * static_cast<double>(w[j]);
-                    // Elements past k do not feed the statistics: only the direct path remains.
-                    const double through_stats = j < k ? a + xhat * b : 0.0;
-                    dxr[j] = static_cast<T>(rs * (g - through_stats));
-                }
-                cpu_rows::store<T>(dtype, dx, r, d, dxr);
-                if (dw_row != nullptr) {
-                    for (int64_t j = 0; j < d; ++j)
-                        dw_row[j] += static_cast<double>(dyr[j]) * ((static_cast<double>(xr[j]) - mu) * rs);
-                }
-                if (db_row != nullptr) {
-                    for (int64_t j = 0; j < d; ++j) db_row[j] += static_cast<double>(dyr[j]);
-                }
+                for (int64_t j = 0; dw_row != nullptr && j < d; ++j) dw_row[j] += static_cast<double>(dw_acc[j]);
+                for (int64_t j = 0; db_row != nullptr && j < d; ++j) db_row[j] += static_cast<double>(db_acc[j]);
             }
         }
     }
-    // Sum the partials in chunk order and store them in the parameters' dtype.
+    // Sum the partials in chunk order (the same order for every column, so deterministic), a block
+    // of columns at a time across threads, and store them in the parameters' dtype.
     auto finish = [&](const std::vector<double>& partial, void* out) {
-        std::vector<T> out_scratch(convert ? d : 0);
+        std::vector<T> out_scratch(convert ? d : 0);  // (d)
         T* row = cpu_rows::output<T>(dtype, out, 0, d, out_scratch.data());
-        for (int64_t j = 0; j < d; ++j) {
-            double sum = 0.0;
-            for (int64_t c = 0; c < chunks; ++c) sum += partial[c * d + j];
-            row[j] = static_cast<T>(sum);
+#pragma omp parallel for schedule(static) if (chunks * d > kParallelElements)
+        for (int64_t j0 = 0; j0 < d; j0 += kColumnBlock) {
+            const int64_t width = std::min(kColumnBlock, d - j0);
+            double sum[kColumnBlock] = {};  // (width)
+            for (int64_t c = 0; c < chunks; ++c) {
+                const double* part = partial.data() + c * d + j0;
+                for (int64_t j = 0; j < width; ++j) sum[j] += part[j];
+            }
+            for (int64_t j = 0; j < width; ++j) row[j0 + j] = static_cast<T>(sum[j]);
         }
         cpu_rows::store<T>(dtype, out, 0, d, row);
     };

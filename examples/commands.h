@@ -1,0 +1,34 @@
+// The `normlab` program's subcommands: each job lives in its own examples/<job>.cpp and adds itself to
+// the command line through one register function declared here, which main.cpp calls.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace nl::cli {
+
+// `normlab info`: version, build, BLAS, threads, devices, dtypes, memory (examples/info.cpp).
+void register_info(CLI::App& app);
+
+// `normlab bench ...`: benchmarks are subcommands of `bench`, which main.cpp creates.
+// `normlab bench core`: matmul vs direct cblas, elementwise vs memcpy (examples/bench_core.cpp).
+void register_bench_core(CLI::App& bench);
+
+// `normlab train CONFIG`: the toy transformer LM on synthetic tasks or a text file (examples/train.cpp).
+void register_train(CLI::App& app);
+// `normlab sample CHECKPOINT`: sequences or text from a train checkpoint (examples/sample.cpp).
+void register_sample(CLI::App& app);
+// `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm, fused vs composed, fwd and fwd+bwd, GB/s vs a
+// memory copy, peak memory and bytes saved for backward (examples/bench_norms.cpp).
+void register_bench_norms(CLI::App& bench);
+// `normlab bench torch`: normlab vs PyTorch on CPU, the stability experiment's seconds per epoch and
+// the toy transformer's tokens/s, side by side in one run (examples/bench_torch.cpp).
+void register_bench_torch(CLI::App& bench);
+
+// `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/stability.cpp).
+void register_stability(CLI::App& app);
+// `normlab gradcheck`: every norm (both forms) and layer checked in f64 (examples/gradcheck_cmd.cpp).
+void register_gradcheck(CLI::App& app);
+// `normlab graph --layer NAME --dot out.dot`: a norm's autograd graph (examples/graph_cmd.cpp).
+void register_graph(CLI::App& app);
+
+}  // namespace nl::cli

@@ -1,0 +1,266 @@
+// Validated JSON config reading (see config.h).
+#include "examples/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace nl {
+
+json load_json_file(const std::string& path) {
+    std::ifstream in(path);
+    NL_REQUIRE(in.good(), path, ": cannot open config file (does it exist?)");
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+        return json::parse(text.str());
+    } catch (const json::parse_error& e) {
+        throw Error(detail::concat(path, ": malformed JSON at byte ", e.byte, ": ", e.what()));
+    }
+}
+
+void apply_override(json& root, const std::string& assignment) {
+    size_t eq = assignment.find('=');
+    NL_REQUIRE(eq != std::string::npos && eq > 0, "--set: expected key.path=value, got '", assignment, "'");
+    std::string key_path = assignment.substr(0, eq);
+    std::string text = assignment.substr(eq + 1);
+    json value;
+    try {
+        value = json::parse(text);
+    } catch (const json::parse_error&) {
+        value = text;  // a bare word is a string: --set model.norm=rmsnorm
+    }
+    json* node = &root;
+    std::stringstream parts(key_path);
+    std::string part;
+    std::vector<std::string> keys;
+    while (std::getline(parts, part, '.')) {
+        NL_REQUIRE(!part.empty(), "--set: empty key in '", key_path, "'");
+        keys.push_back(part);
+    }
+    for (size_t i = 0; i + 1 < keys.size(); ++i) {
+        json& next = (*node)[keys[i]];
+        if (next.is_null()) next = json::object();
+        NL_REQUIRE(next.is_object(), "--set ", key_path, ": '", keys[i], "' is not an object");
+        node = &next;
+    }
+    (*node)[keys.back()] = value;
+}
+
+int64_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<int64_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int64_t>(j);
+    for (size_t i = 1; i <= a.size(); ++i) {
+        int64_t diagonal = row[0];
+        row[0] = static_cast<int64_t>(i);
+        for (size_t j = 1; j <= b.size(); ++j) {
+            int64_t above = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diagonal = above;
+        }
+    }
+    return row[b.size()];
+}
+
+ConfigReader::ConfigReader(const json& object, std::string file, std::string path)
+    : object_(object), file_(std::move(file)), path_(std::move(path)),
+      resolved_(std::make_shared<json>(json::object())) {
+    if (object_.is_null()) object_ = json::object();
+    NL_REQUIRE(object_.is_object(), file_, ": ", path_.empty() ? "/" : path_,
+               ": expected a JSON object, got ", object_.type_name());
+}
+
+std::string ConfigReader::where(const std::string& key) const { return file_ + ": " + path_ + "/" + key; }
+
+void ConfigReader::fail(const std::string& key, const std::string& message) const {
+    throw Error(where(key) + ": " + message);
+}
+
+bool ConfigReader::has(const std::string& key) const { return object_.contains(key); }
+
+const json* ConfigReader::value_at(const std::string& key) {
+    known_.insert(key);
+    auto it = object_.find(key);
+    return it == object_.end() ? nullptr : &*it;
+}
+
+json& ConfigReader::resolved_here() {
+    return (*resolved_)[json::json_pointer(path_)];
+}
+
+int64_t ConfigReader::get_int(const std::string& key, int64_t fallback, int64_t min_value,
+                              int64_t max_value) {
+    const json* value = value_at(key);
+    int64_t result = fallback;
+    if (value) {
+        bool integral = value->is_number_integer() ||
+                        (value->is_number_float() && std::floor(value->get<double>()) == value->get<double>() &&
+                         std::abs(value->get<double>()) < 9e15);
+        if (!integral) fail(key, "expected an integer, got " + value->dump());
+        result = value->is_number_integer() ? value->get<int64_t>()
+                                            : static_cast<int64_t>(value->get<double>());
+    }
+    if (result < min_value || result > max_value) {
+        std::string range = max_value == INT64_MAX ? ">= " + std::to_string(min_value)
+                                                   : "in [" + std::to_string(min_value) + ", " +
+                                                         std::to_string(max_value) + "]";
+        fail(key, "expected an integer " + range + ", got " + std::to_string(result));
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+int64_t ConfigReader::require_int(const std::string& key, int64_t min_value, int64_t max_value) {
+    if (!has(key)) fail(key, "missing required integer");
+    return get_int(key, 0, min_value, max_value);
+}
+
+double ConfigReader::get_double(const std::string& key, double fallback, double min_value,
+                                double max_value) {
+    const json* value = value_at(key);
+    double result = fallback;
+    if (value) {
+        if (!value->is_number()) fail(key, "expected a number, got " + value->dump());
+        result = value->get<double>();
+    }
+    if (!(result >= min_value && result <= max_value)) {
+        std::ostringstream msg;
+        msg << "expected a number in [" << min_value << ", " << max_value << "], got " << result;
+        fail(key, msg.str());
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+bool ConfigReader::get_bool(const std::string& key, bool fallback) {
+    const json* value = value_at(key);
+    bool result = fallback;
+    if (value) {
+        if (!value->is_boolean()) fail(key, "expected true or false, got " + value->dump());
+        result = value->get<bool>();
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+static std::string join_choices(const std::vector<std::string>& choices) {
+    std::string out;
+    for (const std::string& choice : choices) out += (out.empty() ? "" : ", ") + choice;
+    return out;
+}
+
+static void check_choice(const ConfigReader& reader, const std::string& key, const std::string& value,
+                         const std::vector<std::string>& choices) {
+    if (choices.empty() || std::find(choices.begin(), choices.end(), value) != choices.end()) return;
+    reader.fail(key, "expected one of " + join_choices(choices) + ", got \"" + value + "\"");
+}
+
+std::string ConfigReader::get_string(const std::string& key, const std::string& fallback,
+                                     const std::vector<std::string>& choices) {
+    const json* value = value_at(key);
+    std::string result = fallback;
+    if (value) {
+        if (!value->is_string()) fail(key, "expected a string, got " + value->dump());
+        result = value->get<std::string>();
+    }
+    check_choice(*this, key, result, choices);
+    resolved_here()[key] = result;
+    return result;
+}
+
+std::vector<double> ConfigReader::get_double_list(const std::string& key, const std::vector<double>& fallback,
+                                                  double min_value, double max_value) {
+    const json* value = value_at(key);
+    std::vector<double> result = fallback;
+    if (value) {
+        // A single number is accepted as a one-element list.
+        json list = value->is_array() ? *value : json::array({*value});
+        result.clear();
+        for (size_t i = 0; i < list.size(); ++i) {
+            if (!list[i].is_number())
+                fail(key, "expected a number or a list of numbers, got " + value->dump());
+            double x = list[i].get<double>();
+            if (!(x >= min_value && x <= max_value)) {
+                std::ostringstream msg;
+                msg << "element " << i << ": expected a number in [" << min_value << ", " << max_value
+                    << "], got " << x;
+                fail(key, msg.str());
+            }
+            result.push_back(x);
+        }
+        if (result.empty()) fail(key, "expected a non-empty list");
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+std::vector<int64_t> ConfigReader::get_int_list(const std::string& key, const std::vector<int64_t>& fallback,
+                                                int64_t min_value, int64_t max_value) {
+    const json* value = value_at(key);
+    std::vector<int64_t> result = fallback;
+    if (value) {
+        json list = value->is_array() ? *value : json::array({*value});
+        result.clear();
+        for (size_t i = 0; i < list.size(); ++i) {
+            if (!list[i].is_number_integer())
+                fail(key, "expected an integer or a list of integers, got " + value->dump());
+            int64_t x = list[i].get<int64_t>();
+            if (x < min_value || x > max_value)
+                fail(key, "element " + std::to_string(i) + ": expected an integer in [" +
+                              std::to_string(min_value) + ", " + std::to_string(max_value) + "], got " +
+                              std::to_string(x));
+            result.push_back(x);
+        }
+        if (result.empty()) fail(key, "expected a non-empty list");
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+std::vector<std::string> ConfigReader::get_string_list(const std::string& key,
+                                                       const std::vector<std::string>& fallback,
+                                                       const std::vector<std::string>& choices) {
+    const json* value = value_at(key);
+    std::vector<std::string> result = fallback;
+    if (value) {
+        json list = value->is_array() ? *value : json::array({*value});
+        result.clear();
+        for (const json& item : list) {
+            if (!item.is_string()) fail(key, "expected a string or a list of strings, got " + value->dump());
+            result.push_back(item.get<std::string>());
+            check_choice(*this, key, result.back(), choices);
+        }
+        if (result.empty()) fail(key, "expected a non-empty list");
+    }
+    resolved_here()[key] = result;
+    return result;
+}
+
+ConfigReader ConfigReader::child(const std::string& key) {
+    const json* value = value_at(key);
+    if (value && !value->is_object()) fail(key, "expected an object, got " + value->dump());
+    ConfigReader reader(value ? *value : json::object(), file_, path_ + "/" + key);
+    reader.resolved_ = resolved_;
+    reader.resolved_here() = json::object();
+    return reader;
+}
+
+void ConfigReader::finish() const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+        if (known_.count(it.key())) continue;
+        std::string nearest;
+        int64_t best = INT64_MAX;
+        for (const std::string& name : known_) {
+            int64_t distance = edit_distance(it.key(), name);
+            if (distance < best) best = distance, nearest = name;
+        }
+        std::string hint = nearest.empty() ? "" : " (did you mean '" + nearest + "'?)";
+        std::vector<std::string> names(known_.begin(), known_.end());
+        fail(it.key(), "unknown key" + hint + "; known keys: " + join_choices(names));
+    }
+}
+
+}  // namespace nl

@@ -1,0 +1,77 @@
+// Validated JSON configs: every read names the file and the JSON path, checks the type and range,
+// fills the documented default when a key is absent, and records the resolved value; unknown keys
+// are errors that suggest the nearest known key. Also `--set a.b=value` overrides.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nl {
+
+using json = nlohmann::json;
+
+// Reads `path` as JSON; a missing file or malformed JSON is an nl::Error naming the file (and the
+// byte offset of the parse error).
+json load_json_file(const std::string& path);
+
+// Applies one "a.b.c=value" override to `root`; the value is parsed as JSON when it parses
+// (numbers, true/false, [..]) and taken as a string otherwise. Intermediate objects are created.
+void apply_override(json& root, const std::string& assignment);
+
+// One JSON object being read. Child readers share the file name and the set of resolved values.
+class ConfigReader {
+public:
+    ConfigReader(const json& object, std::string file, std::string path = "");
+
+    // Each getter: the value at key (or `fallback` when absent), type- and range-checked.
+    int64_t get_int(const std::string& key, int64_t fallback, int64_t min_value = INT64_MIN,
+                    int64_t max_value = INT64_MAX);
+    int64_t require_int(const std::string& key, int64_t min_value = INT64_MIN,
+                        int64_t max_value = INT64_MAX);
+    double get_double(const std::string& key, double fallback, double min_value = -1e308,
+                      double max_value = 1e308);
+    bool get_bool(const std::string& key, bool fallback);
+    std::string get_string(const std::string& key, const std::string& fallback,
+                           const std::vector<std::string>& choices = {});
+    std::vector<double> get_double_list(const std::string& key, const std::vector<double>& fallback,
+                                        double min_value = -1e308, double max_value = 1e308);
+    std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& fallback,
+                                      int64_t min_value = INT64_MIN, int64_t max_value = INT64_MAX);
+    std::vector<std::string> get_string_list(const std::string& key,
+                                             const std::vector<std::string>& fallback,
+                                             const std::vector<std::string>& choices = {});
+    // A nested object (an empty one when absent); its keys are checked by its own finish().
+    ConfigReader child(const std::string& key);
+    bool has(const std::string& key) const;
+
+    // Throws for the first key that no getter read: "<file>: <path>/<key>: unknown key (did you
+    // mean '<nearest>'?; known keys: ...)". Call after reading every key of this object.
+    void finish() const;
+
+    // An error about `key` in this object: "<file>: <path>/<key>: <message>".
+    [[noreturn]] void fail(const std::string& key, const std::string& message) const;
+    std::string where(const std::string& key) const;  // "<file>: <path>/<key>"
+
+    // The config as resolved so far (defaults filled in), shared by all readers of one file.
+    const json& resolved() const { return *resolved_; }
+
+private:
+    const json* value_at(const std::string& key);  // marks the key known; null when absent
+    json& resolved_here();
+
+    json object_;
+    std::string file_;
+    std::string path_;  // JSON pointer of this object, "" for the root
+    std::shared_ptr<json> resolved_;
+    std::set<std::string> known_;
+};
+
+// Levenshtein distance, for "did you mean" suggestions.
+int64_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace nl

@@ -1,0 +1,42 @@
+// The `normlab` program: builds the command line from each job's register function (examples/commands.h)
+// and turns any exception into one line on stderr and a non-zero exit (DESIGN: Errors).
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "examples/commands.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"normlab: a small from-scratch C++20 training framework", "normlab"};
+    app.set_version_flag("--version", std::string("normlab ") + NORMLAB_VERSION);
+    app.require_subcommand(1);
+
+    nl::cli::register_info(app);
+    nl::cli::register_train(app);
+    nl::cli::register_sample(app);
+    nl::cli::register_stability(app);
+    nl::cli::register_gradcheck(app);
+    nl::cli::register_graph(app);
+    CLI::App* bench = app.add_subcommand("bench", "Benchmarks (ours vs a reference, in one run)");
+    bench->require_subcommand(1);
+    nl::cli::register_bench_core(*bench);
+    nl::cli::register_bench_norms(*bench);
+    nl::cli::register_bench_torch(*bench);
+
+    // Subcommand callbacks run inside parse(), so a job's exceptions arrive here too.
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);  // --help, --version, and command-line mistakes (CLI11's own messages)
+    } catch (const nl::Error& e) {
+        fmt::print(stderr, "normlab: error: {}\n", e.what());  // a user mistake: bad shape, config, file
+        return 2;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "normlab: error: {}\n", e.what());  // a bug or a system failure
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,80 @@
+// A run's output directory and the small pieces every job shares: atomic file writes, a streaming
+// metrics CSV, and a progress line (a live line on a terminal, plain log lines otherwise).
+// A run directory counts as complete only once summary.json exists (written last, atomically); a
+// failed run leaves error.txt instead, so nothing half-done looks complete.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nl {
+
+// Writes `content` to path.tmp.<pid> then renames it over `path` (so readers never see half a file).
+void write_file_atomic(const std::string& path, const std::string& content);
+
+class RunDir {
+public:
+    // `out` empty: runs/<config file stem>-<YYYYmmdd-HHMMSS>. An existing non-empty directory is an
+    // nl::Error unless `force` (then the files the run writes are replaced; others are kept) or
+    // `resume` (the run continues in it). Creates parent directories.
+    static RunDir create(const std::string& config_path, const std::string& out, bool force,
+                         bool resume = false);
+
+    const std::string& dir() const { return dir_; }
+    std::string path(const std::string& name) const { return dir_ + "/" + name; }
+    void write_json(const std::string& name, const nlohmann::json& value) const;
+    void write_text(const std::string& name, const std::string& text) const;
+    // summary.json, written last: the mark of a complete run (error.txt is removed if present).
+    void write_summary(const nlohmann::json& summary) const;
+    // error.txt with the message: the mark of a failed run.
+    void write_error(const std::string& message) const;
+
+private:
+    std::string dir_;
+};
+
+// metrics.csv-style streaming writer: a header row, then one row per call, flushed each row so a
+// crash loses at most one line.
+class CsvWriter {
+public:
+    CsvWriter() = default;
+    // append: keep existing rows (a resumed run); the header is written only to a new/empty file.
+    CsvWriter(const std::string& path, const std::vector<std::string>& header, bool append = false);
+    void row(const std::vector<std::string>& cells);
+    bool is_open() const { return out_.is_open(); }
+
+private:
+    std::ofstream out_;
+    size_t columns_ = 0;
+};
+
+// Formats a number for CSV/JSON text with full round-trip precision ("%.9g" for f32 data is not
+// enough for f64 runs, so always 17 significant digits).
+std::string format_number(double value);
+
+// "step 120/1000 loss 1.2345 | 5.1k tok/s | ETA 0:42" on stderr: redrawn in place on a terminal,
+// a plain line every `log_every` updates (and on the last) otherwise; nothing when quiet.
+class Progress {
+public:
+    Progress(int64_t total, bool quiet, int64_t log_every = 10);
+    // `fields` is the text after "step N/total "; the rate and ETA are added from elapsed time.
+    void update(int64_t step, const std::string& fields);
+    void finish();
+    double elapsed_seconds() const;
+
+private:
+    int64_t total_;
+    bool quiet_;
+    bool terminal_;
+    int64_t log_every_;
+    int64_t first_step_ = -1;
+    std::chrono::steady_clock::time_point start_;
+    bool drew_line_ = false;
+};
+
+}  // namespace nl

@@ -1,0 +1,614 @@
+// `normlab stability CONFIG`: the seed article's normalization stability experiment, swept.
+// SimpleModel (fc1 Linear 100->256, norm1, ReLU, fc2 Linear 256->256, norm2, ReLU, fc3 Linear 256->10),
+// MSE on x ~ N(0,1) (1000, 100) and y ~ N(0,1) (1000, 10), Adam lr 1e-3, 100 full-batch epochs,
+// RMSNorm vs LayerNorm; the config sweeps norms x depths x learning rates x seeds. Every run also
+// trains a copy with fc1.weight scaled by (1 + perturb): the late epochs of this experiment are
+// chaotic, so the summary reports how much the final loss moves under that tiny perturbation next to
+// its spread over seeds, and nobody reads one seed's final loss as a verdict on a norm.
+// Reads top to bottom: config -> data and model -> train -> report.
+#include "examples/commands.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "autograd/autograd.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "examples/config.h"
+#include "examples/run_dir.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/norms.h"
+#include "optim/adam.h"
+
+namespace nl::cli {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// config
+// ---------------------------------------------------------------------------------------------
+
+struct StabilityConfig {
+    std::string file;
+    std::vector<std::string> norms;
+    std::vector<int64_t> depths;  // hidden Linear+norm+ReLU blocks; 2 is the article's model
+    std::vector<double> lrs;
+    std::vector<int64_t> seeds;
+    int64_t epochs = 100;
+    int64_t samples = 1000;
+    int64_t in_features = 100;
+    int64_t hidden = 256;
+    int64_t out_features = 10;
+    DType dtype = DType::F32;
+    bool fused = true;
+    std::optional<double> norm_eps;  // unset: each norm type's default (layers/norms.h)
+    double diverge_factor = 10.0;    // diverged: loss not finite or > factor * epoch-1 loss
+    double perturb = 1e-6;           // 0: no sensitivity copy
+    std::string init_from;           // may contain {norm} and {depth}
+    std::string data_from;
+    bool plots = true;
+    json resolved;
+};
+
+template <typename T>
+void require_distinct(const ConfigReader& reader, const std::string& key, const std::vector<T>& values) {
+    std::set<T> seen;
+    for (const T& v : values)
+        if (!seen.insert(v).second) reader.fail(key, "lists the value " + fmt::format("{}", v) + " twice");
+}
+
+StabilityConfig read_config(const std::string& path, const std::vector<std::string>& overrides) {
+    json root = load_json_file(path);
+    for (const std::string& assignment : overrides) apply_override(root, assignment);
+    NL_REQUIRE(root.is_object(), path, ": expected a JSON object at the top level, got ", root.type_name());
+    ConfigReader r(root, path);
+    StabilityConfig c;
+    c.file = path;
+    c.norms = r.get_string_list("norms", {"rmsnorm", "layernorm"}, norm_types());
+    c.depths = r.get_int_list("depths", {2}, 1, 64);
+    c.lrs = r.get_double_list("lrs", {1e-3}, 0.0, 1e6);
+    c.seeds = r.get_int_list("seeds", {42}, 0);
+    require_distinct(r, "norms", c.norms);
+    require_distinct(r, "depths", c.depths);
+    require_distinct(r, "lrs", c.lrs);
+    require_distinct(r, "seeds", c.seeds);
+    c.epochs = r.get_int("epochs", 100, 1, 10000000);
+    c.samples = r.get_int("samples", 1000, 1);
+    c.in_features = r.get_int("in_features", 100, 1);
+    c.hidden = r.get_int("hidden", 256, 1);
+    c.out_features = r.get_int("out_features", 10, 1);
+    c.dtype = r.get_string("dtype", "f32", {"f32", "f64"}) == "f64" ? DType::F64 : DType::F32;
+    c.fused = r.get_bool("fused", true);
+    // A number, or "default" for each norm type's own default (1e-5 LayerNorm, 1e-6 RMSNorm family).
+    if (root.contains("norm_eps") && root["norm_eps"].is_number())
+        c.norm_eps = r.get_double("norm_eps", 0.0, 0.0, 1.0);
+    else
+        r.get_string("norm_eps", "default", {"default"});
+    c.diverge_factor = r.get_double("diverge_factor", 10.0, 1.0);
+    c.perturb = r.get_double("perturb", 1e-6, 0.0, 1.0);
+    c.init_from = r.get_string("init_from", "");
+    c.data_from = r.get_string("data_from", "");
+    c.plots = r.get_bool("plots", true);
+    r.finish();
+    c.resolved = r.resolved();
+    return c;
+}
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+        text.replace(at, from.size(), to);
+    return text;
+}
+
+// init_from with its placeholders filled: one file per norm (and depth) in a sweep.
+std::string init_path(const StabilityConfig& c, const std::string& norm, int64_t depth) {
+    return replace_all(replace_all(c.init_from, "{norm}", norm), "{depth}", std::to_string(depth));
+}
+
+// ---------------------------------------------------------------------------------------------
+// data and model
+// ---------------------------------------------------------------------------------------------
+
+struct Data {
+    Tensor x;  // (samples, in_features), the run's dtype
+    Tensor y;  // (samples, out_features)
+};
+
+// As the article: x then y from N(0, 1), drawn in f32 (torch.randn's default) and converted, so an
+// f64 run starts from exactly the f32 run's data.
+Data make_data(const StabilityConfig& c, Generator& gen) {
+    Tensor x = randn({c.samples, c.in_features}, gen, DType::F32);
+    Tensor y = randn({c.samples, c.out_features}, gen, DType::F32);
+    return {x.to(c.dtype), y.to(c.dtype)};
+}
+
+// data_from: a safetensors file with x (samples, in_features) and y (samples, out_features).
+Data load_data(const StabilityConfig& c) {
+    SafeTensorsFile file = load_safetensors(c.data_from);
+    Data data{file.at("x"), file.at("y")};
+    const Shape want_x{c.samples, c.in_features}, want_y{c.samples, c.out_features};
+    NL_REQUIRE(is_floating(data.x.dtype()) && is_floating(data.y.dtype()), "data_from ", c.data_from,
+               ": expected floating x and y, found ", dtype_name(data.x.dtype()), " and ",
+               dtype_name(data.y.dtype()));
+    NL_REQUIRE(data.x.shape() == want_x && data.y.shape() == want_y, "data_from ", c.data_from, ": expected x ",
+               shape_str(want_x), " and y ", shape_str(want_y), " (samples, in_features, out_features of ",
+               c.file, "), found x ", shape_str(data.x.shape()), " and y ", shape_str(data.y.shape()));
+    return {data.x.to(c.dtype), data.y.to(c.dtype)};
+}
+
+// The article's SimpleModel with `depth` hidden blocks: fc1, norm1, ReLU, ..., fc<depth>,
+// norm<depth>, ReLU, fc<depth+1>. Registered in that order, so the parameter names and order are
+// PyTorch's (fc1.weight, fc1.bias, norm1.weight, ...) and Linear inits draw fc1, fc2, ... in turn.
+class SimpleModel : public UnaryModule {
+public:
+    SimpleModel(const StabilityConfig& c, const std::string& norm, int64_t depth, Generator& gen) {
+        for (int64_t i = 1; i <= depth + 1; ++i) {
+            LinearOptions linear;
+            linear.in_features = i == 1 ? c.in_features : c.hidden;
+            linear.out_features = i == depth + 1 ? c.out_features : c.hidden;
+            linear.generator = &gen;
+            fcs_.push_back(register_module("fc" + std::to_string(i), std::make_shared<Linear>(linear)));
+            if (i == depth + 1) break;
+            NormOptions options;
+            options.type = norm;
+            options.dim = c.hidden;
+            options.eps = c.norm_eps;
+            options.fused = c.fused;
+            norms_.push_back(register_module("norm" + std::to_string(i), make_norm(options)));
+        }
+    }
+    std::string type_name() const override { return "SimpleModel"; }
+
+    Var forward(const Var& x) override {
+        Var h = x;  // (N, in_features)
+        for (size_t i = 0; i < norms_.size(); ++i) h = relu(norms_[i]->forward(fcs_[i]->forward(h)));  // (N, hidden)
+        return fcs_.back()->forward(h);  // (N, out_features)
+    }
+
+private:
+    std::vector<std::shared_ptr<Linear>> fcs_;
+    std::vector<std::shared_ptr<Norm>> norms_;
+};
+
+// The initial weights of one (norm, depth) from init_from, converted to the run's dtype and checked
+// against the model (strict names and shapes) so a bad file fails before any run starts.
+NamedTensors load_init(const StabilityConfig& c, const std::string& norm, int64_t depth) {
+    const std::string path = init_path(c, norm, depth);
+    SafeTensorsFile file = load_safetensors(path);
+    NamedTensors entries;
+    for (const auto& [name, tensor] : file.tensors) {
+        NL_REQUIRE(is_floating(tensor.dtype()), "init_from ", path, ": '", name, "' is ",
+                   dtype_name(tensor.dtype()), ", expected a floating tensor");
+        entries.emplace_back(name, tensor.to(c.dtype));
+    }
+    Generator unused(0);
+    SimpleModel probe(c, norm, depth, unused);
+    probe.to(c.dtype);
+    try {
+        probe.load_state_dict(entries);
+    } catch (const Error& e) {
+        throw Error(detail::concat("init_from ", path, ": does not fit the ", norm, " model of depth ", depth,
+                                   " (hidden ", c.hidden, "): ", e.what()));
+    }
+    return entries;
+}
+
+// ---------------------------------------------------------------------------------------------
+// train
+// ---------------------------------------------------------------------------------------------
+
+struct RunSpec {
+    std::string norm;
+    int64_t depth = 2;
+    double lr = 1e-3;
+    int64_t seed = 0;
+    std::string id;  // "rmsnorm_d2_lr0.001_s42": the curve file's name
+};
+
+struct Curve {
+    std::vector<double> losses;                   // [epoch - 1]: the loss before that epoch's update
+    std::vector<std::vector<double>> grad_norms;  // [epoch - 1]: total, then one per layer
+    int64_t diverged_epoch = 0;                   // first epoch whose loss was not finite or too big; 0: none
+    double seconds = 0.0;
+
+    bool diverged() const { return diverged_epoch > 0; }
+    double final_loss() const { return losses.back(); }
+};
+
+// L2 norm of each layer's gradient (all its parameters), and of all of them first.
+std::vector<double> layer_grad_norms(const Module& model) {
+    std::vector<double> norms{0.0};
+    for (const auto& [name, layer] : model.named_children()) {
+        double squares = 0.0;
+        for (const Var& p : layer->parameters())
+            if (p.grad().defined()) squares += sum(square(p.grad().data())).to(DType::F64).item();
+        norms.push_back(std::sqrt(squares));
+        norms[0] += squares;
+    }
+    norms[0] = std::sqrt(norms[0]);
+    return norms;
+}
+
+// Full-batch Adam on MSE, as the article's loop: zero_grad, loss, backward, step. Stops at the
+// first epoch whose loss is NaN/Inf or above diverge_factor times the first epoch's loss.
+Curve train(SimpleModel& model, const Data& data, double lr, const StabilityConfig& c,
+            const std::function<void(int64_t epoch, double loss)>& on_epoch) {
+    AdamOptions options;  // torch.optim.Adam's defaults: betas (0.9, 0.999), eps 1e-8, no decay
+    options.lr = lr;
+    Adam adam(model.named_parameters(), options);
+    const Var x(data.x), y(data.y);
+    Curve curve;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t epoch = 1; epoch <= c.epochs; ++epoch) {
+        adam.zero_grad();
+        Var loss = mse_loss(model.forward(x), y);
+        const double value = loss.item();
+        curve.losses.push_back(value);
+        loss.backward();
+        curve.grad_norms.push_back(layer_grad_norms(model));
+        on_epoch(epoch, value);
+        if (!std::isfinite(value) || value > c.diverge_factor * curve.losses[0]) {
+            curve.diverged_epoch = epoch;
+            break;
+        }
+        adam.step();
+    }
+    curve.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return curve;
+}
+
+struct RunResult {
+    RunSpec spec;
+    Curve curve;
+    std::optional<Curve> perturbed;  // the copy with fc1.weight scaled by (1 + perturb)
+
+    // |final loss change| / final loss when both copies ran every epoch.
+    std::optional<double> sensitivity() const {
+        if (!perturbed || curve.diverged() || perturbed->diverged()) return std::nullopt;
+        return std::fabs(perturbed->final_loss() - curve.final_loss()) / std::fabs(curve.final_loss());
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// report
+// ---------------------------------------------------------------------------------------------
+
+std::string format_lr(double lr) { return fmt::format("{:g}", lr); }
+
+std::string cell(const std::vector<double>& values, size_t i) {
+    return i < values.size() ? format_number(values[i]) : "";
+}
+
+// curves/<id>.csv: epoch, loss, loss_perturbed, grad_norm_total, grad_norm.<layer>...
+void write_curve_csv(const RunDir& run, const RunResult& result, const std::vector<std::string>& layers) {
+    std::vector<std::string> header{"epoch", "loss", "loss_perturbed", "grad_norm_total"};
+    for (const std::string& layer : layers) header.push_back("grad_norm." + layer);
+    CsvWriter csv(run.path("curves/" + result.spec.id + ".csv"), header);
+    const std::vector<double> none;
+    const std::vector<double>& perturbed = result.perturbed ? result.perturbed->losses : none;
+    const size_t rows = std::max(result.curve.losses.size(), perturbed.size());
+    for (size_t i = 0; i < rows; ++i) {
+        std::vector<std::string> cells{std::to_string(i + 1), cell(result.curve.losses, i), cell(perturbed, i)};
+        for (size_t k = 0; k <= layers.size(); ++k)
+            cells.push_back(i < result.curve.grad_norms.size() ? format_number(result.curve.grad_norms[i][k]) : "");
+        csv.row(cells);
+    }
+}
+
+struct Stats {
+    int64_t count = 0;
+    double mean = NAN, std = NAN, min = NAN, max = NAN;  // std: sample (n - 1), NaN below 2 values
+};
+
+Stats stats_of(const std::vector<double>& values) {
+    Stats s;
+    s.count = static_cast<int64_t>(values.size());
+    if (values.empty()) return s;
+    double total = 0.0;
+    for (double v : values) total += v;
+    s.mean = total / static_cast<double>(values.size());
+    s.min = *std::min_element(values.begin(), values.end());
+    s.max = *std::max_element(values.begin(), values.end());
+    if (values.size() >= 2) {
+        double squares = 0.0;
+        for (double v : values) squares += (v - s.mean) * (v - s.mean);
+        s.std = std::sqrt(squares / static_cast<double>(values.size() - 1));
+    }
+    return s;
+}
+
+double median(std::vector<double> values) {
+    if (values.empty()) return NAN;
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+json number_or_null(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+// One row of the summary: a (norm, depth, lr) over its seeds.
+struct Group {
+    std::string norm;
+    int64_t depth;
+    double lr;
+    std::vector<const RunResult*> runs;
+};
+
+json group_json(const Group& g, const StabilityConfig& c) {
+    std::vector<double> finals, sensitivities, per_epoch;
+    int64_t diverged = 0;
+    for (const RunResult* r : g.runs) {
+        per_epoch.push_back(r->curve.seconds / static_cast<double>(r->curve.losses.size()));
+        if (r->curve.diverged()) {
+            ++diverged;
+            continue;
+        }
+        finals.push_back(r->curve.final_loss());
+        if (auto s = r->sensitivity()) sensitivities.push_back(*s);
+    }
+    Stats f = stats_of(finals), s = stats_of(sensitivities);
+    const double runs = static_cast<double>(g.runs.size());
+    return json{{"norm", g.norm},
+                {"depth", g.depth},
+                {"lr", g.lr},
+                {"seeds", g.runs.size()},
+                {"diverged", diverged},
+                {"divergence_rate", static_cast<double>(diverged) / runs},
+                {"final_loss_mean", number_or_null(f.mean)},
+                {"final_loss_std", number_or_null(f.std)},
+                {"final_loss_min", number_or_null(f.min)},
+                {"final_loss_max", number_or_null(f.max)},
+                {"final_loss_relative_spread", number_or_null((f.max - f.min) / f.mean)},
+                {"sensitivity_max", number_or_null(s.max)},
+                {"sensitivity_median", number_or_null(median(sensitivities))},
+                {"sensitivity_perturb", c.perturb},
+                {"seconds_per_epoch", stats_of(per_epoch).mean}};
+}
+
+json run_json(const RunResult& r) {
+    json j{{"id", r.spec.id},
+           {"norm", r.spec.norm},
+           {"depth", r.spec.depth},
+           {"lr", r.spec.lr},
+           {"seed", r.spec.seed},
+           {"epochs_run", r.curve.losses.size()},
+           {"first_loss", number_or_null(r.curve.losses.front())},
+           {"final_loss", number_or_null(r.curve.final_loss())},
+           {"diverged", r.curve.diverged()},
+           {"diverged_epoch", r.curve.diverged() ? json(r.curve.diverged_epoch) : json(nullptr)},
+           {"seconds", r.curve.seconds}};
+    if (r.perturbed) {
+        j["final_loss_perturbed"] = number_or_null(r.perturbed->final_loss());
+        j["perturbed_diverged_epoch"] = r.perturbed->diverged() ? json(r.perturbed->diverged_epoch) : json(nullptr);
+    }
+    auto s = r.sensitivity();
+    j["sensitivity"] = s ? json(*s) : json(nullptr);
+    return j;
+}
+
+std::string fmt_or_na(const json& value, const char* format) {
+    return value.is_number() ? fmt::format(fmt::runtime(format), value.get<double>()) : "n/a";
+}
+
+std::string summary_table(const json& groups, const StabilityConfig& c) {
+    std::string out = fmt::format("{:<17} {:>5} {:>6} {:>5} {:>11} {:>24} {:>22} {:>11} {:>8}\n", "norm", "depth", "lr",
+                                  "seeds", "diverged", "final loss mean +- std", "min .. max", "sensitivity",
+                                  "s/epoch");
+    for (const json& g : groups) {
+        const std::string diverged = fmt::format("{}/{} ({:.0f}%)", g["diverged"].get<int64_t>(),
+                                                 g["seeds"].get<int64_t>(), 100.0 * g["divergence_rate"].get<double>());
+        const std::string mean = fmt_or_na(g["final_loss_mean"], "{:.4g}") + " +- " + fmt_or_na(g["final_loss_std"], "{:.2g}");
+        const std::string range = fmt_or_na(g["final_loss_min"], "{:.4g}") + " .. " + fmt_or_na(g["final_loss_max"], "{:.4g}");
+        std::string sensitivity = c.perturb > 0 ? "n/a" : "off";
+        if (g["sensitivity_max"].is_number()) {
+            const double percent = 100.0 * g["sensitivity_max"].get<double>();
+            sensitivity = percent >= 100 ? fmt::format("{:.0f}%", percent) : fmt::format("{:.2g}%", percent);
+        }
+        out += fmt::format("{:<17} {:>5} {:>6} {:>5} {:>11} {:>24} {:>22} {:>11} {:>8.4f}\n",
+                           g["norm"].get<std::string>(), g["depth"].get<int64_t>(), format_lr(g["lr"].get<double>()),
+                           g["seeds"].get<int64_t>(), diverged, mean, range, sensitivity,
+                           g["seconds_per_epoch"].get<double>());
+    }
+    return out;
+}
+
+bool have_program(const std::string& name) {
+    return std::system(("command -v " + name + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string quote(const std::string& text) { return "'" + replace_all(text, "'", "'\\''") + "'"; }
+
+// plots.gp always (so the plots can be redrawn later); losses.png and grad_norms.png when gnuplot
+// is installed. One colour (and dash pattern) per (norm, depth, lr), its seeds sharing it and one
+// key entry, so a sweep's plot stays readable. Returns the note for the summary.
+std::string write_plots(const RunDir& run, const std::vector<RunResult>& results, bool enabled) {
+    std::string script =
+        "# gnuplot script written by normlab stability: run `gnuplot plots.gp` in this directory\n"
+        "set terminal pngcairo size 1200,700 noenhanced\nset datafile separator ','\n"
+        "set key outside right\nset xlabel 'epoch'\nset grid\nset logscale y\n";
+    std::vector<std::string> groups;
+    std::string loss_plot, grad_plot;
+    for (const RunResult& r : results) {
+        const std::string group = fmt::format("{} d{} lr{}", r.spec.norm, r.spec.depth, format_lr(r.spec.lr));
+        const bool first = std::find(groups.begin(), groups.end(), group) == groups.end();
+        if (first) groups.push_back(group);
+        const size_t index = std::find(groups.begin(), groups.end(), group) - groups.begin();
+        const std::string style = fmt::format(" with lines lc {} dt {} {}", index % 8 + 1, index / 8 % 5 + 1,
+                                              first ? "title '" + group + "'" : "notitle");
+        const std::string file = "'curves/" + r.spec.id + ".csv'";
+        loss_plot += (loss_plot.empty() ? "plot " : ", \\\n     ") + file + " using 1:2" + style;
+        grad_plot += (grad_plot.empty() ? "plot " : ", \\\n     ") + file + " using 1:4" + style;
+    }
+    script += "set output 'losses.png'\nset ylabel 'MSE loss (before the epoch update)'\n" + loss_plot + "\n";
+    script += "set output 'grad_norms.png'\nset ylabel 'gradient L2 norm, all parameters'\n" + grad_plot + "\n";
+    run.write_text("plots.gp", script);
+    if (!enabled) return "plots disabled (plots = false); plots.gp can draw them";
+    if (!have_program("gnuplot")) return "gnuplot not found: no PNG plots; the curves are in curves/*.csv and plots.gp draws them";
+    const std::string command = "cd " + quote(run.dir()) + " && gnuplot plots.gp >/dev/null 2>&1";
+    if (std::system(command.c_str()) != 0) return "gnuplot failed on plots.gp: no PNG plots; the curves are in curves/*.csv";
+    return "losses.png, grad_norms.png";
+}
+
+// ---------------------------------------------------------------------------------------------
+// the job
+// ---------------------------------------------------------------------------------------------
+
+struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+    std::string out;
+    bool force = false;
+    bool quiet = false;
+};
+
+void run_stability(const Options& opt) {
+    // 1. config, validated before any work; the init and data files are read and checked here too.
+    StabilityConfig c = read_config(opt.config, opt.overrides);
+    std::optional<Data> file_data;
+    if (!c.data_from.empty()) file_data = load_data(c);
+    std::map<std::pair<std::string, int64_t>, NamedTensors> inits;
+    if (!c.init_from.empty())
+        for (const std::string& norm : c.norms)
+            for (int64_t depth : c.depths) inits[{norm, depth}] = load_init(c, norm, depth);
+
+    std::vector<RunSpec> specs;
+    for (const std::string& norm : c.norms)
+        for (int64_t depth : c.depths)
+            for (double lr : c.lrs)
+                for (int64_t seed : c.seeds)
+                    specs.push_back({norm, depth, lr, seed,
+                                     fmt::format("{}_d{}_lr{}_s{}", norm, depth, format_lr(lr), seed)});
+
+    RunDir run = RunDir::create(opt.config, opt.out, opt.force);
+    try {
+        run.write_json("config.json", c.resolved);
+        std::filesystem::create_directories(run.path("curves"));
+        fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {}{} -> {}\n",
+                   specs.size(), c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs,
+                   dtype_name(c.dtype), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
+                   run.dir());
+        std::fflush(stdout);
+
+        CsvWriter runs_csv(run.path("runs.csv"), {"id", "norm", "depth", "lr", "seed", "epochs_run", "final_loss",
+                                                  "diverged_epoch", "final_loss_perturbed", "sensitivity", "seconds"});
+        const int64_t copies = c.perturb > 0 ? 2 : 1;
+        Progress progress(static_cast<int64_t>(specs.size()) * copies * c.epochs, opt.quiet, c.epochs);
+        int64_t done = 0;
+        std::vector<RunResult> results;
+
+        // 2. each run: data and model from its seed (or the files), then train it and its copy.
+        for (const RunSpec& spec : specs) {
+            Generator gen(static_cast<uint64_t>(spec.seed));
+            Data data = file_data ? *file_data : make_data(c, gen);
+            SimpleModel model(c, spec.norm, spec.depth, gen);  // drawn after the data, as the article
+            model.to(c.dtype);
+            if (!c.init_from.empty()) model.load_state_dict(inits.at({spec.norm, spec.depth}));
+            NamedTensors initial;
+            for (const auto& [name, tensor] : model.state_dict()) initial.emplace_back(name, tensor.clone());
+
+            RunResult result{spec, {}, std::nullopt};
+            auto train_copy = [&](SimpleModel& m, const std::string& label) {
+                const int64_t start = done;
+                Curve curve = train(m, data, spec.lr, c, [&](int64_t epoch, double loss) {
+                    progress.update(start + epoch, fmt::format("{}{} loss {:.6g}", spec.id, label, loss));
+                });
+                done = start + c.epochs;
+                if (curve.diverged()) progress.update(done, fmt::format("{}{} diverged at epoch {}", spec.id, label,
+                                                                        curve.diverged_epoch));
+                return curve;
+            };
+            result.curve = train_copy(model, "");
+            if (c.perturb > 0) {
+                Generator unused(0);
+                SimpleModel copy(c, spec.norm, spec.depth, unused);
+                copy.to(c.dtype);
+                copy.load_state_dict(initial);
+                Var w = copy.child("fc1")->parameter("weight");
+                w.data().copy_(mul(w.data(), 1.0 + c.perturb));  // in the run's dtype, as w.mul_(1 + 1e-6)
+                result.perturbed = train_copy(copy, " (perturbed)");
+            }
+
+            std::vector<std::string> layers;
+            for (const auto& [name, layer] : model.named_children()) layers.push_back(name);
+            write_curve_csv(run, result, layers);
+            auto s = result.sensitivity();
+            runs_csv.row({spec.id, spec.norm, std::to_string(spec.depth), format_lr(spec.lr), std::to_string(spec.seed),
+                          std::to_string(result.curve.losses.size()), format_number(result.curve.final_loss()),
+                          result.curve.diverged() ? std::to_string(result.curve.diverged_epoch) : "",
+                          result.perturbed ? format_number(result.perturbed->final_loss()) : "",
+                          s ? format_number(*s) : "", format_number(result.curve.seconds)});
+            results.push_back(std::move(result));
+        }
+        progress.finish();
+
+        // 3. report: the table (printed and in summary.json), plots, then summary.json last.
+        std::vector<Group> groups;
+        for (const RunResult& r : results) {
+            auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+                return g.norm == r.spec.norm && g.depth == r.spec.depth && g.lr == r.spec.lr;
+            });
+            if (it == groups.end()) it = groups.insert(groups.end(), Group{r.spec.norm, r.spec.depth, r.spec.lr, {}});
+            it->runs.push_back(&r);
+        }
+        json group_rows = json::array();
+        for (const Group& g : groups) group_rows.push_back(group_json(g, c));
+        json run_rows = json::array();
+        for (const RunResult& r : results) run_rows.push_back(run_json(r));
+
+        const std::string plots = write_plots(run, results, c.plots);
+        fmt::print("\n{}", summary_table(group_rows, c));
+        if (c.perturb > 0)
+            fmt::print("sensitivity: the largest relative change of the final loss, over seeds, when fc1.weight is "
+                       "scaled by (1 + {:g}) before training.\n", c.perturb);
+        if (c.seeds.size() < 2)
+            fmt::print("one seed per row: the spread over seeds is unknown (n/a); with a large sensitivity, one "
+                       "seed's final loss says little about a norm. Add seeds to measure the spread.\n");
+        fmt::print("plots: {}\nrun directory: {}\n", plots, run.dir());
+
+        json summary{{"job", "stability"},
+                     {"config", opt.config},
+                     {"dtype", dtype_name(c.dtype)},
+                     {"epochs", c.epochs},
+                     {"diverge_factor", c.diverge_factor},
+                     {"perturb", c.perturb},
+                     {"groups", group_rows},
+                     {"runs", run_rows},
+                     {"plots", plots},
+                     {"seconds", progress.elapsed_seconds()}};
+        run.write_summary(summary);
+    } catch (const std::exception& e) {
+        run.write_error(e.what());
+        throw;
+    }
+}
+
+}  // namespace
+
+void register_stability(CLI::App& app) {
+    auto opt = std::make_shared<Options>();
+    CLI::App* cmd = app.add_subcommand(
+        "stability", "The seed article's norm stability experiment (RMSNorm vs LayerNorm), swept over norms, "
+                     "depths, learning rates and seeds");
+    cmd->add_option("config", opt->config, "JSON config (configs/stability.json)")->required();
+    cmd->add_option("--set", opt->overrides, "override a config key: --set epochs=30 (repeatable)");
+    cmd->add_option("--out", opt->out, "run directory (default runs/<config name>-<timestamp>)");
+    cmd->add_flag("--force", opt->force, "overwrite an existing run directory");
+    cmd->add_flag("--quiet", opt->quiet, "no progress lines");
+    cmd->callback([opt] { run_stability(*opt); });
+}
+
+}  // namespace nl::cli

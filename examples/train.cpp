@@ -1,0 +1,465 @@
+// `normlab train CONFIG`: a LLaMA-style toy transformer trained with AdamW, linear warmup + cosine
+// decay and global grad-norm clipping on a synthetic sequence task or a character-level text file.
+// Reads top to bottom: config -> data -> model -> train loop (eval, checkpoints) -> report.
+//
+// Exact resumes: a checkpoint holds the model, AdamW's moments and step, the data generator's state
+// (the only randomness in a step) and the step, so a run stopped at a checkpoint and resumed
+// computes the same batches, gradients and updates bit for bit as one that never stopped.
+#include "examples/train.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "autograd/autograd.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "examples/commands.h"
+#include "examples/config.h"
+#include "examples/run_dir.h"
+#include "layers/checkpoint.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+
+namespace fs = std::filesystem;
+
+namespace nl::cli {
+
+// ---- the config schema ----
+
+int64_t data_seq_len(const DataOptions& data) {
+    if (data.source == "text") return data.seq_len;
+    // prompt + answer tokens, minus one: the last token is only ever a target (see data.h)
+    int64_t sequence = data.task == "add" ? 3 * data.length + 3 : 2 * data.length + 1;
+    return sequence - 1;
+}
+
+static DataOptions read_data(ConfigReader reader, uint64_t seed) {
+    DataOptions data;
+    data.source = reader.get_string("source", "synthetic", {"synthetic", "text"});
+    const std::vector<std::string> synthetic_keys = {"task", "length", "symbols"};
+    const std::vector<std::string> text_keys = {"path", "val_fraction", "seq_len"};
+    if (data.source == "synthetic") {
+        data.task = reader.get_string("task", "reverse", {"copy", "reverse", "sort", "add"});
+        data.length = reader.get_int("length", 8, 1, 4096);
+        data.symbols = reader.get_int("symbols", 10, 2, 1000000);
+    } else {
+        data.path = reader.get_string("path", "");
+        if (data.path.empty()) reader.fail("path", "a text file is required for source \"text\"");
+        data.val_fraction = reader.get_double("val_fraction", 0.1, 1e-6, 0.999999);
+        data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
+    }
+    data.eval_sequences = reader.get_int("eval_sequences", 256, 1, 1 << 20);
+    data.seed = static_cast<uint64_t>(reader.get_int("seed", static_cast<int64_t>(seed), 0));
+    // A key of the other source is a likelier mistake than a typo: say so instead of "unknown key".
+    const auto& other = data.source == "synthetic" ? text_keys : synthetic_keys;
+    for (const std::string& key : other)
+        if (reader.has(key))
+            reader.fail(key, "applies to source \"" + std::string(data.source == "synthetic" ? "text" : "synthetic") +
+                                 "\" only (this config's source is \"" + data.source + "\")");
+    reader.finish();
+    return data;
+}
+
+static NormOptions read_norm(ConfigReader reader) {
+    NormOptions norm;
+    norm.type = reader.get_string("type", "rmsnorm", norm_types());
+    NormOptions type_defaults;
+    type_defaults.type = norm.type;
+    norm.eps = reader.get_double("eps", type_defaults.resolved_eps(), 0.0, 1.0);
+    norm.fused = reader.get_bool("fused", true);
+    norm.elementwise_affine = reader.get_bool("elementwise_affine", true);
+    norm.bias = reader.get_bool("bias", true);
+    norm.p = reader.get_double("p", 0.0625, 1e-9, 1.0);
+    norm.alpha = reader.get_double("alpha", 0.5, 0.0, 1.0);
+    reader.finish();
+    return norm;
+}
+
+static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
+    TransformerOptions model;
+    model.dim = reader.get_int("dim", 64, 2);
+    model.n_layers = reader.get_int("n_layers", 2, 0);
+    model.n_heads = reader.get_int("n_heads", 4, 1);
+    if (model.dim % model.n_heads != 0)
+        reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={}, got {}", model.dim, model.n_heads));
+    if ((model.dim / model.n_heads) % 2 != 0)
+        reader.fail("n_heads", fmt::format("expected an even head size (RoPE rotates pairs), got dim / n_heads = {} / {} = {}",
+                                           model.dim, model.n_heads, model.dim / model.n_heads));
+    model.n_kv_heads = reader.get_int("n_kv_heads", model.n_heads, 1);
+    if (model.n_heads % model.n_kv_heads != 0)
+        reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
+                                              model.n_heads, model.n_kv_heads));
+    model.multiple_of = reader.get_int("multiple_of", 32, 1);
+    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0);
+    model.norm = read_norm(reader.child("norm"));
+    model.pre_norm = reader.get_bool("pre_norm", true);
+    model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
+    model.max_seq_len = reader.get_int("max_seq_len", 256, 1, 1 << 20);
+    model.seed = seed;
+    reader.finish();
+    return model;
+}
+
+static OptimConfig read_optim(ConfigReader reader) {
+    OptimConfig optim;
+    optim.lr = reader.get_double("lr", optim.lr, 0.0, 10.0);
+    optim.min_lr = reader.get_double("min_lr", optim.min_lr, 0.0, optim.lr);
+    optim.warmup_steps = reader.get_int("warmup_steps", optim.warmup_steps, 0);
+    optim.weight_decay = reader.get_double("weight_decay", optim.weight_decay, 0.0);
+    optim.beta1 = reader.get_double("beta1", optim.beta1, 0.0, 0.999999);
+    optim.beta2 = reader.get_double("beta2", optim.beta2, 0.0, 0.999999);
+    optim.eps = reader.get_double("eps", optim.eps, 0.0);
+    optim.grad_clip = reader.get_double("grad_clip", optim.grad_clip, 0.0);
+    reader.finish();
+    return optim;
+}
+
+static LoopConfig read_loop(ConfigReader reader) {
+    LoopConfig loop;
+    loop.steps = reader.get_int("steps", loop.steps, 1);
+    loop.batch_size = reader.get_int("batch_size", loop.batch_size, 1);
+    loop.eval_every = reader.get_int("eval_every", loop.eval_every, 0);
+    loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
+    loop.log_every = reader.get_int("log_every", loop.log_every, 1);
+    reader.finish();
+    return loop;
+}
+
+TrainConfig read_train_config(const nlohmann::json& root, const std::string& file) {
+    ConfigReader reader(root, file);
+    TrainConfig config;
+    config.file = file;
+    config.seed = static_cast<uint64_t>(reader.get_int("seed", 0, 0));
+    config.data = read_data(reader.child("data"), config.seed);
+    config.model = read_model(reader.child("model"), config.seed);
+    config.optim = read_optim(reader.child("optim"));
+    config.train = read_loop(reader.child("train"));
+    reader.finish();
+
+    if (config.optim.warmup_steps >= config.train.steps)
+        throw Error(fmt::format("{}: /optim/warmup_steps: expected fewer than /train/steps = {}, got {}", file,
+                                config.train.steps, config.optim.warmup_steps));
+    const int64_t T = data_seq_len(config.data);
+    if (T > config.model.max_seq_len) {
+        std::string key = config.data.source == "text" ? "/data/seq_len" : "/data/length";
+        throw Error(fmt::format("{}: {}: sequences need {} positions, above the model's context "
+                                "/model/max_seq_len = {}",
+                                file, key, T, config.model.max_seq_len));
+    }
+    config.resolved = reader.resolved();
+    return config;
+}
+
+std::string checkpoint_path(const std::string& run_dir, int64_t step) {
+    return fmt::format("{}/checkpoints/step_{:08}.safetensors", run_dir, step);
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+    std::error_code ec;
+    std::string best;
+    int64_t best_step = -1;
+    static const std::regex pattern("step_([0-9]{8})\\.safetensors");
+    for (const auto& entry : fs::directory_iterator(run_dir + "/checkpoints", ec)) {
+        std::smatch match;
+        std::string name = entry.path().filename().string();
+        if (!std::regex_match(name, match, pattern)) continue;
+        int64_t step = std::stoll(match[1].str());
+        if (step > best_step) best_step = step, best = entry.path().string();
+    }
+    return best;
+}
+
+namespace {
+
+// ---- one evaluation over the held-out set ----
+
+struct EvalResult {
+    double loss = 0.0;            // mean cross-entropy per scored token
+    double accuracy = NAN;        // exact-sequence (synthetic only)
+    double token_accuracy = 0.0;  // next-token argmax accuracy over scored tokens
+};
+
+// Teacher-forced: one forward per batch. For exact-sequence accuracy this equals greedy decoding:
+// if every answer token is the argmax given the true prefix, greedy decoding produces exactly that
+// prefix at every step, and the first wrong argmax makes both fail.
+EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool exact_sequences) {
+    NoGradGuard no_grad;
+    model.eval();
+    double loss_sum = 0.0;
+    int64_t scored = 0, correct_tokens = 0, correct_sequences = 0, sequences = 0;
+    for (const Batch& batch : batches) {
+        Var logits = model.forward(batch.inputs);  // (B, T, V)
+        loss_sum += cross_entropy_loss(logits, batch.targets, kIgnoreIndex, Reduction::Sum).item();
+        Tensor predicted = argmax(logits.data(), -1).contiguous();  // (B, T) i64
+        Tensor targets = batch.targets.contiguous();
+        const int64_t B = targets.size(0), T = targets.size(1);
+        const int64_t* p = predicted.data<int64_t>();
+        const int64_t* y = targets.data<int64_t>();
+        for (int64_t b = 0; b < B; ++b) {
+            bool all_right = true;
+            for (int64_t t = 0; t < T; ++t) {
+                if (y[b * T + t] == kIgnoreIndex) continue;
+                bool right = p[b * T + t] == y[b * T + t];
+                correct_tokens += right;
+                all_right = all_right && right;
+                ++scored;
+            }
+            correct_sequences += all_right;
+            ++sequences;
+        }
+    }
+    model.train();
+    EvalResult result;
+    result.loss = loss_sum / static_cast<double>(scored);
+    result.token_accuracy = static_cast<double>(correct_tokens) / static_cast<double>(scored);
+    if (exact_sequences) result.accuracy = static_cast<double>(correct_sequences) / static_cast<double>(sequences);
+    return result;
+}
+
+// ---- resuming ----
+
+// The parts of a config a checkpoint's tensors and batches depend on; any difference means the
+// checkpoint cannot continue this run.
+void check_checkpoint_matches(const std::string& path, const TrainConfig& config) {
+    CheckpointInfo info = read_checkpoint_info(path);
+    auto it = info.metadata.find("config");
+    NL_REQUIRE(it != info.metadata.end(), path, ": not a normlab train checkpoint (no config in its metadata)");
+    nlohmann::json saved = nlohmann::json::parse(it->second);
+    for (const char* section : {"/seed", "/model", "/data"}) {
+        nlohmann::json::json_pointer pointer(section);
+        nlohmann::json a = saved.contains(pointer) ? saved[pointer] : nlohmann::json();
+        const nlohmann::json& b = config.resolved[pointer];
+        if (a == b) continue;
+        // Name the first differing key.
+        std::string key = section, was = a.dump(), now = b.dump();
+        for (const auto& change : nlohmann::json::diff(a, b)) {
+            key = std::string(section) + change["path"].get<std::string>();
+            nlohmann::json::json_pointer p(change["path"].get<std::string>());
+            was = a.contains(p) ? a[p].dump() : "absent";
+            now = b.contains(p) ? b[p].dump() : "absent";
+            break;
+        }
+        throw Error(fmt::format("{}: checkpoint does not match the config: {} is {} in the checkpoint, {} in {}",
+                                path, key, was, now, config.file));
+    }
+}
+
+// A resumed run keeps metrics.csv rows up to the checkpoint's step (rows written after it, by the
+// interrupted run, are recomputed).
+void truncate_metrics(const std::string& path, int64_t last_step) {
+    std::ifstream in(path);
+    if (!in.good()) return;
+    std::string line, kept;
+    bool header = true;
+    while (std::getline(in, line)) {
+        if (!header && std::stoll(line.substr(0, line.find(','))) > last_step) break;
+        kept += line + "\n";
+        header = false;
+    }
+    in.close();
+    write_file_atomic(path, kept);
+}
+
+std::string format_cell(double value) { return std::isnan(value) ? "" : format_number(value); }
+
+// ---- the job ----
+
+struct TrainFlags {
+    std::string config_path;
+    std::vector<std::string> overrides;
+    std::string out;
+    bool force = false;
+    bool resume = false;
+    bool quiet = false;
+    int64_t stop_after = 0;
+};
+
+void run_train(const TrainFlags& flags) {
+    // Config: read, override, validate (before anything is written).
+    nlohmann::json root = load_json_file(flags.config_path);
+    for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
+    TrainConfig config = read_train_config(root, flags.config_path);
+
+    // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
+    std::unique_ptr<Dataset> data = make_dataset(config.data, config.file + ": /data");
+    config.model.vocab_size = data->vocab_size();
+    const std::vector<Batch> eval_set = data->eval_batches(config.train.batch_size);
+
+    // Model and optimizer.
+    Transformer model(config.model);
+    NamedVars params = model.named_parameters();
+    AdamOptions adam;
+    adam.lr = config.optim.lr;
+    adam.beta1 = config.optim.beta1;
+    adam.beta2 = config.optim.beta2;
+    adam.eps = config.optim.eps;
+    adam.weight_decay = config.optim.weight_decay;
+    AdamW optimizer(params, adam);
+    LrSchedule schedule = LrSchedule::warmup_cosine(config.optim.lr, config.optim.warmup_steps,
+                                                    config.train.steps, config.optim.min_lr);
+    schedule.validate();
+    CrossEntropyLoss criterion(CrossEntropyOptions{kIgnoreIndex});
+    Generator data_gen(training_stream_seed(config.data));
+
+    RunDir run = RunDir::create(flags.config_path, flags.out, flags.force, flags.resume);
+    try {
+        int64_t start_step = 0;
+        if (flags.resume) {
+            std::string path = latest_checkpoint(run.dir());
+            NL_REQUIRE(!path.empty(), "--resume: no checkpoint in ", run.dir(), "/checkpoints to resume from");
+            check_checkpoint_matches(path, config);
+            start_step = load_checkpoint(path, model, &optimizer, &data_gen).step;
+            truncate_metrics(run.path("metrics.csv"), start_step);
+        } else {
+            std::error_code ec;
+            fs::remove_all(run.path("checkpoints"), ec);  // --force: old checkpoints must not be resumed
+        }
+        fs::create_directories(run.path("checkpoints"));
+        run.write_json("config.json", config.resolved);
+
+        std::map<std::string, std::string> metadata = {{"config", config.resolved.dump()}};
+        if (!data->vocab_metadata().is_null()) metadata["vocab"] = data->vocab_metadata().dump();
+        auto save = [&](int64_t step) {
+            save_checkpoint(checkpoint_path(run.dir(), step), model, &optimizer, &data_gen, step, metadata);
+        };
+
+        CsvWriter metrics(run.path("metrics.csv"),
+                          {"step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy",
+                           "val_token_accuracy", "tokens_per_s", "elapsed_s"},
+                          flags.resume);
+        if (!flags.quiet)
+            fmt::print(stderr, "train: {} parameters, {} data, vocab {}, T = {}, run directory {}\n",
+                       count_parameters(model), config.data.source == "text" ? config.data.path : config.data.task,
+                       data->vocab_size(), data->seq_len(), run.dir());
+
+        // Train.
+        const int64_t steps = config.train.steps;
+        const int64_t end_step = flags.stop_after > 0 ? std::min(flags.stop_after, steps) : steps;
+        const int64_t tokens_per_step = config.train.batch_size * data->seq_len();
+        Progress progress(steps, flags.quiet, config.train.log_every);
+        double train_seconds = 0.0;
+        int64_t tokens_seen = 0;
+        double train_loss = NAN;
+        EvalResult last_eval;
+        bool evaluated = false;
+        model.train();
+        for (int64_t step = start_step + 1; step <= end_step; ++step) {
+            auto t0 = std::chrono::steady_clock::now();
+            const double lr = schedule.lr_at(step - 1);
+            optimizer.set_lr(lr);
+            Batch batch = data->train_batch(config.train.batch_size, data_gen);
+            Var logits = model.forward(batch.inputs);  // (B, T, V)
+            Var loss = criterion.forward(logits, batch.targets);
+            optimizer.zero_grad();
+            loss.backward();
+            const double grad_norm = config.optim.grad_clip > 0 ? clip_grad_norm_(params, config.optim.grad_clip)
+                                                                : nl::grad_norm(model.parameters());
+            optimizer.step();
+            train_loss = loss.item();
+            train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            tokens_seen += tokens_per_step;
+            NL_REQUIRE(std::isfinite(train_loss), "train: the loss became ", train_loss, " at step ", step,
+                       " (diverged; try a lower /optim/lr or /optim/grad_clip in ", config.file, ")");
+
+            const bool last = step == steps;
+            const bool eval_now = last || (config.train.eval_every > 0 && step % config.train.eval_every == 0);
+            EvalResult eval;
+            if (eval_now) {
+                eval = evaluate(model, eval_set, data->has_accuracy());
+                last_eval = eval;
+                evaluated = true;
+            }
+            const double tokens_per_s = static_cast<double>(tokens_seen) / train_seconds;
+            metrics.row({std::to_string(step), format_number(lr), format_number(train_loss), format_number(grad_norm),
+                         eval_now ? format_number(eval.loss) : "", eval_now ? format_cell(eval.accuracy) : "",
+                         eval_now ? format_number(eval.token_accuracy) : "", format_number(tokens_per_s),
+                         format_number(progress.elapsed_seconds())});
+            std::string fields = fmt::format("loss {:.4f} lr {:.2e} | {:.0f} tok/s", train_loss, lr, tokens_per_s);
+            if (evaluated)
+                fields += data->has_accuracy()
+                              ? fmt::format(" | val {:.4f} acc {:.2f}%", last_eval.loss, 100 * last_eval.accuracy)
+                              : fmt::format(" | val {:.4f}", last_eval.loss);
+            progress.update(step, fields);
+
+            const bool checkpoint_now =
+                last || step == end_step ||
+                (config.train.checkpoint_every > 0 && step % config.train.checkpoint_every == 0);
+            if (checkpoint_now) save(step);
+        }
+        progress.finish();
+
+        if (end_step < steps) {
+            if (!flags.quiet)
+                fmt::print(stderr, "train: stopped after step {} of {} (--stop-after); continue with --resume\n",
+                           end_step, steps);
+            return;  // no summary: the run is not complete
+        }
+        if (!evaluated) last_eval = evaluate(model, eval_set, data->has_accuracy());  // resumed at the end
+
+        // Report.
+        nlohmann::json summary = {
+            {"config", flags.config_path},
+            {"steps", steps},
+            {"resumed_from_step", start_step},
+            {"parameters", count_parameters(model)},
+            {"final_train_loss", train_loss},
+            {"val_loss", last_eval.loss},
+            {"val_token_accuracy", last_eval.token_accuracy},
+            {"tokens_per_s", train_seconds > 0 ? static_cast<double>(tokens_seen) / train_seconds : 0.0},
+            {"train_seconds", train_seconds},
+            {"wall_seconds", progress.elapsed_seconds()},
+            {"checkpoint", latest_checkpoint(run.dir())},
+        };
+        if (data->has_accuracy()) {
+            summary["val_accuracy"] = last_eval.accuracy;
+            summary["held_out_sequences"] = config.data.eval_sequences;
+        }
+        run.write_summary(summary);
+        if (!flags.quiet) {
+            std::string accuracy = data->has_accuracy()
+                                       ? fmt::format(", exact-sequence accuracy {:.2f}% on {} held-out sequences",
+                                                     100 * last_eval.accuracy, config.data.eval_sequences)
+                                       : "";
+            fmt::print("train: step {}: train loss {:.4f}, val loss {:.4f}{}, {:.0f} tokens/s, {:.1f} s -> {}\n",
+                       steps, train_loss, last_eval.loss, accuracy, summary["tokens_per_s"].get<double>(),
+                       progress.elapsed_seconds(), run.dir());
+        }
+    } catch (const std::exception& e) {
+        run.write_error(e.what());
+        throw;
+    }
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+    auto flags = std::make_shared<TrainFlags>();
+    CLI::App* cmd = app.add_subcommand("train", "Train the toy transformer from a JSON config");
+    cmd->add_option("config", flags->config_path, "JSON config (configs/toy_transformer.json)")->required();
+    cmd->add_option("--set", flags->overrides, "Override a config key: --set train.steps=200 (repeatable)");
+    cmd->add_option("--out", flags->out, "Run directory (default runs/<config name>-<timestamp>)");
+    cmd->add_flag("--force", flags->force, "Overwrite an existing run directory");
+    cmd->add_flag("--resume", flags->resume, "Continue the run in --out from its latest checkpoint");
+    cmd->add_flag("--quiet", flags->quiet, "No progress line or report");
+    cmd->add_option("--stop-after", flags->stop_after,
+                    "Stop after this step as if interrupted, leaving a checkpoint to --resume from");
+    cmd->callback([flags] {
+        NL_REQUIRE(!flags->resume || !flags->out.empty(), "train: --resume needs --out naming the run directory");
+        NL_REQUIRE(!(flags->resume && flags->force), "train: --resume and --force cannot be combined");
+        NL_REQUIRE(flags->stop_after >= 0, "train: --stop-after must be >= 0, found ", flags->stop_after);
+        run_train(*flags);
+    });
+}
+
+}  // namespace nl::cli

@@ -1,0 +1,59 @@
+// The `normlab train` config: its schema (every key, its default and its check in one place,
+// read_train_config) and the pieces `normlab sample` shares with train (the model built from a
+// config, checkpoints found in a run directory).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "examples/data.h"
+#include "layers/transformer.h"
+
+namespace nl::cli {
+
+struct OptimConfig {
+    double lr = 3e-3;           // peak learning rate (after warmup)
+    double min_lr = 3e-4;       // cosine decay floor, reached at train.steps
+    int64_t warmup_steps = 50;  // linear warmup from lr / warmup_steps
+    double weight_decay = 0.01; // AdamW's decoupled decay
+    double beta1 = 0.9;
+    double beta2 = 0.98;
+    double eps = 1e-8;
+    double grad_clip = 1.0;     // global grad-norm clip; 0 turns clipping off
+};
+
+struct LoopConfig {
+    int64_t steps = 1500;
+    int64_t batch_size = 64;
+    int64_t eval_every = 250;       // 0: only at the end
+    int64_t checkpoint_every = 0;   // 0: only at the end
+    int64_t log_every = 50;         // progress lines when stderr is not a terminal
+};
+
+struct TrainConfig {
+    std::string file;
+    uint64_t seed = 0;  // the model's initial weights
+    DataOptions data;
+    TransformerOptions model;  // vocab_size is filled from the data
+    OptimConfig optim;
+    LoopConfig train;
+    nlohmann::json resolved;  // the config with every default filled in (written to config.json)
+};
+
+// Validates `root` (read from `file`) completely: types, ranges, unknown keys (nearest suggested),
+// the model's shape constraints, and that a sequence fits the model's context (max_seq_len).
+// Errors are nl::Error "<file>: /json/path: what was expected, what was found". Does not read
+// the text file (the dataset does).
+TrainConfig read_train_config(const nlohmann::json& root, const std::string& file);
+
+// The model input length the config's data needs (T).
+int64_t data_seq_len(const DataOptions& data);
+
+// "<run dir>/checkpoints/step_00001500.safetensors".
+std::string checkpoint_path(const std::string& run_dir, int64_t step);
+// The run directory's checkpoint with the highest step; "" when it has none.
+std::string latest_checkpoint(const std::string& run_dir);
+
+}  // namespace nl::cli

@@ -1,0 +1,66 @@
+// Running the built `normlab` program (NORMLAB_BINARY) from tests: in a fresh temporary directory,
+// with stdout and stderr captured together and the exit code decoded, plus small file helpers.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace nl_test {
+
+struct CliRun {
+    int status = -1;     // the exit code; -1 when the program did not exit normally
+    std::string output;  // stdout and stderr together
+};
+
+// A new empty directory /tmp/normlab-<tag>-XXXXXX (left behind on purpose: a failed test's run
+// directory is worth reading).
+inline std::string make_temp_dir(const std::string& tag) {
+    std::string pattern = "/tmp/normlab-" + tag + "-XXXXXX";
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    return pattern;
+}
+
+// Single-quotes one shell argument.
+inline std::string shell_arg(const std::string& text) {
+    std::string out = "'";
+    for (char ch : text) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return out + "'";
+}
+
+// Runs `normlab <args>` with `dir` as the working directory; args are passed to the shell as is.
+// OpenMP's idle threads wait passively unless the caller chose otherwise: on a shared, oversubscribed
+// machine (tests run beside builds) spinning threads made a 2-second run take minutes; these tests
+// check results, not speed.
+inline CliRun run_normlab_in(const std::string& dir, const std::string& args) {
+    const std::string wait_policy = std::getenv("OMP_WAIT_POLICY") ? "" : "OMP_WAIT_POLICY=passive ";
+    const std::string command =
+        "cd " + shell_arg(dir) + " && " + wait_policy + shell_arg(NORMLAB_BINARY) + " " + args + " 2>&1";
+    CliRun run;
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::array<char, 4096> buffer{};
+    size_t n = 0;
+    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
+    const int raw = pclose(pipe);
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    return run;
+}
+
+inline std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+}  // namespace nl_test

@@ -1,0 +1,75 @@
+// The `normlab` program end to end: subcommands run, and mistakes become one line on stderr with the
+// documented exit code (nl::Error -> 2). Runs the built binary (NORMLAB_BINARY) through the shell.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Run {
+    int status = -1;
+    std::string output;  // stdout and stderr together
+};
+
+Run run_normlab(const std::string& args) {
+    const std::string command = std::string("'") + NORMLAB_BINARY + "' " + args + " 2>&1";
+    Run run;
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::array<char, 4096> buffer{};
+    size_t n = 0;
+    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
+    const int raw = pclose(pipe);
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("normlab info prints version, BLAS, threads, devices and dtypes", "[cli]") {
+    Run run = run_normlab("info");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::StartsWith(std::string("normlab ") + NORMLAB_VERSION));
+    for (const char* part : {"BLAS", "OpenBLAS", "threads", "OpenMP", "cpu", "CUDA", "f32", "f64", "bf16", "f16",
+                             "i64", "cpu alloc"}) {
+        CHECK_THAT(run.output, Catch::Contains(part));
+    }
+}
+
+TEST_CASE("normlab --version prints the version", "[cli]") {
+    Run run = run_normlab("--version");
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains(NORMLAB_VERSION));
+}
+
+TEST_CASE("normlab turns a user mistake into one error line and exit code 2", "[cli]") {
+    Run run = run_normlab("bench core --reps 0");
+    CHECK(run.status == 2);
+    CHECK(run.output == "normlab: error: bench core: --reps must be at least 1, found 0\n");
+}
+
+TEST_CASE("normlab rejects a missing or unknown subcommand", "[cli]") {
+    Run none = run_normlab("");
+    CHECK(none.status != 0);
+    CHECK_THAT(none.output, Catch::Contains("subcommand"));
+    Run unknown = run_normlab("no-such-job");
+    CHECK(unknown.status != 0);
+    CHECK_THAT(unknown.output, Catch::Contains("subcommand"));
+}
+
+TEST_CASE("normlab bench core --quick prints both tables (no timing assertions)", "[cli]") {
+    Run run = run_normlab("bench core --quick --reps 1");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    for (const char* part : {"square 256", "1000x100 @ 100x256", "1000x256 @ 256x10", "(1000x100)^T @ 1000x256",
+                             "cblas_sgemm", "add", "mul", "relu", "memcpy", "target >= 0.95", "target >= 0.7"}) {
+        CHECK_THAT(run.output, Catch::Contains(part));
+    }
+    // The bench fails (exit 1) when nl::matmul and cblas_sgemm disagree, so exit 0 also checks the products.
+    CHECK_THAT(run.output, !Catch::Contains("nan"));
+}
