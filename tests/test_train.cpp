@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -341,4 +344,18 @@ TEST_CASE("train: bad input is one error line, exit code 2, no complete run dire
     SECTION("sample: a missing checkpoint") {
         check_error(run_in(dir, "sample nowhere.safetensors"), {"nowhere.safetensors", "no such checkpoint"});
     }
+}
+
+// The README's main job, in full (about a minute of CPU): hidden from the default run, run it with
+// normlab_tests "[train_full]".
+TEST_CASE("the default config reaches >= 99% exact-sequence accuracy in under 5 minutes", "[.][train_full]") {
+    TempDir dir;
+    auto start = std::chrono::steady_clock::now();
+    Run run = run_in(dir, "train '" + config("toy_transformer.json") + "' --out run --quiet");
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    auto summary = nlohmann::json::parse(read_text(dir / "run/summary.json"));
+    CHECK(summary["val_accuracy"].get<double>() >= 0.99);
+    CHECK(seconds < 300.0);
 }
