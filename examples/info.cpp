@@ -83,11 +83,12 @@ void print_cuda() {
     cudaError_t status = cudaGetDeviceCount(&count);
     auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
     if (status != cudaSuccess) {
-        print_row("CUDA", fmt::format("built with runtime {}; no usable GPU ({})", version(runtime),
+        // No driver (a machine without an NVIDIA GPU) or no device: the CPU backend still works.
+        print_row("CUDA", fmt::format("built (runtime {}); no GPU usable: {}", version(runtime),
                                       cudaGetErrorString(status)));
         return;
     }
-    print_row("CUDA", fmt::format("built with runtime {}, driver {}, {} GPU(s)", version(runtime),
+    print_row("CUDA", fmt::format("built (runtime {}), driver {}, {} GPU(s)", version(runtime),
                                   version(driver), count));
     for (int i = 0; i < count; ++i) {
         cudaDeviceProp prop{};
