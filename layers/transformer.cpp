@@ -18,18 +18,23 @@ int64_t swiglu_hidden_dim(int64_t hidden_dim, int64_t multiple_of) {
     return multiple_of * ((h + multiple_of - 1) / multiple_of);
 }
 
+// LLaMA's projections: Linear without bias, PyTorch's default init drawn from `generator`.
+static std::shared_ptr<Linear> bias_free_linear(int64_t in, int64_t out, DType dtype, Generator* generator) {
+    LinearOptions lo;
+    lo.in_features = in;
+    lo.out_features = out;
+    lo.bias = false;
+    lo.dtype = dtype;
+    lo.generator = generator;
+    return std::make_shared<Linear>(lo);
+}
+
 FeedForward::FeedForward(const FeedForwardOptions& options)
     : options_(options), hidden_(swiglu_hidden_dim(options.hidden_dim, options.multiple_of)) {
     NL_REQUIRE(options.dim > 0, "FeedForward: dim must be > 0, found ", options.dim);
     options_.generator = nullptr;  // only used while constructing
     auto linear = [&](int64_t in, int64_t out) {
-        LinearOptions lo;
-        lo.in_features = in;
-        lo.out_features = out;
-        lo.bias = false;
-        lo.dtype = options.dtype;
-        lo.generator = options.generator;
-        return std::make_shared<Linear>(lo);
+        return bias_free_linear(in, out, options.dtype, options.generator);
     };
     // LLaMA's construction (and so init) order: w1, w2, w3.
     w1_ = register_module("w1", linear(options.dim, hidden_));
@@ -137,13 +142,7 @@ Attention::Attention(const AttentionOptions& options) : options_(options) {
     NL_REQUIRE(options.max_seq_len > 0, "Attention: max_seq_len must be > 0, found ", options.max_seq_len);
     options_.generator = nullptr;  // only used while constructing
     auto linear = [&](int64_t in, int64_t out) {
-        LinearOptions lo;
-        lo.in_features = in;
-        lo.out_features = out;
-        lo.bias = false;
-        lo.dtype = options.dtype;
-        lo.generator = options.generator;
-        return std::make_shared<Linear>(lo);
+        return bias_free_linear(in, out, options.dtype, options.generator);
     };
     wq_ = register_module("wq", linear(options.dim, options.n_heads * head_dim_));
     wk_ = register_module("wk", linear(options.dim, options_.n_kv_heads * head_dim_));

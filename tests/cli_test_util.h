@@ -35,14 +35,11 @@ inline std::string shell_arg(const std::string& text) {
     return out + "'";
 }
 
-// Runs `normlab <args>` with `dir` as the working directory; args are passed to the shell as is.
-// OpenMP's idle threads wait passively unless the caller chose otherwise: on a shared, oversubscribed
-// machine (tests run beside builds) spinning threads made a 2-second run take minutes; these tests
-// check results, not speed.
-inline CliRun run_normlab_in(const std::string& dir, const std::string& args) {
-    const std::string wait_policy = std::getenv("OMP_WAIT_POLICY") ? "" : "OMP_WAIT_POLICY=passive ";
+// Runs `<env>normlab <args>` with `dir` as the working directory: `env` is shell variable assignments,
+// each followed by a space ("OMP_NUM_THREADS=2 "), or empty; args are passed to the shell as is.
+inline CliRun run_normlab_env(const std::string& dir, const std::string& env, const std::string& args) {
     const std::string command =
-        "cd " + shell_arg(dir) + " && " + wait_policy + shell_arg(NORMLAB_BINARY) + " " + args + " 2>&1";
+        "cd " + shell_arg(dir) + " && " + env + shell_arg(NORMLAB_BINARY) + " " + args + " 2>&1";
     CliRun run;
     FILE* pipe = popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
@@ -52,6 +49,15 @@ inline CliRun run_normlab_in(const std::string& dir, const std::string& args) {
     const int raw = pclose(pipe);
     run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
     return run;
+}
+
+// Runs `normlab <args>` with `dir` as the working directory.
+// OpenMP's idle threads wait passively unless the caller chose otherwise: on a shared, oversubscribed
+// machine (tests run beside builds) spinning threads made a 2-second run take minutes; these tests
+// check results, not speed.
+inline CliRun run_normlab_in(const std::string& dir, const std::string& args) {
+    const std::string wait_policy = std::getenv("OMP_WAIT_POLICY") ? "" : "OMP_WAIT_POLICY=passive ";
+    return run_normlab_env(dir, wait_policy, args);
 }
 
 inline std::string read_text(const std::string& path) {

@@ -3,49 +3,28 @@
 // Runs the built binary (NORMLAB_BINARY) through the shell.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "cli_test_util.h"
 
 namespace {
 
-struct BenchRun {
-    int status = -1;
-    std::string output;  // stdout and stderr together
-};
+using BenchRun = nl_test::CliRun;
+using nl_test::read_text;
 
+// From the source tree (the default config path is relative to it), on two threads.
 BenchRun run_bench(const std::string& args) {
-    const std::string command = std::string("cd '") + NORMLAB_SOURCE_DIR + "' && OMP_NUM_THREADS=2 '" +
-                                NORMLAB_BINARY + "' " + args + " 2>&1";
-    BenchRun run;
-    FILE* pipe = popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::array<char, 4096> buffer{};
-    size_t n = 0;
-    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-    const int raw = pclose(pipe);
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    return run;
+    return nl_test::run_normlab_env(NORMLAB_SOURCE_DIR, "OMP_NUM_THREADS=2 ", args);
 }
 
 std::filesystem::path fresh_dir(const std::string& name) {
     auto dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
     return dir;
-}
-
-std::string read_text(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 }  // namespace

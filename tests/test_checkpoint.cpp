@@ -2,8 +2,6 @@
 // PyTorch names, and clear errors for mismatched or corrupt files.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 
@@ -15,25 +13,14 @@
 #include "layers/transformer.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "test_util.h"
 
 using namespace nl;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-    fs::path dir;
-    explicit TempDir(const std::string& name) {
-        dir = fs::temp_directory_path() / ("normlab_ckpt_" + name + "_" + std::to_string(::getpid()));
-        fs::remove_all(dir);
-        fs::create_directories(dir);
-    }
-    ~TempDir() {
-        std::error_code ignored;
-        fs::remove_all(dir, ignored);
-    }
-    std::string file(const std::string& name) const { return (dir / name).string(); }
-};
+using nl_test::TempDir;
 
 TransformerOptions tiny_options(uint64_t seed, int64_t n_layers = 1, int64_t dim = 8) {
     TransformerOptions o;
@@ -72,7 +59,7 @@ void require_same_params(const Module& a, const Module& b) {
 
 TEST_CASE("checkpoint round trip: model, optimizer, rng, step and metadata; training resumes exactly",
           "[checkpoint]") {
-    TempDir tmp("roundtrip");
+    TempDir tmp("ckpt_roundtrip");
     const std::string path = tmp.file("ckpt.safetensors");
     Transformer model(tiny_options(1));
     AdamW opt(model.named_parameters(), adamw_defaults());
@@ -114,7 +101,7 @@ TEST_CASE("checkpoint round trip: model, optimizer, rng, step and metadata; trai
 
 TEST_CASE("checkpoint files use PyTorch names for the model and optim.<name> for the optimizer",
           "[checkpoint]") {
-    TempDir tmp("names");
+    TempDir tmp("ckpt_names");
     const std::string path = tmp.file("ckpt.safetensors");
     Transformer model(tiny_options(3));
     Adam opt(model.named_parameters(), AdamOptions{});
@@ -146,7 +133,7 @@ TEST_CASE("checkpoint files use PyTorch names for the model and optim.<name> for
 }
 
 TEST_CASE("checkpoint mismatches are errors naming the key, the shapes and the file", "[checkpoint]") {
-    TempDir tmp("mismatch");
+    TempDir tmp("ckpt_mismatch");
     const std::string path = tmp.file("ckpt.safetensors");
     Transformer model(tiny_options(5));
     SGDOptions so;
@@ -203,7 +190,7 @@ TEST_CASE("checkpoint mismatches are errors naming the key, the shapes and the f
 }
 
 TEST_CASE("corrupt checkpoints are clear errors, never crashes", "[checkpoint]") {
-    TempDir tmp("corrupt");
+    TempDir tmp("ckpt_corrupt");
     const std::string path = tmp.file("ckpt.safetensors");
     Transformer model(tiny_options(7));
     Adam opt(model.named_parameters(), AdamOptions{});
@@ -249,14 +236,14 @@ TEST_CASE("corrupt checkpoints are clear errors, never crashes", "[checkpoint]")
 }
 
 TEST_CASE("save_checkpoint replaces a file atomically and reports unwritable paths", "[checkpoint]") {
-    TempDir tmp("atomic");
+    TempDir tmp("ckpt_atomic");
     const std::string path = tmp.file("ckpt.safetensors");
     Transformer model(tiny_options(9));
     save_checkpoint(path, model, nullptr, nullptr, 1);
     save_checkpoint(path, model, nullptr, nullptr, 2);
     CHECK(read_checkpoint_info(path).step == 2);
     int files = 0;
-    for (const auto& entry : fs::directory_iterator(tmp.dir)) {
+    for (const auto& entry : fs::directory_iterator(tmp.path)) {
         (void)entry;
         ++files;
     }

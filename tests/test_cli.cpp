@@ -2,31 +2,16 @@
 // documented exit code (nl::Error -> 2). Runs the built binary (NORMLAB_BINARY) through the shell.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "cli_test_util.h"
 
 namespace {
 
-struct Run {
-    int status = -1;
-    std::string output;  // stdout and stderr together
-};
+using Run = nl_test::CliRun;
 
-Run run_normlab(const std::string& args) {
-    const std::string command = std::string("'") + NORMLAB_BINARY + "' " + args + " 2>&1";
-    Run run;
-    FILE* pipe = popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::array<char, 4096> buffer{};
-    size_t n = 0;
-    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-    const int raw = pclose(pipe);
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    return run;
-}
+// Runs in the test's own working directory, with the caller's environment as is.
+Run run_normlab(const std::string& args) { return nl_test::run_normlab_env(".", "", args); }
 
 }  // namespace
 

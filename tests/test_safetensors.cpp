@@ -2,8 +2,6 @@
 // writer, atomic saves, every corrupt-file error, and files written by Python (tests/reference).
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Contains;
@@ -20,20 +19,7 @@ using nl::Tensor;
 
 namespace {
 
-// A fresh directory per test case, removed at the end.
-struct TempDir {
-    fs::path dir;
-    explicit TempDir(const std::string& name) {
-        dir = fs::temp_directory_path() / ("normlab_st_" + name + "_" + std::to_string(::getpid()));
-        fs::remove_all(dir);
-        fs::create_directories(dir);
-    }
-    ~TempDir() {
-        std::error_code ignored;
-        fs::remove_all(dir, ignored);
-    }
-    std::string file(const std::string& name) const { return (dir / name).string(); }
-};
+using nl_test::TempDir;
 
 std::string read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -86,7 +72,7 @@ std::vector<std::string> temp_files_next_to(const std::string& path) {
 }  // namespace
 
 TEST_CASE("safetensors: round trip keeps every dtype bit exact", "[safetensors]") {
-    TempDir tmp("roundtrip");
+    TempDir tmp("st_roundtrip");
     std::string path = tmp.file("all.safetensors");
     std::vector<std::pair<std::string, Tensor>> tensors = {
         {"w.f32", random_tensor({3, 5}, DType::F32, 1)},
@@ -114,7 +100,7 @@ TEST_CASE("safetensors: round trip keeps every dtype bit exact", "[safetensors]"
 }
 
 TEST_CASE("safetensors: 0-d, empty and non-contiguous tensors", "[safetensors]") {
-    TempDir tmp("shapes");
+    TempDir tmp("st_shapes");
     std::string path = tmp.file("shapes.safetensors");
     nl::Generator gen(7);
     Tensor base = nl::randn({3, 4}, gen);
@@ -142,7 +128,7 @@ TEST_CASE("safetensors: 0-d, empty and non-contiguous tensors", "[safetensors]")
 }
 
 TEST_CASE("safetensors: layout follows the reference writer", "[safetensors]") {
-    TempDir tmp("layout");
+    TempDir tmp("st_layout");
     std::string path = tmp.file("order.safetensors");
     nl::save_safetensors(path,
                          {{"z", nl::ones({2}, DType::F32)},
@@ -167,7 +153,7 @@ TEST_CASE("safetensors: layout follows the reference writer", "[safetensors]") {
 }
 
 TEST_CASE("safetensors: metadata round trip and lookup errors", "[safetensors]") {
-    TempDir tmp("meta");
+    TempDir tmp("st_meta");
     std::string path = tmp.file("meta.safetensors");
     std::map<std::string, std::string> metadata = {
         {"format", "pt"}, {"torch_version", "2.5.0"}, {"quote", "a \"b\"\n\\c"}, {"utf8", "\xc3\xa9t\xc3\xa9"}};
@@ -184,7 +170,7 @@ TEST_CASE("safetensors: metadata round trip and lookup errors", "[safetensors]")
 }
 
 TEST_CASE("safetensors: bad inputs to save are errors", "[safetensors]") {
-    TempDir tmp("badsave");
+    TempDir tmp("st_badsave");
     std::string path = tmp.file("x.safetensors");
     REQUIRE_THROWS_WITH(nl::save_safetensors(path, {{"a", nl::ones({1})}, {"a", nl::ones({2})}}),
                         Contains("duplicate tensor name 'a'"));
@@ -196,7 +182,7 @@ TEST_CASE("safetensors: bad inputs to save are errors", "[safetensors]") {
 }
 
 TEST_CASE("safetensors: saves are atomic", "[safetensors]") {
-    TempDir tmp("atomic");
+    TempDir tmp("st_atomic");
     std::string path = tmp.file("model.safetensors");
     nl::save_safetensors(path, {{"w", nl::full({4}, 1.5)}});
     const std::string before = read_bytes(path);
@@ -205,7 +191,7 @@ TEST_CASE("safetensors: saves are atomic", "[safetensors]") {
         std::string missing = tmp.file("no_such_dir/model.safetensors");
         REQUIRE_THROWS_WITH(nl::save_safetensors(missing, {{"w", nl::ones({4})}}),
                             Contains("cannot create") && Contains("no_such_dir/model.safetensors"));
-        REQUIRE_FALSE(fs::exists(tmp.dir / "no_such_dir"));
+        REQUIRE_FALSE(fs::exists(tmp.path / "no_such_dir"));
         REQUIRE(read_bytes(path) == before);
     }
     SECTION("a failed rename removes the temp file") {
@@ -230,7 +216,7 @@ TEST_CASE("safetensors: saves are atomic", "[safetensors]") {
 }
 
 TEST_CASE("safetensors: every corrupt file is a clear error naming the file", "[safetensors]") {
-    TempDir tmp("corrupt");
+    TempDir tmp("st_corrupt");
     std::string path = tmp.file("bad.safetensors");
     auto load_bytes = [&](const std::string& bytes) {
         write_bytes(path, bytes);
@@ -248,7 +234,7 @@ TEST_CASE("safetensors: every corrupt file is a clear error naming the file", "[
                             Contains("nope.safetensors") && Contains("cannot open"));
     }
     SECTION("directory instead of file") {
-        REQUIRE_THROWS_WITH(nl::load_safetensors(tmp.dir.string()), Contains("not a regular file"));
+        REQUIRE_THROWS_WITH(nl::load_safetensors(tmp.path.string()), Contains("not a regular file"));
     }
     SECTION("shorter than 8 bytes") {
         REQUIRE_THROWS_WITH(load_bytes("abc"), Contains(path) && Contains("expected at least 8 bytes") &&
@@ -375,7 +361,7 @@ TEST_CASE("safetensors: a file written by Python's safetensors loads, and we wri
     REQUIRE(file.at("empty").shape() == nl::Shape{0, 3});
 
     // Saving what we loaded must reproduce Python's bytes exactly (same order, header and padding).
-    TempDir tmp("python");
+    TempDir tmp("st_python");
     std::string ours = tmp.file("ours.safetensors");
     nl::save_safetensors(ours, file.tensors, file.metadata);
     REQUIRE(read_bytes(ours) == read_bytes(path));
@@ -384,7 +370,7 @@ TEST_CASE("safetensors: a file written by Python's safetensors loads, and we wri
 TEST_CASE("safetensors: every PyTorch fixture loads and re-saves byte for byte", "[safetensors]") {
     const fs::path dir = fs::path(NORMLAB_SOURCE_DIR) / "tests/reference/fixtures";
     REQUIRE(fs::is_directory(dir));
-    TempDir tmp("fixtures");
+    TempDir tmp("st_fixtures");
     int count = 0;
     for (const auto& entry : fs::directory_iterator(dir)) {
         if (entry.path().extension() != ".safetensors") continue;
@@ -456,7 +442,7 @@ TEST_CASE("safetensors: every PyTorch fixture loads and re-saves byte for byte",
 }
 
 TEST_CASE("safetensors: truncated and bit-flipped files fail cleanly", "[safetensors]") {
-    TempDir tmp("fuzz");
+    TempDir tmp("st_fuzz");
     std::string good_path = tmp.file("good.safetensors");
     nl::save_safetensors(good_path, {{"a", nl::ones({3, 2})}, {"b", nl::ones({2}, DType::F64)}}, {{"k", "v"}});
     const std::string good = read_bytes(good_path);

@@ -4,14 +4,9 @@
 // input's one-line error with exit code 2 and no run directory left looking complete.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -21,53 +16,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-    int status = -1;
-    std::string output;  // stdout and stderr together
-};
-
-// A fresh directory under the system temp dir, removed when the test ends.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int counter = 0;
-        path = fs::temp_directory_path() /
-               ("normlab_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using Run = nl_test::CliRun;
+using nl_test::read_text;
+using nl_test::TempDir;
 
 // Two threads, as CTest runs the suite; passive waiting because OpenMP threads that spin while the
 // machine is busy (a parallel build, other tests) slow these tiny runs down some 30x.
 Run run_in(const TempDir& dir, const std::string& args) {
-    const std::string command = "cd '" + dir.path.string() + "' && OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive '" +
-                                NORMLAB_BINARY + "' " + args + " 2>&1";
-    Run run;
-    FILE* pipe = popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::array<char, 4096> buffer{};
-    size_t n = 0;
-    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-    const int raw = pclose(pipe);
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    return run;
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
+    return nl_test::run_normlab_env(dir.path.string(), "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ", args);
 }
 
 void write_text(const std::string& path, const std::string& text) {
@@ -129,7 +92,7 @@ void check_error(const Run& run, const std::vector<std::string>& parts) {
 }  // namespace
 
 TEST_CASE("train runs the default config and writes a complete run directory", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     Run run = run_in(dir, "train '" + config("toy_transformer.json") + "' --out run" + kShort +
                               " --set train.checkpoint_every=6");
     INFO(run.output);
@@ -173,7 +136,7 @@ TEST_CASE("train runs the default config and writes a complete run directory", "
 }
 
 TEST_CASE("train runs the text config on a temporary file and sample continues a prompt", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     write_text(dir / "tiny.txt", sample_text());
     Run run = run_in(dir, "train '" + config("char_text.json") +
                               "' --out run --quiet --set data.path=tiny.txt --set train.steps=4 "
@@ -197,7 +160,7 @@ TEST_CASE("train runs the text config on a temporary file and sample continues a
 }
 
 TEST_CASE("train is deterministic: same config and seed give bit-identical losses", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     const std::string args = "train '" + config("toy_transformer.json") + "'" + kShort;
     REQUIRE(run_in(dir, args + " --out a").status == 0);
     REQUIRE(run_in(dir, args + " --out b").status == 0);
@@ -208,7 +171,7 @@ TEST_CASE("train is deterministic: same config and seed give bit-identical losse
 }
 
 TEST_CASE("train --resume continues bit-identically to an uninterrupted run", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     const std::string args =
         "train '" + config("toy_transformer.json") + "'" + kShort + " --set train.checkpoint_every=6";
     REQUIRE(run_in(dir, args + " --out full").status == 0);
@@ -237,7 +200,7 @@ TEST_CASE("train --resume continues bit-identically to an uninterrupted run", "[
 }
 
 TEST_CASE("the synthetic tasks' answers are right, and sample checks a trained model's", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     // add: "a+b=" -> the sum; reverse, sort, copy: the symbols rearranged.
     for (const std::string task : {"add", "reverse", "sort", "copy"}) {
         INFO(task);
@@ -281,7 +244,7 @@ TEST_CASE("the synthetic tasks' answers are right, and sample checks a trained m
 }
 
 TEST_CASE("train: bad input is one error line, exit code 2, no complete run directory", "[train]") {
-    TempDir dir;
+    TempDir dir("train_test");
     const std::string toy = "'" + config("toy_transformer.json") + "'";
 
     SECTION("missing config") {
@@ -349,7 +312,7 @@ TEST_CASE("train: bad input is one error line, exit code 2, no complete run dire
 // The README's main job, in full (about a minute of CPU): hidden from the default run, run it with
 // normlab_tests "[train_full]".
 TEST_CASE("the default config reaches >= 99% exact-sequence accuracy in under 5 minutes", "[.][train_full]") {
-    TempDir dir;
+    TempDir dir("train_test");
     auto start = std::chrono::steady_clock::now();
     Run run = run_in(dir, "train '" + config("toy_transformer.json") + "' --out run --quiet");
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
