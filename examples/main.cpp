@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <exception>
 
+#include <cblas.h>
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -10,6 +13,13 @@
 #include "examples/commands.h"
 
 int main(int argc, char** argv) {
+    // OpenBLAS's own pthread pool and normlab's OpenMP pool would both claim every core, and
+    // OpenBLAS's idle workers spin (sched_yield) between calls, starving the OpenMP workers that run
+    // the elementwise and norm kernels (measured: a toy-transformer step ~30x slower on a loaded
+    // 2-core machine). normlab's models are small, so BLAS runs on the calling thread unless
+    // OPENBLAS_NUM_THREADS asks for more; the benchmarks set their own thread counts.
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
+
     CLI::App app{"normlab: a small from-scratch C++20 training framework", "normlab"};
     app.set_version_flag("--version", std::string("normlab ") + NORMLAB_VERSION);
     app.require_subcommand(1);
