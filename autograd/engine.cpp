@@ -35,23 +35,32 @@ namespace {
 
 // The one accumulation path: checks the gradient against the shape and dtype it must have, then
 // adds it to what `slot` holds (as a Var op, so under create_graph the sum is recorded too).
-Var add_grad(const Var& slot, const Var& grad, const Shape& shape, DType dtype, const Node& node,
+Var add_grad(const Var& slot, Var grad, const Shape& shape, DType dtype, const Node& node,
              size_t input) {
     NL_REQUIRE(grad.shape() == shape, "backward of ", node.name(), ": the gradient for input ", input,
                " has shape ", shape_str(grad.shape()), " but the input has shape ", shape_str(shape));
     NL_REQUIRE(grad.dtype() == dtype, "backward of ", node.name(), ": the gradient for input ", input,
                " has dtype ", dtype_name(grad.dtype()), " but the input has dtype ", dtype_name(dtype));
-    return slot.defined() ? add(slot, grad) : grad;
+    return slot.defined() ? add(slot, grad) : std::move(grad);
+}
+
+// True when `grad` is the only handle to its tensor and its storage, and contiguous: nothing else can
+// see it, so it can become a .grad as it is (PyTorch's AccumulateGrad steals such a gradient too).
+// A gradient handed to two inputs (add's backward), the caller's own backward(grad), or a view of a
+// tensor someone still holds has another reference and is copied instead.
+bool owned_alone(const Var& grad) {
+    return grad.impl().use_count() == 1 && grad.data().storage().use_count() == 1 && grad.data().is_contiguous();
 }
 
 // .grad of a leaf (or retain_grad non-leaf). Without create_graph the stored grad is a fresh
 // contiguous tensor that aliases nothing (add's backward hands the same gradient to both inputs,
-// and optimizers scale grads in place), updated in place so handles to it stay valid.
-void accumulate_into(VarImpl& target, const Var& grad, bool create_graph) {
+// and optimizers scale grads in place): a gradient nobody else holds is taken as it is, any other
+// is copied. `grad` is taken by value so the caller can move its last handle in.
+void accumulate_into(VarImpl& target, Var grad, bool create_graph) {
     if (create_graph) {
         target.grad = (target.grad ? add(Var(target.grad), grad) : grad).impl();
     } else if (!target.grad) {
-        target.grad = Var(grad.data().clone()).impl();
+        target.grad = owned_alone(grad) ? Var(grad.data()).impl() : Var(grad.data().clone()).impl();
     } else {
         target.grad->data = add(target.grad->data, grad.data());
     }
@@ -91,8 +100,8 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
             else capture_leaf[v.impl().get()] = i;
         }
     }
-    auto to_leaf = [&](VarImpl& leaf, const Var& g) {
-        if (!capture) return accumulate_into(leaf, g, create_graph);
+    auto to_leaf = [&](VarImpl& leaf, Var g) {
+        if (!capture) return accumulate_into(leaf, std::move(g), create_graph);
         auto it = capture_leaf.find(&leaf);
         if (it != capture_leaf.end()) captured[it->second] = captured[it->second].defined()
                                                                    ? add(captured[it->second], g) : g;
@@ -126,7 +135,8 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
                 Var& slot = grads[edge.node.get()];
                 slot = add_grad(slot, input_grads[i], edge.shape, edge.dtype, *node, i);
             } else {
-                to_leaf(*edge.leaf, add_grad(Var(), input_grads[i], edge.shape, edge.dtype, *node, i));
+                // Moved: when this was the gradient's last handle, the leaf takes it without a copy.
+                to_leaf(*edge.leaf, add_grad(Var(), std::move(input_grads[i]), edge.shape, edge.dtype, *node, i));
             }
         }
         if (!retain_graph) node->release();  // free saved tensors as soon as they are used

@@ -51,6 +51,33 @@ TEST_CASE("autograd: a gradient handed to two leaves is not aliased", "[autograd
     REQUIRE(b.grad().data().to_vector() == std::vector<double>(4, 1.0));
 }
 
+TEST_CASE("autograd: a gradient nobody else holds becomes .grad without a copy", "[autograd]") {
+    const Device cpu = Device::cpu();
+    Var x(rnd({256, 64}, 9), true);
+    const int64_t grad_bytes = x.data().nbytes();
+    Var y = x * 3.0;
+    Var dy(rnd({256, 64}, 10));
+    const int64_t before = cpu_bytes();
+    reset_peak(cpu);
+    y.backward(dy);
+    // mul's backward makes one fresh dy * 3 (plus the scalar 3 as a tensor); x.grad is that tensor,
+    // not a second copy of it, so the peak stays below two gradients.
+    const int64_t peak = memory_stats(cpu).peak_bytes - before;
+    REQUIRE(peak >= grad_bytes);
+    REQUIRE(peak < grad_bytes + 1024);
+    REQUIRE(allclose(x.grad().data(), mul(dy.data(), 3.0)));
+
+    // A gradient the caller still holds (add's backward passes dy itself on) is copied: changing
+    // the .grad leaves the caller's tensor alone.
+    Var a(rnd({4}, 11), true);
+    Var d(rnd({4}, 12));
+    const std::vector<double> d_values = d.data().to_vector();
+    (a + 1.0).backward(d);
+    REQUIRE(a.grad().data().storage() != d.data().storage());
+    a.grad().data().fill_(7.0);
+    REQUIRE(d.data().to_vector() == d_values);
+}
+
 TEST_CASE("autograd: NoGradGuard records nothing", "[autograd]") {
     Var x(rnd({3, 4}, 5), true);
     Var w(rnd({4}, 6), true);

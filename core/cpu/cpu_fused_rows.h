@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#include <immintrin.h>
 
 #include "core/dtype.h"
 
@@ -47,6 +50,38 @@ void store(DType dtype, void* base, int64_t row, int64_t n, const T* values) {
     } else {
         for (int64_t j = 0; j < n; ++j) dst[j] = f32_to_f16(static_cast<float>(values[j]));
     }
+}
+
+// True when an output of `bytes` should be written with non-temporal (streaming) stores: it is larger
+// than the last-level cache, so its lines would be evicted before anyone reads them, and a plain store
+// would first read each line in (read-for-ownership), moving every output byte twice. glibc's memcpy
+// makes the same choice for large copies. Outputs that fit stay in cache for the next op.
+bool stream_output(int64_t bytes);
+
+// Writes `n` values computed in `block` (a small L1 buffer) to `dst` with streaming stores (a plain copy
+// when `dst` is not 16-byte aligned). After a kernel's last streaming store, each thread calls
+// stream_fence() so the data is ordered before the kernel returns.
+template <typename T>
+void stream_block(T* dst, const T* block, int64_t n) {
+#if defined(__SSE2__)
+    if ((reinterpret_cast<uintptr_t>(dst) % 16) == 0) {
+        int64_t j = 0;
+        if constexpr (std::is_same_v<T, float>) {
+            for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(block + j));
+        } else if constexpr (std::is_same_v<T, double>) {
+            for (; j + 2 <= n; j += 2) _mm_stream_pd(dst + j, _mm_loadu_pd(block + j));
+        }
+        for (; j < n; ++j) dst[j] = block[j];
+        return;
+    }
+#endif
+    std::memcpy(dst, block, static_cast<size_t>(n) * sizeof(T));
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 }  // namespace nl::cpu_rows

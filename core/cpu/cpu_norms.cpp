@@ -89,9 +89,11 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
     const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
     const T* b = param_row<T>(dtype, bias, d, 0.0, b_buffer);    // (d)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
+    const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
 #pragma omp parallel if (rows * d > kParallelElements)
     {
         std::vector<T> x_scratch(convert ? d : 0), y_scratch(convert ? d : 0);  // (d) each
+        T out_block[kPrefetchBlock];  // (kPrefetchBlock) output values on their way to a streaming store
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
             const T* xr = cpu_rows::load<T>(dtype, x, r, d, x_scratch.data());
@@ -121,12 +123,15 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
             for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
                 const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
                 for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
-                for (int64_t j = j0; j < j1; ++j) yr[j] = ((xr[j] - mu_hi) - mu_lo) * rs_t * w[j] + b[j];
+                T* out = streaming ? out_block : yr + j0;  // (j1 - j0): the L1 block or the row itself
+                for (int64_t j = j0; j < j1; ++j) out[j - j0] = ((xr[j] - mu_hi) - mu_lo) * rs_t * w[j] + b[j];
+                if (streaming) cpu_rows::stream_block(yr + j0, out_block, j1 - j0);
             }
             cpu_rows::store<T>(dtype, y, r, d, yr);
             if (subtract_mean && mean != nullptr) mean[r] = mu_hi;
             rstd[r] = rs_t;
         }
+        if (streaming) cpu_rows::stream_fence();
     }
 }
 
@@ -145,6 +150,7 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
     std::vector<T> w_buffer;
     const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
+    const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
     // dweight/dbias: rows are cut into fixed chunks that depend on `rows` only, each chunk sums its
     // rows in order into its own partial row (vectorized row axpys in T over kRowBlock rows, flushed
     // into double), then the partials are summed in chunk order. No atomics, and the same bits for any thread count.
@@ -157,6 +163,7 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
         std::vector<T> x_scratch(convert ? d : 0), dy_scratch(convert ? d : 0),
             dx_scratch(convert ? d : 0);  // (d) each
         std::vector<T> dw_acc(d), db_acc(d);  // (d) each: sums over the current kRowBlock rows
+        T out_block[kPrefetchBlock];  // (kPrefetchBlock) dx values on their way to a streaming store
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; ++c) {
             double* dw_row = dweight ? dw_partial.data() + c * d : nullptr;  // (d)
@@ -191,18 +198,20 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
                             __builtin_prefetch(next_x + p);
                             __builtin_prefetch(next_dy + p);
                         }
+                        T* out = streaming ? out_block : dxr + j0;  // (j1 - j0): the L1 block or the row
                         // Elements past k do not feed the statistics: only the direct path remains.
                         for (int64_t j = j0; j < jk; ++j) {
                             const T xhat = (xr[j] - mu) * rs;
-                            dxr[j] = rs * (dyr[j] * w[j] - (a + xhat * b));
+                            out[j - j0] = rs * (dyr[j] * w[j] - (a + xhat * b));
                             dw_sum[j] += dyr[j] * xhat;
                             db_sum[j] += dyr[j];
                         }
                         for (int64_t j = jk; j < j1; ++j) {
-                            dxr[j] = rs * (dyr[j] * w[j]);
+                            out[j - j0] = rs * (dyr[j] * w[j]);
                             dw_sum[j] += dyr[j] * ((xr[j] - mu) * rs);
                             db_sum[j] += dyr[j];
                         }
+                        if (streaming) cpu_rows::stream_block(dxr + j0, out_block, j1 - j0);
                     }
                     cpu_rows::store<T>(dtype, dx, r, d, dxr);
                 }
@@ -210,6 +219,7 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
                 for (int64_t j = 0; db_row != nullptr && j < d; ++j) db_row[j] += static_cast<double>(db_acc[j]);
             }
         }
+        if (streaming) cpu_rows::stream_fence();
     }
     // Sum the partials in chunk order (the same order for every column, so deterministic), a block
     // of columns at a time across threads, and store them in the parameters' dtype.
