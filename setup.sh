@@ -13,7 +13,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # Needed to build and test. (nvcc is not here: the CUDA backend is built only where a CUDA toolkit
 # is already installed; see README.)
-REQUIRED_PACKAGES=(build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev catch2
+# libopenblas-openmp-dev: OpenBLAS built on OpenMP, so its gemms share normlab's OpenMP threads (see
+# CMakeLists.txt); it installs beside Debian's default pthreads build without replacing it.
+REQUIRED_PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev nlohmann-json3-dev catch2
                    libfmt-dev libcli11-dev)
 # Nice to have: gnuplot draws a run's PNG plots, graphviz renders autograd graphs exported as DOT.
 # Installed when missing, but a failure to install them only warns: nothing in the build needs them.

@@ -13,12 +13,14 @@
 #include "examples/commands.h"
 
 int main(int argc, char** argv) {
-    // OpenBLAS's own pthread pool and normlab's OpenMP pool would both claim every core, and
-    // OpenBLAS's idle workers spin (sched_yield) between calls, starving the OpenMP workers that run
-    // the elementwise and norm kernels (measured: a toy-transformer step ~30x slower on a loaded
-    // 2-core machine). normlab's models are small, so BLAS runs on the calling thread unless
-    // OPENBLAS_NUM_THREADS asks for more; the benchmarks set their own thread counts.
-    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
+    // With OpenBLAS's OpenMP build (what CMake links when libopenblas-openmp-dev is installed) the
+    // gemms share normlab's OpenMP thread pool and follow OMP_NUM_THREADS. With the pthreads build,
+    // OpenBLAS's own pool and the OpenMP pool would both claim every core, and OpenBLAS's idle workers
+    // spin (sched_yield) between calls, starving the OpenMP workers that run the elementwise and norm
+    // kernels (measured: a toy-transformer step ~30x slower on a loaded 2-core machine); there BLAS
+    // runs on the calling thread unless OPENBLAS_NUM_THREADS asks for more.
+    // openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP.
+    if (openblas_get_parallel() == 1 && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 
     CLI::App app{"normlab: a small from-scratch C++20 training framework", "normlab"};
     app.set_version_flag("--version", std::string("normlab ") + NORMLAB_VERSION);

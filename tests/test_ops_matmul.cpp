@@ -2,6 +2,8 @@
 // 1-D operands, empty and size-1 dims, f32/f64/bf16, sliced operands, and the error messages.
 #include <catch2/catch.hpp>
 
+#include <cblas.h>
+
 #include <cmath>
 #include <vector>
 
@@ -78,6 +80,17 @@ void check_matmul(const Tensor& a, const Tensor& b, double tol) {
 }
 
 }  // namespace
+
+TEST_CASE("the OpenBLAS loaded at run time is the build CMake linked", "[matmul]") {
+    // openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP. The OpenMP build is found through
+    // the link's RPATH; were the loader to pick Debian's default (pthreads) build instead, gemms would
+    // run on a second thread pool (see CMakeLists.txt).
+#ifdef NORMLAB_OPENBLAS_OPENMP
+    REQUIRE(openblas_get_parallel() == 2);
+#else
+    REQUIRE(openblas_get_parallel() != 2);
+#endif
+}
 
 TEST_CASE("matmul 2-D matches the reference in f32 and f64", "[matmul]") {
     Generator gen(1);
