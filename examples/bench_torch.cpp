@@ -49,6 +49,7 @@ struct TorchCommand {
     int64_t epochs = 100;  // timed stability epochs per norm (the experiment's length)
     int64_t steps = 30;    // timed transformer steps
     int64_t warmup = 3;    // untimed epochs/steps first, on both sides
+    int64_t rounds = 3;    // normlab then PyTorch, this many times: a ratio per round, then their median
     bool quick = false;
     bool skip_torch = false;
 };
@@ -282,24 +283,16 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
     }
 }
 
-std::string ms_cell(const Stats& s) {
-    return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", s.median * 1e3, s.min * 1e3, s.max * 1e3);
-}
-
-std::string ms_cell(const json& r) {
-    return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", r.at("median_s").get<double>() * 1e3,
-                       r.at("min_s").get<double>() * 1e3, r.at("max_s").get<double>() * 1e3);
-}
-
 void run_bench_torch(TorchCommand cmd) {
     if (cmd.quick) {
         cmd.epochs = 5;
         cmd.steps = 3;
         cmd.warmup = 1;
+        cmd.rounds = 1;
     }
-    NL_REQUIRE(cmd.epochs >= 1 && cmd.steps >= 1 && cmd.warmup >= 0,
-               "bench torch: --epochs and --steps must be at least 1 and --warmup at least 0, found ", cmd.epochs,
-               ", ", cmd.steps, ", ", cmd.warmup);
+    NL_REQUIRE(cmd.epochs >= 1 && cmd.steps >= 1 && cmd.rounds >= 1 && cmd.warmup >= 0,
+               "bench torch: --epochs, --steps and --rounds must be at least 1 and --warmup at least 0, found ",
+               cmd.epochs, ", ", cmd.steps, ", ", cmd.rounds, ", ", cmd.warmup);
     if (cmd.threads > 0) {
         omp_set_num_threads(static_cast<int>(cmd.threads));
         openblas_set_num_threads(static_cast<int>(cmd.threads));
@@ -318,48 +311,73 @@ void run_bench_torch(TorchCommand cmd) {
                m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
                cmd.steps, cmd.warmup);
 
-    // normlab first, then PyTorch (separate processes cannot interleave per step).
-    fmt::print(stderr, "  timing normlab ...\n");
+    // Separate processes cannot interleave per step, so the two sides alternate by rounds (normlab,
+    // PyTorch, normlab, ...): a load that comes and goes on this shared machine then lands on both
+    // sides, and each round gives its own ratio.
     const std::vector<std::string> norms = {"layernorm", "rmsnorm"};
-    std::vector<Stats> ours_fused, ours_composed;
-    for (const std::string& norm : norms) {
-        ours_fused.push_back(time_stability(norm, true, cmd.epochs, cmd.warmup));
-        ours_composed.push_back(time_stability(norm, false, cmd.epochs, cmd.warmup));
-    }
-    const Stats ours_tf = time_transformer(spec, cmd.steps, cmd.warmup);
-    const double ours_tps = static_cast<double>(spec.batch * spec.seq_len) / ours_tf.median;
-
-    std::string why;
-    fmt::print(stderr, "  timing PyTorch ...\n");
-    std::optional<json> torch = run_torch(cmd, spec, threads, why);
-
-    fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "", "normlab", torch ? "PyTorch " + torch->at("torch_version").get<std::string>()
-                                                                     : std::string("PyTorch (skipped)"), "torch/ours");
-    for (size_t i = 0; i < norms.size(); ++i) {
-        std::string theirs = "-", ratio = "-";
-        if (torch) {
-            const json& r = torch->at("stability").at(norms[i]);
-            theirs = ms_cell(r);
-            ratio = fmt::format("{:.2f}", r.at("median_s").get<double>() / ours_fused[i].median);
+    const size_t rows = norms.size() + 1;  // the stability rows per norm, then the transformer
+    std::vector<std::vector<double>> ours(rows), theirs(rows), ratios(rows);  // (rows, rounds): s/epoch or s/step
+    std::vector<std::vector<double>> ours_composed(norms.size());              // (norms, rounds)
+    std::string why, torch_version;
+    bool have_torch = true;
+    for (int64_t round = 0; round < cmd.rounds; ++round) {
+        fmt::print(stderr, "  round {}/{}: timing normlab ...\n", round + 1, cmd.rounds);
+        for (size_t i = 0; i < norms.size(); ++i) {
+            ours[i].push_back(time_stability(norms[i], true, cmd.epochs, cmd.warmup).median);
+            ours_composed[i].push_back(time_stability(norms[i], false, cmd.epochs, cmd.warmup).median);
         }
-        fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "stability " + norms[i] + " s/epoch", ms_cell(ours_fused[i]), theirs,
-                   ratio);
-        fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "  (normlab composed norm)", ms_cell(ours_composed[i]), "", "");
+        ours[norms.size()].push_back(time_transformer(spec, cmd.steps, cmd.warmup).median);
+        if (!have_torch) continue;
+        fmt::print(stderr, "  round {}/{}: timing PyTorch ...\n", round + 1, cmd.rounds);
+        std::optional<json> torch = run_torch(cmd, spec, threads, why);
+        if (!torch) {
+            have_torch = false;
+            continue;
+        }
+        torch_version = torch->at("torch_version").get<std::string>();
+        for (size_t i = 0; i < norms.size(); ++i)
+            theirs[i].push_back(torch->at("stability").at(norms[i]).at("median_s").get<double>());
+        theirs[norms.size()].push_back(torch->at("transformer").at("median_s").get<double>());
+        for (size_t i = 0; i < rows; ++i) ratios[i].push_back(theirs[i].back() / ours[i].back());
     }
-    std::string theirs = "-", ratio = "-";
-    if (torch) {
-        const json& r = torch->at("transformer");
-        const double tps = r.at("tokens_per_s").get<double>();
-        theirs = fmt::format("{:.0f} tok/s ({:.1f} ms/step)", tps, r.at("median_s").get<double>() * 1e3);
-        ratio = fmt::format("{:.2f}", ours_tps / tps);
+
+    // A cell: the median over rounds of each round's median, with the rounds' [min, max].
+    auto cell = [](const std::vector<double>& per_round, double scale, const char* unit) {
+        const Stats s = summarize(per_round);
+        const int decimals = scale == 1.0 ? 0 : 2;  // tok/s as whole numbers, ms with two decimals
+        return fmt::format("{:.{}f} {} [{:.{}f}, {:.{}f}]", s.median * scale, decimals, unit, s.min * scale, decimals,
+                           s.max * scale, decimals);
+    };
+    fmt::print("{:<30} {:<34} {:<34} {}\n", "", "normlab", have_torch ? "PyTorch " + torch_version : "PyTorch (skipped)",
+               "torch/ours [min, max]");
+    const double tokens = static_cast<double>(spec.batch * spec.seq_len);
+    for (size_t i = 0; i < rows; ++i) {
+        const bool transformer = i == norms.size();
+        // The transformer row is in tokens/s: tokens / (s/step).
+        std::vector<double> ours_row = ours[i], theirs_row = theirs[i];
+        if (transformer) {
+            for (double& t : ours_row) t = tokens / t;
+            for (double& t : theirs_row) t = tokens / t;
+        }
+        const char* unit = transformer ? "tok/s" : "ms";
+        const double scale = transformer ? 1.0 : 1e3;
+        std::string ratio = "-";
+        if (have_torch) {
+            const Stats r = summarize(ratios[i]);
+            ratio = fmt::format("{:.2f} [{:.2f}, {:.2f}]", r.median, r.min, r.max);
+        }
+        const std::string label = transformer ? "transformer tokens/s" : "stability " + norms[i] + " s/epoch";
+        fmt::print("{:<30} {:<34} {:<34} {}\n", label, cell(ours_row, scale, unit),
+                   have_torch ? cell(theirs_row, scale, unit) : std::string("-"), ratio);
+        if (!transformer)
+            fmt::print("{:<30} {:<34}\n", "  (normlab composed norm)", cell(ours_composed[i], 1e3, "ms"));
     }
-    fmt::print("{:<30} {:<30} {:<30} {:>9}\n", "transformer tokens/s",
-               fmt::format("{:.0f} tok/s ({:.1f} ms/step)", ours_tps, ours_tf.median * 1e3), theirs, ratio);
-    fmt::print("torch/ours = PyTorch time / normlab time (for tokens/s: ours / theirs); >= 1 means normlab is at least "
-               "as fast (the issue's target).\n");
-    fmt::print("medians with [min, max] over the timed epochs/steps; normlab's stability rows use its fused norms, "
-               "PyTorch's nn.LayerNorm / nn.RMSNorm.\n");
-    if (!torch) fmt::print("PyTorch side skipped: {}\n", why);
+    fmt::print("torch/ours = PyTorch time / normlab time, per round (for tokens/s: ours / theirs); >= 1 means normlab "
+               "is at least as fast (the issue's target).\n");
+    fmt::print("each cell: the median over {} rounds of a round's median over its timed epochs/steps, [min, max] over "
+               "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
+               cmd.rounds);
+    if (!have_torch) fmt::print("PyTorch side skipped: {}\n", why);
 }
 
 }  // namespace
@@ -375,6 +393,7 @@ void register_bench_torch(CLI::App& bench) {
     sub->add_option("--epochs", cmd->epochs, "timed stability epochs per norm")->capture_default_str();
     sub->add_option("--steps", cmd->steps, "timed transformer steps")->capture_default_str();
     sub->add_option("--warmup", cmd->warmup, "untimed epochs/steps first")->capture_default_str();
+    sub->add_option("--rounds", cmd->rounds, "alternate normlab and PyTorch this many times")->capture_default_str();
     sub->add_flag("--quick", cmd->quick, "5 epochs, 3 steps: a smoke run, not a measurement");
     sub->add_flag("--skip-torch", cmd->skip_torch, "time normlab only");
     sub->callback([cmd] { run_bench_torch(*cmd); });
