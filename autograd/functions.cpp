@@ -320,6 +320,9 @@ Var relu(const Var& a) {
 Var silu(const Var& a) {  // d x s(x) = s (1 + x (1 - s))
     return make_result(silu(a.data()), "silu", {a}, {{"x", a}}, [](const Var& g, const Saved& s) -> Grads {
         const Var& x = s[0];
+        // First order (the usual backward): one fused pass. Under create_graph the composed ops
+        // record a graph that can be differentiated again.
+        if (!is_grad_enabled()) return {Var(silu_backward(g.data(), x.data()))};
         Var sig = sigmoid(x);
         return {g * (sig * (x * rsub(1.0, sig) + 1.0))};
     });

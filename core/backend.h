@@ -22,7 +22,9 @@ struct StridedArg {
     Shape strides;
 };
 
-enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge };
+// SiluBackward(g, x) = g * d silu(x) / dx = g * s * (1 + x * (1 - s)), s = sigmoid(x): SiLU's backward
+// in one pass (autograd's first-order path; the composed form serves create_graph).
+enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, SiluBackward };
 enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Silu, Sigmoid, Tanh, Gelu, Sign, Square };
 enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax };
 

@@ -60,6 +60,8 @@ Tensor abs(const Tensor& a);
 Tensor relu(const Tensor& a);
 Tensor silu(const Tensor& a);     // x * sigmoid(x)
 Tensor sigmoid(const Tensor& a);
+// grad * d silu(x) / dx in one pass (SiLU's backward), broadcasting like mul.
+Tensor silu_backward(const Tensor& grad, const Tensor& x);
 Tensor tanh(const Tensor& a);
 Tensor gelu(const Tensor& a);     // exact: 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default
 Tensor sign(const Tensor& a);     // -1, 0, 1 (used by abs' gradient)

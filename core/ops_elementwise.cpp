@@ -98,6 +98,9 @@ Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, "sub
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, "mul", a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, "div", a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Pow, "pow", a, b); }
+Tensor silu_backward(const Tensor& grad, const Tensor& x) {
+    return binary(BinaryOp::SiluBackward, "silu_backward", grad, x);
+}
 Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Maximum, "maximum", a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Minimum, "minimum", a, b); }
 Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Eq, "eq", a, b); }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/cpu_math.h"
 #include "core/ops.h"
 
 using namespace nl;
@@ -288,6 +289,51 @@ TEST_CASE("unary ops match the f64 reference", "[elementwise]") {
             }
         }
     }
+}
+
+TEST_CASE("exp_f32 (the vectorizable f32 exp behind sigmoid and silu) is within 2 ulp of exp", "[elementwise]") {
+    // A million evenly spaced inputs over the range where e^x is a normal float, and 200001 in
+    // [-1, 1], where the polynomial alone does the work.
+    double worst_ulps = 0;
+    auto check = [&worst_ulps](float x) {
+        const double want = std::exp(static_cast<double>(x));
+        const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);  // spacing of floats near want
+        worst_ulps = std::max(worst_ulps, std::abs(static_cast<double>(cpu_math::exp_f32(x)) - want) / ulp);
+    };
+    for (int i = 0; i <= 1000000; ++i) check(static_cast<float>(-87.3 + 176.0 * i / 1000000));
+    for (int i = -100000; i <= 100000; ++i) check(static_cast<float>(i / 100000.0));
+    INFO("worst error " << worst_ulps << " ulp");
+    REQUIRE(worst_ulps <= 2.0);
+    REQUIRE(cpu_math::exp_f32(0.0f) == 1.0f);
+    REQUIRE(cpu_math::exp_f32(-100.0f) == 0.0f);
+    REQUIRE(cpu_math::exp_f32(-std::numeric_limits<float>::infinity()) == 0.0f);
+    REQUIRE(std::isinf(cpu_math::exp_f32(100.0f)));
+    REQUIRE(std::isnan(cpu_math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("silu_backward is grad * d silu / dx, with broadcasting, in f32, f64 and bf16", "[elementwise]") {
+    Generator gen(21);
+    auto dsilu = [](double x) {
+        const double s = 1.0 / (1.0 + std::exp(-x));
+        return s * (1.0 + x * (1.0 - s));
+    };
+    for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+        for (const Shape& grad_shape : {Shape{64, 300}, Shape{300}, Shape{0, 300}}) {
+            INFO(dtype_name(dt) << " grad " << shape_str(grad_shape));
+            const Shape x_shape = grad_shape.size() == 2 ? grad_shape : Shape{64, 300};
+            const Tensor x = (randn(x_shape, gen, DType::F64) * 4.0).to(dt);
+            const Tensor g = randn(grad_shape, gen, DType::F64).to(dt);
+            const Shape out_shape = broadcast_shapes(g.shape(), x.shape(), "test");
+            const std::vector<double> gv = g.expand(out_shape).contiguous().to_vector();
+            const std::vector<double> xv = x.expand(out_shape).contiguous().to_vector();
+            std::vector<double> want;
+            for (size_t i = 0; i < xv.size(); ++i) want.push_back(gv[i] * dsilu(xv[i]));
+            const Tensor got = silu_backward(g, x);
+            REQUIRE(got.dtype() == dt);
+            check_values(got, out_shape, want, tol_for(dt) * 4);
+        }
+    }
+    REQUIRE_THROWS_WITH(silu_backward(zeros({2, 3}), zeros({4})), Catch::Contains("silu_backward"));
 }
 
 TEST_CASE("unary ops are stable at large |x| and keep NaN", "[elementwise]") {

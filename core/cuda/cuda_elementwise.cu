@@ -137,6 +137,11 @@ __global__ void binary_kernel(BinaryOp op, StridedLoop loop, T* out, const T* a,
             case BinaryOp::Lt: r = T(x < y); break;
             case BinaryOp::Le: r = T(x <= y); break;
             case BinaryOp::Gt: r = T(x > y); break;
+            case BinaryOp::SiluBackward: {  // x = grad, y = the SiLU input
+                const T s = stable_sigmoid(y);
+                r = x * (s * (T(1) + y * (T(1) - s)));
+                break;
+            }
             default: r = T(x >= y); break;  // Ge
         }
         out[off[0]] = r;
