@@ -12,7 +12,9 @@
 //   fused:    make_norm({fused = true}) through autograd (one node, closed-form backward)
 //   composed: make_norm({fused = false}) through autograd (primitive ops, derived backward)
 // The modules are nn.LayerNorm-like (weight and bias) and LLaMA's RMSNorm (weight only), the pair the
-// seed article compares.
+// seed article compares. "device": "cuda" runs every case on the GPU: the inputs are drawn on the
+// host (the same numbers on every device) and moved, the copy is a device-to-device tensor copy,
+// each timed call ends with a device synchronize, and peak memory is the GPU allocator's.
 #include "examples/commands.h"
 
 #include <cblas.h>
@@ -35,6 +37,9 @@
 #include "core/backend.h"
 #include "core/fused.h"
 #include "core/tensor.h"
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/cuda_runtime.h"
+#endif
 #include "examples/bench_util.h"
 #include "examples/config.h"
 #include "examples/run_dir.h"
@@ -64,6 +69,7 @@ struct NormsBenchConfig {
     int64_t threads = 0;         // 0: OpenMP's default
     std::string clock = "wall";  // "wall" or "cpu" (process CPU time; see examples/bench_util.h)
     uint64_t seed = 0;
+    Device device;               // "cpu" or "cuda[:N]"
 
     std::vector<Shape2> shapes() const;
 };
@@ -110,7 +116,9 @@ NormsBenchConfig read_config(const json& root, const std::string& file) {
     c.threads = r.get_int("threads", c.threads, 0, 1024);
     c.clock = r.get_string("clock", c.clock, {"wall", "cpu"});
     c.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0));
+    c.device = read_device(r);
     r.finish();
+    require_device_available(c.device, r.where("device"));
     if (c.norms.empty()) r.fail("norms", "expected at least one norm");
     if (c.impls.empty()) r.fail("impls", "expected at least one implementation");
     if (c.passes.empty()) r.fail("passes", "expected at least one pass");
@@ -135,6 +143,7 @@ struct Result {
     double bytes = 0;          // bytes a fused kernel must move (the GB/s numerator for every impl)
     int64_t peak_bytes = -1;   // peak allocator bytes above the inputs during one call; -1: not measured
     int64_t saved_bytes = -1;  // bytes saved for backward by the graph; -1: no graph (kernel, op)
+    std::string device;        // "cpu", "cuda:0"
 
     double gbs() const { return bytes / ours.median * 1e-9; }
     double copy_gbs() const { return bytes / copy.median * 1e-9; }
@@ -148,33 +157,52 @@ struct ShapeData {
     Tensor y, dx, dweight, dbias, mean, rstd;   // kernel outputs: (rows, d) x2, (d) x2, (rows) x2
     Tensor copy_src, copy_dst;                  // (rows * d) f32 each: the copy's buffers
 
-    ShapeData(const Shape2& s, Generator& gen) {
+    ShapeData(const Shape2& s, Generator& gen, Device device) {
         const Shape xs = {s.rows, s.hidden};
-        x = randn(xs, gen);
-        dy = randn(xs, gen);
-        weight = normal({s.hidden}, 1.0, 0.1, gen);
-        bias = normal({s.hidden}, 0.0, 0.1, gen);
-        y = zeros(xs);
-        dx = zeros(xs);
-        dweight = zeros({s.hidden});
-        dbias = zeros({s.hidden});
-        mean = zeros({s.rows});
-        rstd = zeros({s.rows});
-        copy_src = randn({s.rows * s.hidden}, gen);
-        copy_dst = zeros({s.rows * s.hidden});
+        // Drawn on the host in this order whatever the device, so every device sees the same numbers.
+        x = randn(xs, gen).to(device);
+        dy = randn(xs, gen).to(device);
+        weight = normal({s.hidden}, 1.0, 0.1, gen).to(device);
+        bias = normal({s.hidden}, 0.0, 0.1, gen).to(device);
+        y = zeros(xs, DType::F32, device);
+        dx = zeros(xs, DType::F32, device);
+        dweight = zeros({s.hidden}, DType::F32, device);
+        dbias = zeros({s.hidden}, DType::F32, device);
+        mean = zeros({s.rows}, DType::F32, device);
+        rstd = zeros({s.rows}, DType::F32, device);
+        copy_src = randn({s.rows * s.hidden}, gen).to(device);
+        copy_dst = zeros({s.rows * s.hidden}, DType::F32, device);
     }
 };
 
+// Waits for the device's queued work (a no-op on the CPU, whose calls return when done): every timed
+// GPU call ends with it, so a sample measures the kernels, not their launches.
+void synchronize(Device device) {
+#ifdef NORMLAB_HAVE_CUDA
+    if (device.is_cuda()) cuda_synchronize(device.index);
+#else
+    (void)device;
+#endif
+}
+
 // Moves `bytes` (read + written) with parallel memcpy between the copy buffers: whole passes over
 // them and a partial last one, so a fwd+bwd case (20 B/element) copies 2.5 tensors' worth.
+// On a GPU the copy is a device-to-device tensor copy of the same bytes.
 void copy_bytes(const ShapeData& d, double bytes) {
     const size_t buffer = static_cast<size_t>(d.copy_src.nbytes());
     size_t left = static_cast<size_t>(bytes / 2);  // each copied byte is read once and written once
+    const bool cpu = d.copy_src.device().is_cpu();
     while (left > 0) {
         const size_t n = std::min(left, buffer);
-        parallel_copy(d.copy_dst.data_ptr(), d.copy_src.data_ptr(), n);
+        if (cpu) {
+            parallel_copy(d.copy_dst.data_ptr(), d.copy_src.data_ptr(), n);
+        } else {
+            const int64_t elements = static_cast<int64_t>(n / sizeof(float));
+            d.copy_dst.narrow(0, 0, elements).copy_(d.copy_src.narrow(0, 0, elements));
+        }
         left -= n;
     }
+    synchronize(d.copy_src.device());
 }
 
 // One call of (norm, impl, pass) on a shape; everything it allocates dies when it returns.
@@ -185,9 +213,10 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
     const double eps = module->eps();
     const int64_t rows = d.x.size(0), hidden = d.x.size(1);
     Tensor bias = layer ? d.bias : Tensor();
+    const Device device = d.x.device();
     if (impl == "kernel") {
-        Backend* be = &backend_for(Device::cpu());
-        return [be, &d, layer, backward, eps, rows, hidden] {
+        Backend* be = &backend_for(device);
+        return [be, &d, layer, backward, eps, rows, hidden, device] {
             be->norm_forward(DType::F32, d.x.data_ptr(), d.weight.data_ptr(), layer ? d.bias.data_ptr() : nullptr,
                             d.y.data_ptr(), layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), rows, hidden,
                             eps, layer, hidden);
@@ -196,35 +225,38 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
                                  layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), d.dx.data_ptr(),
                                  d.dweight.data_ptr(), layer ? d.dbias.data_ptr() : nullptr, rows, hidden, layer,
                                  hidden);
+            synchronize(device);
         };
     }
     if (impl == "op") {
-        return [&d, bias, layer, backward, eps] {
+        return [&d, bias, layer, backward, eps, device] {
             NormForward f = norm_forward(d.x, d.weight, bias, eps, layer);
             if (backward) NormBackward g = norm_backward(d.dy, d.x, d.weight, f.mean, f.rstd, layer, -1, true, layer);
+            synchronize(device);
         };
     }
     // fused / composed modules through autograd. Forward alone runs as inference (no graph).
-    return [&d, module, backward] {
+    return [&d, module, backward, device] {
         if (!backward) {
             NoGradGuard no_grad;
             Var y = module->forward(Var(d.x));
+            synchronize(device);
             return;
         }
         Var x(d.x, true);
         Var y = module->forward(x);
         y.backward(Var(d.dy));
         module->zero_grad();
+        synchronize(device);
     };
 }
 
 // Peak allocator bytes above what was live before one call (the call's own transient memory).
-int64_t peak_of(const std::function<void()>& call) {
-    const Device cpu = Device::cpu();
-    const int64_t base = memory_stats(cpu).current_bytes;
-    reset_peak(cpu);
+int64_t peak_of(const std::function<void()>& call, Device device) {
+    const int64_t base = memory_stats(device).current_bytes;
+    reset_peak(device);
     call();
-    return memory_stats(cpu).peak_bytes - base;
+    return memory_stats(device).peak_bytes - base;
 }
 
 // Bytes the module's graph keeps for backward after one forward with grad.
@@ -240,6 +272,7 @@ std::shared_ptr<Norm> build_module(const std::string& norm_type, const std::stri
     o.dim = d.x.size(1);
     o.fused = impl != "composed";
     std::shared_ptr<Norm> m = make_norm(o);
+    m->to(d.x.device());
     // The same random affine parameters for every impl.
     m->parameter("weight").data().copy_(d.weight);
     if (m->has_parameter("bias")) m->parameter("bias").data().copy_(d.bias);
@@ -285,8 +318,10 @@ void print_time_tables(const NormsBenchConfig& c, const std::vector<Result>& res
             }
         }
     }
-    fmt::print("  copy = std::memcpy split over the OpenMP threads, timed interleaved with each case; the copy "
-               "GB/s shown is the best of the row's cases.\n");
+    fmt::print("  copy = {}, timed interleaved with each case; the copy GB/s shown is the best of the row's "
+               "cases.\n",
+               c.device.is_cpu() ? "std::memcpy split over the OpenMP threads"
+                                 : "a device-to-device tensor copy on " + c.device.str());
 }
 
 // RMSNorm time / LayerNorm time per shape and implementation; under 1 means RMSNorm is faster.
@@ -373,14 +408,14 @@ void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& re
 std::string csv_text(const std::vector<Result>& results) {
     std::string out =
         "group,rows,hidden,norm,impl,pass,samples,calls_per_sample,median_s,p25_s,p75_s,min_s,max_s,bytes,gbs,"
-        "copy_median_s,copy_min_s,copy_max_s,copy_gbs,ratio_to_copy,peak_bytes,saved_bytes\n";
+        "copy_median_s,copy_min_s,copy_max_s,copy_gbs,ratio_to_copy,peak_bytes,saved_bytes,device\n";
     for (const Result& r : results) {
         out += fmt::format("{},{},{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.0f},{:.6g},{:.9g},{:.9g},"
-                           "{:.9g},{:.6g},{:.6g},{},{}\n",
+                           "{:.9g},{:.6g},{:.6g},{},{},{}\n",
                            r.shape.large ? "large" : "seed", r.shape.rows, r.shape.hidden, r.norm, r.impl, r.pass,
                            r.ours.samples, r.ours.calls_per_sample, r.ours.median, r.ours.p25, r.ours.p75, r.ours.min,
                            r.ours.max, r.bytes, r.gbs(), r.copy.median, r.copy.min, r.copy.max, r.copy_gbs(),
-                           r.vs_copy(), r.peak_bytes, r.saved_bytes);
+                           r.vs_copy(), r.peak_bytes, r.saved_bytes, r.device);
     }
     return out;
 }
@@ -412,9 +447,9 @@ void run_bench_norms(const NormsCommand& cmd) {
                " exists (pass --force to overwrite, or --csv PATH)");
     if (!cmd.out.empty()) std::filesystem::create_directories(cmd.out);
 
-    fmt::print("normlab bench norms: f32, {} reps at the seed shapes, {} at the large ones, >= {} ms per sample; "
+    fmt::print("normlab bench norms: f32 on {}, {} reps at the seed shapes, {} at the large ones, >= {} ms per sample; "
                "OpenMP {} threads, OpenBLAS {} threads; {} clock\n",
-               c.reps, c.large_reps, c.min_sample_ms, omp_get_max_threads(), openblas_get_num_threads(),
+               c.device.str(), c.reps, c.large_reps, c.min_sample_ms, omp_get_max_threads(), openblas_get_num_threads(),
                c.clock == "cpu" ? "process CPU-time" : "wall");
     fmt::print("implementations: kernel = backend kernel on preallocated buffers; op = core/fused.h (allocates "
                "outputs); fused / composed = make_norm modules through autograd\n");
@@ -424,7 +459,7 @@ void run_bench_norms(const NormsCommand& cmd) {
     const double min_sample_s = c.min_sample_ms * 1e-3;
     const Clock clock = c.clock == "cpu" ? Clock::Cpu : Clock::Wall;
     for (const Shape2& s : c.shapes()) {
-        ShapeData d(s, gen);
+        ShapeData d(s, gen, c.device);
         const double n = static_cast<double>(s.rows * s.hidden);
         fmt::print(stderr, "  shape {} ...\n", shape_label(s));
         for (const std::string& norm : c.norms) {
@@ -436,11 +471,12 @@ void run_bench_norms(const NormsCommand& cmd) {
                     r.norm = norm;
                     r.impl = impl;
                     r.pass = pass;
+                    r.device = c.device.str();
                     r.bytes = (pass == "fwd" ? 8.0 : 20.0) * n;
                     std::function<void()> call = make_call(norm, impl, pass, d, module);
                     const double bytes = r.bytes;
                     auto copy = [&d, bytes] { copy_bytes(d, bytes); };
-                    r.peak_bytes = peak_of(call);
+                    r.peak_bytes = peak_of(call, c.device);
                     std::tie(r.ours, r.copy) = time_interleaved(call, copy, s.large ? c.large_reps : c.reps,
                                                                 s.large ? 0.0 : min_sample_s, clock);
                     if (pass == "fwd+bwd" && (impl == "fused" || impl == "composed")) r.saved_bytes = saved_of(d, module);

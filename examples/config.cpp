@@ -7,6 +7,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/cuda_runtime.h"
+#endif
 
 namespace nl {
 
@@ -237,6 +240,30 @@ std::vector<std::string> ConfigReader::get_string_list(const std::string& key,
     }
     resolved_here()[key] = result;
     return result;
+}
+
+Device read_device(ConfigReader& reader, const std::string& key) {
+    const std::string name = reader.get_string(key, "cpu");
+    try {
+        return device_from_name(name);
+    } catch (const Error&) {
+        reader.fail(key, "expected \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index), got \"" + name + "\"");
+    }
+}
+
+void require_device_available(Device device, const std::string& where) {
+    if (device.is_cpu()) return;
+    const std::string name = "\"" + device.str() + "\"";
+#ifdef NORMLAB_HAVE_CUDA
+    const int count = cuda_device_count();
+    NL_REQUIRE(count > 0, where, ": ", name, " asks for a GPU, but this machine has no usable CUDA device ",
+               "(no driver or no GPU); use \"cpu\"");
+    NL_REQUIRE(device.index < count, where, ": ", name, " asks for GPU ", device.index, ", but this machine has ",
+               count, count == 1 ? " CUDA device (cuda:0)" : " CUDA devices (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");
+#else
+    throw Error(detail::concat(where, ": ", name, " asks for a GPU, but this normlab was built without the CUDA ",
+                               "backend (rebuild where the CUDA toolkit is found, or with -DNORMLAB_CUDA=ON); use \"cpu\""));
+#endif
 }
 
 ConfigReader ConfigReader::child(const std::string& key) {

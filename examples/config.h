@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
+
 namespace nl {
 
 using json = nlohmann::json;
@@ -70,6 +72,16 @@ private:
     std::shared_ptr<json> resolved_;
     std::set<std::string> known_;
 };
+
+// The device named by `key`: "cpu" (the default), "cuda" (GPU 0) or "cuda:N"; anything else is an
+// nl::Error "<file>: <path>/<key>: expected ..., got ...". Only the form is checked here (a
+// checkpoint's config names the device it trained on, and may be read where that GPU is absent).
+Device read_device(ConfigReader& reader, const std::string& key = "device");
+
+// Before a job starts work on `device`: an nl::Error "<where>: ..." when it is a GPU and this build
+// has no CUDA backend, the machine has no usable CUDA device, or it has fewer GPUs than the index.
+// `where` names the setting, e.g. "configs/x.json: /device".
+void require_device_available(Device device, const std::string& where);
 
 // Levenshtein distance, for "did you mean" suggestions.
 int64_t edit_distance(const std::string& a, const std::string& b);

@@ -5,6 +5,7 @@
 // trains a copy with fc1.weight scaled by (1 + perturb): the late epochs of this experiment are
 // chaotic, so the summary reports how much the final loss moves under that tiny perturbation next to
 // its spread over seeds, and nobody reads one seed's final loss as a verdict on a norm.
+// "device" runs every run on a GPU (data and weights are drawn on the host, then moved).
 // Reads top to bottom: config -> data and model -> train -> report.
 #include "examples/commands.h"
 
@@ -54,6 +55,7 @@ struct StabilityConfig {
     int64_t hidden = 256;
     int64_t out_features = 10;
     DType dtype = DType::F32;
+    Device device;                   // where the data, models and Adam state live
     bool fused = true;
     std::optional<double> norm_eps;  // unset: each norm type's default (layers/norms.h)
     double diverge_factor = 10.0;    // diverged: loss not finite or > factor * epoch-1 loss
@@ -92,6 +94,8 @@ StabilityConfig read_config(const std::string& path, const std::vector<std::stri
     c.hidden = r.get_int("hidden", 256, 1);
     c.out_features = r.get_int("out_features", 10, 1);
     c.dtype = r.get_string("dtype", "f32", {"f32", "f64"}) == "f64" ? DType::F64 : DType::F32;
+    c.device = read_device(r);
+    require_device_available(c.device, r.where("device"));
     c.fused = r.get_bool("fused", true);
     // A number, or "default" for each norm type's own default (1e-5 LayerNorm, 1e-6 RMSNorm family).
     if (root.contains("norm_eps") && root["norm_eps"].is_number())
@@ -497,9 +501,9 @@ void run_stability(const Options& opt) {
     try {
         run.write_json("config.json", c.resolved);
         std::filesystem::create_directories(run.path("curves"));
-        fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {}{} -> {}\n",
+        fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{} -> {}\n",
                    specs.size(), c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs,
-                   dtype_name(c.dtype), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
+                   dtype_name(c.dtype), c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
                    run.dir());
         std::fflush(stdout);
 
@@ -513,9 +517,12 @@ void run_stability(const Options& opt) {
         // 2. each run: data and model from its seed (or the files), then train it and its copy.
         for (const RunSpec& spec : specs) {
             Generator gen(static_cast<uint64_t>(spec.seed));
+            // Drawn on the host, so every device starts from the same data and weights.
             Data data = file_data ? *file_data : make_data(c, gen);
+            data = {data.x.to(c.device), data.y.to(c.device)};
             SimpleModel model(c, spec.norm, spec.depth, gen);  // drawn after the data, as the article
             model.to(c.dtype);
+            model.to(c.device);
             if (!c.init_from.empty()) model.load_state_dict(inits.at({spec.norm, spec.depth}));
             NamedTensors initial;
             for (const auto& [name, tensor] : model.state_dict()) initial.emplace_back(name, tensor.clone());
@@ -536,6 +543,7 @@ void run_stability(const Options& opt) {
                 Generator unused(0);
                 SimpleModel copy(c, spec.norm, spec.depth, unused);
                 copy.to(c.dtype);
+                copy.to(c.device);
                 copy.load_state_dict(initial);
                 Var w = copy.child("fc1")->parameter("weight");
                 w.data().copy_(mul(w.data(), 1.0 + c.perturb));  // in the run's dtype, as w.mul_(1 + 1e-6)
@@ -582,6 +590,7 @@ void run_stability(const Options& opt) {
         json summary{{"job", "stability"},
                      {"config", opt.config},
                      {"dtype", dtype_name(c.dtype)},
+                     {"device", c.device.str()},
                      {"epochs", c.epochs},
                      {"diverge_factor", c.diverge_factor},
                      {"perturb", c.perturb},

@@ -1,6 +1,10 @@
 // `normlab train CONFIG`: a LLaMA-style toy transformer trained with AdamW, linear warmup + cosine
 // decay and global grad-norm clipping on a synthetic sequence task or a character-level text file.
 // Reads top to bottom: config -> data -> model -> train loop (eval, checkpoints) -> report.
+// "device" puts the model, the batches and AdamW's state on a GPU (batches are made on the host, so
+// every device sees the same data); losses are read back to the host for logging. train.autocast
+// "bf16" runs the forward under an AutocastGuard (layers/autocast.h): bf16 matmuls, f32 weights,
+// norms, softmax and loss.
 //
 // Exact resumes: a checkpoint holds the model, AdamW's moments and step, the data generator's state
 // (the only randomness in a step) and the step, so a run stopped at a checkpoint and resumed
@@ -25,6 +29,7 @@
 #include "examples/commands.h"
 #include "examples/config.h"
 #include "examples/run_dir.h"
+#include "layers/autocast.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "optim/adam.h"
@@ -132,6 +137,7 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.eval_every = reader.get_int("eval_every", loop.eval_every, 0);
     loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
     loop.log_every = reader.get_int("log_every", loop.log_every, 1);
+    loop.autocast = reader.get_string("autocast", loop.autocast, {"none", "bf16"});
     reader.finish();
     return loop;
 }
@@ -141,6 +147,7 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     TrainConfig config;
     config.file = file;
     config.seed = static_cast<uint64_t>(reader.get_int("seed", 0, 0));
+    config.device = read_device(reader);
     config.data = read_data(reader.child("data"), config.seed);
     config.model = read_model(reader.child("model"), config.seed);
     config.optim = read_optim(reader.child("optim"));
@@ -182,7 +189,19 @@ std::string latest_checkpoint(const std::string& run_dir) {
 
 namespace {
 
-// ---- one evaluation over the held-out set ----
+// ---- the forward, and one evaluation over the held-out set ----
+
+// Logits (B, T, V) in f32 for the loss. With autocast the forward runs under an AutocastGuard
+// (bf16 matmuls, f32 weights and norms) and its bf16 logits are cast to f32 here, inside the
+// recorded graph, so the loss and its softmax are computed in f32 as torch.autocast does.
+Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast) {
+    AutocastGuard guard(DType::BF16, autocast);
+    return autocast_f32(model.forward(inputs));
+}
+
+// The batch on `device` (a no-op on the CPU): the data pipeline always makes batches on the host,
+// so the batches, and with them a resumed run, are the same on every device.
+Batch batch_on(const Batch& batch, Device device) { return {batch.inputs.to(device), batch.targets.to(device)}; }
 
 struct EvalResult {
     double loss = 0.0;            // mean cross-entropy per scored token
@@ -193,16 +212,17 @@ struct EvalResult {
 // Teacher-forced: one forward per batch. For exact-sequence accuracy this equals greedy decoding:
 // if every answer token is the argmax given the true prefix, greedy decoding produces exactly that
 // prefix at every step, and the first wrong argmax makes both fail.
-EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool exact_sequences) {
+EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool exact_sequences, bool autocast) {
     NoGradGuard no_grad;
     model.eval();
     double loss_sum = 0.0;
     int64_t scored = 0, correct_tokens = 0, correct_sequences = 0, sequences = 0;
     for (const Batch& batch : batches) {
-        Var logits = model.forward(batch.inputs);  // (B, T, V)
+        Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
         loss_sum += cross_entropy_loss(logits, batch.targets, kIgnoreIndex, Reduction::Sum).item();
-        Tensor predicted = argmax(logits.data(), -1).contiguous();  // (B, T) i64
-        Tensor targets = batch.targets.contiguous();
+        // Counted on the host (the batches may live on a GPU).
+        Tensor predicted = argmax(logits.data(), -1).to(Device::cpu()).contiguous();  // (B, T) i64
+        Tensor targets = batch.targets.to(Device::cpu()).contiguous();
         const int64_t B = targets.size(0), T = targets.size(1);
         const int64_t* p = predicted.data<int64_t>();
         const int64_t* y = targets.data<int64_t>();
@@ -290,14 +310,18 @@ void run_train(const TrainFlags& flags) {
     nlohmann::json root = load_json_file(flags.config_path);
     for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
     TrainConfig config = read_train_config(root, flags.config_path);
+    require_device_available(config.device, flags.config_path + ": /device");
 
     // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
     std::unique_ptr<Dataset> data = make_dataset(config.data, config.file + ": /data");
     config.model.vocab_size = data->vocab_size();
-    const std::vector<Batch> eval_set = data->eval_batches(config.train.batch_size);
+    std::vector<Batch> eval_set = data->eval_batches(config.train.batch_size);
+    for (Batch& batch : eval_set) batch = batch_on(batch, config.device);
+    const bool autocast = config.train.autocast == "bf16";
 
-    // Model and optimizer.
+    // Model and optimizer (the model moves first, so AdamW's moments are created on its device).
     Transformer model(config.model);
+    model.to(config.device);
     NamedVars params = model.named_parameters();
     AdamOptions adam;
     adam.lr = config.optim.lr;
@@ -339,9 +363,10 @@ void run_train(const TrainFlags& flags) {
                            "val_token_accuracy", "tokens_per_s", "elapsed_s"},
                           flags.resume);
         if (!flags.quiet)
-            fmt::print(stderr, "train: {} parameters, {} data, vocab {}, T = {}, run directory {}\n",
+            fmt::print(stderr, "train: {} parameters, {} data, vocab {}, T = {}, on {}{}, run directory {}\n",
                        count_parameters(model), config.data.source == "text" ? config.data.path : config.data.task,
-                       data->vocab_size(), data->seq_len(), run.dir());
+                       data->vocab_size(), data->seq_len(), config.device.str(),
+                       autocast ? " with bf16 autocast" : "", run.dir());
 
         // Train.
         const int64_t steps = config.train.steps;
@@ -358,8 +383,8 @@ void run_train(const TrainFlags& flags) {
             auto t0 = std::chrono::steady_clock::now();
             const double lr = schedule.lr_at(step - 1);
             optimizer.set_lr(lr);
-            Batch batch = data->train_batch(config.train.batch_size, data_gen);
-            Var logits = model.forward(batch.inputs);  // (B, T, V)
+            const Batch batch = batch_on(data->train_batch(config.train.batch_size, data_gen), config.device);
+            Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
             Var loss = criterion.forward(logits, batch.targets);
             optimizer.zero_grad();
             loss.backward();
@@ -376,7 +401,7 @@ void run_train(const TrainFlags& flags) {
             const bool eval_now = last || (config.train.eval_every > 0 && step % config.train.eval_every == 0);
             EvalResult eval;
             if (eval_now) {
-                eval = evaluate(model, eval_set, data->has_accuracy());
+                eval = evaluate(model, eval_set, data->has_accuracy(), autocast);
                 last_eval = eval;
                 evaluated = true;
             }
@@ -405,13 +430,15 @@ void run_train(const TrainFlags& flags) {
                            end_step, steps);
             return;  // no summary: the run is not complete
         }
-        if (!evaluated) last_eval = evaluate(model, eval_set, data->has_accuracy());  // resumed at the end
+        if (!evaluated) last_eval = evaluate(model, eval_set, data->has_accuracy(), autocast);  // resumed at the end
 
         // Report.
         nlohmann::json summary = {
             {"config", flags.config_path},
             {"steps", steps},
             {"resumed_from_step", start_step},
+            {"device", config.device.str()},
+            {"autocast", config.train.autocast},
             {"parameters", count_parameters(model)},
             {"final_train_loss", train_loss},
             {"val_loss", last_eval.loss},

@@ -30,11 +30,13 @@ struct LoopConfig {
     int64_t eval_every = 250;       // 0: only at the end
     int64_t checkpoint_every = 0;   // 0: only at the end
     int64_t log_every = 50;         // progress lines when stderr is not a terminal
+    std::string autocast = "none";  // "bf16": bf16 matmuls, f32 weights, norms and loss (layers/autocast.h)
 };
 
 struct TrainConfig {
     std::string file;
     uint64_t seed = 0;  // the model's initial weights
+    Device device;      // where the model, batches and optimizer state live ("device": "cpu" default)
     DataOptions data;
     TransformerOptions model;  // vocab_size is filled from the data
     OptimConfig optim;
@@ -44,6 +46,8 @@ struct TrainConfig {
 
 // Validates `root` (read from `file`) completely: types, ranges, unknown keys (nearest suggested),
 // the model's shape constraints, and that a sequence fits the model's context (max_seq_len).
+// "device" is checked for its form only: the job checks that the GPU exists (require_device_available),
+// so `normlab sample` can read the config of a checkpoint trained on a GPU on a machine without one.
 // Errors are nl::Error "<file>: /json/path: what was expected, what was found". Does not read
 // the text file (the dataset does).
 TrainConfig read_train_config(const nlohmann::json& root, const std::string& file);

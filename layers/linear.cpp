@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "layers/autocast.h"
+
 namespace nl {
 
 Generator& module_init_generator() { return default_generator(); }
@@ -49,11 +51,15 @@ Var Linear::forward(const Var& x) {
     NL_REQUIRE(x.defined() && x.dim() >= 1 && x.size(-1) == options_.in_features,
                "Linear: expected input (..., ", options_.in_features, "), found ",
                x.defined() ? shape_str(x.shape()) : std::string("an undefined Var"));
-    Var w = weight();
-    NL_REQUIRE(x.dtype() == w.dtype(), "Linear: expected input of dtype ", dtype_name(w.dtype()),
-               " (the weight's), found ", dtype_name(x.dtype()));
-    Var y = matmul(x, t(w));  // (..., out)
-    if (options_.bias) y = y + bias();
+    // Under autocast (layers/autocast.h) the product runs on bf16 copies of x, W and b; W and b
+    // stay f32 and receive f32 gradients through the cast nodes. Off, these are x, W and b.
+    const Var xc = autocast_lower(x);
+    const Var w = autocast_lower(weight());
+    NL_REQUIRE(xc.dtype() == w.dtype(), "Linear: expected input of dtype ", dtype_name(w.dtype()),
+               is_autocast_enabled() ? " (the autocast dtype)" : " (the weight's)", ", found ",
+               dtype_name(x.dtype()));
+    Var y = matmul(xc, t(w));  // (..., out)
+    if (options_.bias) y = y + autocast_lower(bias());
     return y;
 }
 

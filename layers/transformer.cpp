@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "layers/autocast.h"
 #include "layers/norms.h"
 
 namespace nl {
@@ -182,17 +183,19 @@ Var Attention::forward(const Var& x) {
     const Var qh = transpose(q, 1, 2);  // (B, H, T, hd)
     const Var kh = transpose(k, 1, 2);
     const Var vh = transpose(v, 1, 2);
-    Var scores = matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, T)
+    // Under autocast the two products take bf16 inputs (q, k, v already are: wq/wk/wv made them).
+    Var scores = autocast_matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, T)
     // Causal mask: key position > query position is -inf (LLaMA adds a -inf upper triangle).
     std::vector<double> future(static_cast<size_t>(T * T), 0.0);  // (T, T)
     for (int64_t i = 0; i < T; ++i)
         for (int64_t j = i + 1; j < T; ++j) future[i * T + j] = 1.0;
     scores = masked_fill(scores, from_vector(future, {T, T}, scores.dtype()).to(x.device()),
                          -std::numeric_limits<double>::infinity());
-    // Softmax in f32 at least (LLaMA: F.softmax(scores.float(), dim=-1).type_as(xq)).
-    const DType compute = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
-    const Var probs = nl::to(softmax(nl::to(scores, compute), 3), x.dtype());  // (B, H, T, T)
-    const Var out = matmul(probs, vh);                                  // (B, H, T, hd)
+    // Softmax in f32 at least (LLaMA: F.softmax(scores.float(), dim=-1).type_as(xq)); xq is q,
+    // whose dtype is x's, or the autocast dtype under autocast.
+    const DType compute = scores.dtype() == DType::F64 ? DType::F64 : DType::F32;
+    const Var probs = nl::to(softmax(nl::to(scores, compute), 3), q.dtype());  // (B, H, T, T)
+    const Var out = autocast_matmul(probs, vh);                                // (B, H, T, hd)
     return wo_->forward(reshape(transpose(out, 1, 2), {B, T, H * hd}));
 }
 
@@ -248,13 +251,22 @@ std::shared_ptr<UnaryModule> TransformerBlock::attention_norm() const {
 }
 std::shared_ptr<UnaryModule> TransformerBlock::ffn_norm() const { return typed_child<UnaryModule>(*this, "ffn_norm"); }
 
+namespace {
+// x + branch. Under autocast the branch ends in a bf16 Linear while the residual stream keeps the
+// model's dtype: the sum is taken in x's dtype, as torch's type promotion does for f32 + bf16, so
+// the stream (and every norm's input) stays f32 and only the matmuls' activations are bf16.
+Var residual_add(const Var& x, const Var& branch) {
+    return x + (branch.dtype() == x.dtype() ? branch : nl::to(branch, x.dtype()));
+}
+}  // namespace
+
 Var TransformerBlock::forward(const Var& x) {
     if (options_.pre_norm) {
-        const Var h = x + attention()->forward(attention_norm()->forward(x));
-        return h + feed_forward()->forward(ffn_norm()->forward(h));
+        const Var h = residual_add(x, attention()->forward(attention_norm()->forward(x)));
+        return residual_add(h, feed_forward()->forward(ffn_norm()->forward(h)));
     }
-    const Var h = attention_norm()->forward(x + attention()->forward(x));
-    return ffn_norm()->forward(h + feed_forward()->forward(h));
+    const Var h = attention_norm()->forward(residual_add(x, attention()->forward(x)));
+    return ffn_norm()->forward(residual_add(h, feed_forward()->forward(h)));
 }
 
 // ---------------------------------------------------------------- the language model

@@ -170,6 +170,9 @@ public:
     std::string extra_repr() const override;
 
     // ids (B, T) i64, each in [0, vocab_size), T <= max_seq_len -> logits (B, T, vocab_size).
+    // Under an AutocastGuard (layers/autocast.h) every Linear and attention product runs in bf16,
+    // the residual stream and the norms stay in the model's dtype, and the logits come out bf16
+    // (cast them to f32 for the loss, as torch.autocast's cross_entropy does).
     Var forward(const Tensor& ids);
 
     const TransformerOptions& options() const { return options_; }

@@ -1,0 +1,321 @@
+// bf16 autocast (layers/autocast.h): under an AutocastGuard a Linear computes on bf16 copies of its
+// input and weights and returns bf16, while its parameters stay f32 and get f32 gradients close to
+// the f32 ones; outside the guard nothing changes; the transformer runs with f32 residual stream and
+// norms; and `normlab train` with "autocast": "bf16" trains, keeps f32 parameters, and its
+// checkpoints load (resume and sample).
+//
+// Tolerance: bf16 keeps 8 significant bits (unit roundoff 2^-9 ~ 0.2%). A Linear's output under
+// autocast rounds x, W and the result (about 3 roundings, ~0.6% per product, partly cancelling over
+// the sum); its weight gradient also rounds the incoming bf16 gradient. Differences are compared
+// against the largest reference element: |autocast - f32| <= 2e-2 * max|f32| elementwise (2%, a few
+// bf16 ulps of the largest element; measured worst ~0.5%).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/autograd.h"
+#include "cli_test_util.h"
+#include "core/safetensors.h"
+#include "layers/autocast.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/transformer.h"
+#include "test_util.h"
+
+using namespace nl;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kBf16Tolerance = 2e-2;  // relative to the largest reference element (see above)
+
+double max_abs(const Tensor& t) {
+    double m = 0.0;
+    for (double v : t.to_vector()) m = std::max(m, std::fabs(v));
+    return m;
+}
+
+// |actual - expected| <= kBf16Tolerance * max|expected| everywhere; both compared as f64.
+void check_bf16_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+    INFO(what);
+    REQUIRE(actual.shape() == expected.shape());
+    const std::vector<double> a = actual.to_vector(), e = expected.to_vector();
+    const double scale = max_abs(expected);
+    REQUIRE(scale > 0.0);
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - e[i]));
+    INFO("worst |difference| " << worst << " = " << worst / scale << " of max|expected| " << scale);
+    CHECK(worst <= kBf16Tolerance * scale);
+}
+
+struct LinearGrads {
+    Tensor y, dx, dw, db;
+};
+
+// y = lin(x); loss = sum(y * dy) in f32; backward outside any guard (as a training step does).
+LinearGrads run_linear(Linear& lin, const Tensor& x_data, const Tensor& dy, bool autocast) {
+    lin.zero_grad();
+    Var x(x_data, true);
+    Var y;
+    {
+        AutocastGuard guard(DType::BF16, autocast);
+        y = lin.forward(x);
+    }
+    Var loss = sum(to(y, DType::F32) * Var(dy));
+    loss.backward();
+    return {y.data(), x.grad().data(), lin.weight().grad().data(), lin.bias().grad().data()};
+}
+
+}  // namespace
+
+TEST_CASE("autocast: a Linear under the guard returns bf16, keeps f32 weights with f32 grads close to f32's",
+          "[autocast]") {
+    Generator gen(7);
+    LinearOptions options;
+    options.in_features = 48;
+    options.out_features = 20;
+    options.generator = &gen;
+    Linear lin(options);
+
+    SECTION("contiguous input (B, T, in)") {
+        const Tensor x = randn({3, 5, 48}, gen);
+        const Tensor dy = randn({3, 5, 20}, gen);
+        const LinearGrads ref = run_linear(lin, x, dy, false);
+        const LinearGrads amp = run_linear(lin, x, dy, true);
+        CHECK(ref.y.dtype() == DType::F32);
+        CHECK(amp.y.dtype() == DType::BF16);
+        // Parameters and their gradients stay f32; the input's gradient comes back in its dtype.
+        CHECK(lin.weight().dtype() == DType::F32);
+        CHECK(lin.bias().dtype() == DType::F32);
+        CHECK(amp.dw.dtype() == DType::F32);
+        CHECK(amp.db.dtype() == DType::F32);
+        CHECK(amp.dx.dtype() == DType::F32);
+        check_bf16_close(amp.y, ref.y, "output");
+        check_bf16_close(amp.dw, ref.dw, "weight grad");
+        check_bf16_close(amp.db, ref.db, "bias grad");
+        check_bf16_close(amp.dx, ref.dx, "input grad");
+        // The bf16 run really is a different computation (not the f32 one relabelled).
+        CHECK(max_abs(sub(amp.dw, ref.dw)) > 0.0);
+    }
+    SECTION("a transposed (non-contiguous) input") {
+        const Tensor x = randn({48, 6}, gen).t();  // (6, 48), strides (1, 6)
+        REQUIRE_FALSE(x.is_contiguous());
+        const Tensor dy = randn({6, 20}, gen);
+        const LinearGrads ref = run_linear(lin, x, dy, false);
+        const LinearGrads amp = run_linear(lin, x, dy, true);
+        CHECK(amp.y.dtype() == DType::BF16);
+        check_bf16_close(amp.y, ref.y, "output");
+        check_bf16_close(amp.dw, ref.dw, "weight grad");
+    }
+}
+
+TEST_CASE("autocast: outside the guard nothing changes, and guards nest and restore", "[autocast]") {
+    Generator gen(3);
+    LinearOptions options;
+    options.in_features = 16;
+    options.out_features = 8;
+    options.generator = &gen;
+    Linear lin(options);
+    const Tensor x = randn({4, 16}, gen);
+
+    CHECK_FALSE(is_autocast_enabled());
+    const Tensor before = lin.forward(Var(x)).data();
+    {
+        AutocastGuard outer;
+        CHECK(is_autocast_enabled());
+        CHECK(autocast_dtype() == DType::BF16);
+        CHECK(lin.forward(Var(x)).dtype() == DType::BF16);
+        {
+            AutocastGuard off(DType::BF16, false);  // a region opting out
+            CHECK_FALSE(is_autocast_enabled());
+            CHECK(lin.forward(Var(x)).dtype() == DType::F32);
+        }
+        CHECK(is_autocast_enabled());
+    }
+    CHECK_FALSE(is_autocast_enabled());
+    const Tensor after = lin.forward(Var(x)).data();
+    REQUIRE(after.dtype() == DType::F32);
+    CHECK(after.to_vector() == before.to_vector());  // bit-identical
+
+    // The helpers are the identity when off.
+    Var v(x);
+    CHECK(autocast_lower(v).dtype() == DType::F32);
+    CHECK(autocast_f32(Var(x.to(DType::BF16))).dtype() == DType::BF16);
+
+    // f64 is left alone (as torch.autocast does), so gradient checks under a guard stay in f64.
+    LinearOptions f64 = options;
+    f64.dtype = DType::F64;
+    Linear lin64(f64);
+    {
+        AutocastGuard guard;
+        CHECK(lin64.forward(Var(x.to(DType::F64))).dtype() == DType::F64);
+        CHECK(autocast_f32(Var(x.to(DType::BF16))).dtype() == DType::F32);
+        // A mismatched input is still an error naming both dtypes.
+        REQUIRE_THROWS_WITH(lin64.forward(Var(x)), Catch::Contains("Linear: expected input of dtype f64"));
+    }
+    REQUIRE_THROWS_WITH(AutocastGuard(DType::F32), Catch::Contains("AutocastGuard: expected bf16 or f16, found f32"));
+}
+
+TEST_CASE("autocast: the transformer gives bf16 logits, f32 parameters and grads, a loss close to f32's",
+          "[autocast]") {
+    TransformerOptions options;
+    options.vocab_size = 11;
+    options.dim = 32;
+    options.n_layers = 2;
+    options.n_heads = 4;
+    options.n_kv_heads = 2;  // grouped-query attention too
+    options.max_seq_len = 16;
+    options.seed = 5;
+    Transformer model(options);
+    Generator gen(9);
+    std::vector<int64_t> ids_values, target_values;
+    for (int i = 0; i < 2 * 12; ++i) ids_values.push_back(static_cast<int64_t>(gen.next_below(11)));
+    for (int i = 0; i < 2 * 12; ++i) target_values.push_back(static_cast<int64_t>(gen.next_below(11)));
+    const Tensor ids = from_vector(ids_values, {2, 12});
+    const Tensor targets = from_vector(target_values, {2, 12});
+
+    auto step = [&](bool autocast) {
+        model.zero_grad();
+        Var logits;
+        {
+            AutocastGuard guard(DType::BF16, autocast);
+            logits = model.forward(ids);
+            CHECK(logits.dtype() == (autocast ? DType::BF16 : DType::F32));
+            logits = autocast_f32(logits);
+        }
+        Var loss = cross_entropy_loss(logits, targets);
+        loss.backward();
+        NamedTensors grads;
+        for (const auto& [name, p] : model.named_parameters()) {
+            INFO(name);
+            CHECK(p.dtype() == DType::F32);
+            REQUIRE(p.grad().defined());
+            CHECK(p.grad().dtype() == DType::F32);
+            grads.emplace_back(name, p.grad().data().clone());
+        }
+        return std::make_pair(loss.item(), grads);
+    };
+    const auto [loss32, grads32] = step(false);
+    const auto [loss16, grads16] = step(true);
+    CHECK(loss16 == Approx(loss32).epsilon(kBf16Tolerance));
+    CHECK(loss16 != loss32);
+    // Whole-model gradients go through many bf16 roundings; compare each parameter's gradient norm
+    // (a sign or scale bug changes it by far more than 10%).
+    for (size_t i = 0; i < grads32.size(); ++i) {
+        INFO(grads32[i].first);
+        const double n32 = std::sqrt(sum(square(grads32[i].second)).item());
+        const double n16 = std::sqrt(sum(square(grads16[i].second)).item());
+        CHECK(n16 == Approx(n32).epsilon(0.1));
+    }
+}
+
+// ---- `normlab train` with "autocast": "bf16" ----
+
+namespace {
+
+using nl_test::TempDir;
+
+nl_test::CliRun run_in(const TempDir& dir, const std::string& args) {
+    return nl_test::run_normlab_env(dir.path.string(), "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ", args);
+}
+
+std::string toy_config() { return nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json"); }
+
+// A short run, long enough for the loss to fall clearly.
+const std::string kShortAutocast =
+    " --quiet --set train.steps=30 --set optim.warmup_steps=3 --set train.eval_every=15 --set train.batch_size=16 "
+    "--set data.eval_sequences=64 --set train.checkpoint_every=15 --set train.autocast=bf16";
+
+// The train_loss column of metrics.csv.
+std::vector<double> train_losses(const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    std::vector<std::string> header;
+    {
+        std::stringstream cells(line);
+        for (std::string cell; std::getline(cells, cell, ',');) header.push_back(cell);
+    }
+    const size_t column = std::find(header.begin(), header.end(), "train_loss") - header.begin();
+    REQUIRE(column < header.size());
+    std::vector<double> losses;
+    while (std::getline(in, line)) {
+        std::stringstream cells(line);
+        std::string cell;
+        for (size_t i = 0; i <= column; ++i) std::getline(cells, cell, ',');
+        losses.push_back(std::stod(cell));
+    }
+    return losses;
+}
+
+double mean_of(const std::vector<double>& values, size_t from, size_t count) {
+    double total = 0.0;
+    for (size_t i = from; i < from + count; ++i) total += values[i];
+    return total / static_cast<double>(count);
+}
+
+}  // namespace
+
+TEST_CASE("autocast: train with autocast bf16 trains, keeps f32 parameters, and its checkpoints load",
+          "[autocast]") {
+    TempDir dir("autocast_train");
+    nl_test::CliRun run = run_in(dir, "train " + toy_config() + " --out run" + kShortAutocast);
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+
+    const auto resolved = nlohmann::json::parse(nl_test::read_text(dir / "run/config.json"));
+    CHECK(resolved["train"]["autocast"] == "bf16");
+    const auto summary = nlohmann::json::parse(nl_test::read_text(dir / "run/summary.json"));
+    CHECK(summary["autocast"] == "bf16");
+
+    // The loss goes down: the mean of the last 5 steps well below the first 5 (log 11 = 2.4 at start).
+    const std::vector<double> losses = train_losses(dir / "run/metrics.csv");
+    REQUIRE(losses.size() == 30);
+    for (double loss : losses) CHECK(std::isfinite(loss));
+    CHECK(mean_of(losses, 25, 5) < mean_of(losses, 0, 5) - 0.2);
+
+    // Every floating tensor of the checkpoint (model weights, AdamW moments) is f32: master weights.
+    const SafeTensorsFile checkpoint = load_safetensors(dir / "run/checkpoints/step_00000030.safetensors");
+    int64_t floating = 0;
+    for (const auto& [name, tensor] : checkpoint.tensors) {
+        INFO(name);
+        if (tensor.dtype() == DType::I64) continue;
+        CHECK(tensor.dtype() == DType::F32);
+        ++floating;
+    }
+    CHECK(floating > 0);
+
+    // The checkpoints load: an interrupted autocast run resumes from one and finishes...
+    nl_test::CliRun part = run_in(dir, "train " + toy_config() + " --out part --stop-after 15" + kShortAutocast);
+    INFO(part.output);
+    REQUIRE(part.status == 0);
+    nl_test::CliRun resumed = run_in(dir, "train " + toy_config() + " --out part --resume" + kShortAutocast);
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(fs::exists(dir / "part/summary.json"));
+    // ... bit-identically to the uninterrupted one (the autocast forward is deterministic too).
+    CHECK(train_losses(dir / "part/metrics.csv") == losses);
+
+    // ... and `normlab sample` loads the final one into an f32 model.
+    nl_test::CliRun sample = run_in(dir, "sample run --num 4 --temperature 0");
+    INFO(sample.output);
+    CHECK(sample.status == 0);
+    CHECK_THAT(sample.output, Catch::Contains("/4 correct"));
+}
+
+TEST_CASE("autocast: a bad autocast value is a config error naming /train/autocast", "[autocast]") {
+    TempDir dir("autocast_bad");
+    nl_test::CliRun run = run_in(dir, "train " + toy_config() + " --out run --quiet --set train.autocast=fp16");
+    INFO(run.output);
+    CHECK(run.status == 2);
+    CHECK_THAT(run.output, Catch::Contains("toy_transformer.json: /train/autocast: expected one of none, bf16, got \"fp16\""));
+    CHECK_FALSE(fs::exists(dir / "run"));
+}
