@@ -130,6 +130,14 @@ public:
     virtual void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n,
                           double lr, double momentum, double dampening, double weight_decay,
                           bool nesterov, bool first_step) = 0;
+
+    // Rotary position embedding (RoFormer; LLaMA's apply_rotary_emb): x and out (batch, seq, heads,
+    // head_dim) contiguous, cos and sin (seq, head_dim / 2), all `dtype` (f32 or f64). Each (even, odd)
+    // pair i of position t turns by angle t * theta_i, in the order of torch's complex product:
+    //   out[2i] = x[2i] cos - x[2i+1] sin,  out[2i+1] = x[2i] sin + x[2i+1] cos
+    // With `inverse`, by -angle (sin negated): the backward, since a rotation's transpose is its inverse.
+    virtual void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch,
+                      int64_t seq, int64_t heads, int64_t head_dim, bool inverse) = 0;
 };
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.

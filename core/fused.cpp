@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -306,6 +307,34 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
         .sgd_step(param.dtype(), param.data_ptr(), gc.data_ptr(),
                   params.momentum != 0.0 ? momentum_buffer.data_ptr() : nullptr, param.numel(), params.lr,
                   params.momentum, params.dampening, params.weight_decay, params.nesterov, first_step);
+}
+
+Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+    const char* op = "rope_rotate";
+    require_floating(op, "x", x);
+    NL_REQUIRE(x.dim() == 4 && x.size(3) % 2 == 0, op, ": expected x of shape (B, T, H, head_dim) with an even "
+               "head_dim, found ", shape_str(x.shape()));
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3);
+    const DType compute = compute_dtype(x.dtype());
+    auto check_table = [&](const char* name, const Tensor& table) {
+        const Shape want{T, hd / 2};
+        NL_REQUIRE(table.defined() && table.shape() == want, op, ": ", name, " must have shape [", T,
+                   ", ", hd / 2, "] for x of shape ", shape_str(x.shape()), ", found ",
+                   table.defined() ? shape_str(table.shape()) : std::string("undefined"));
+        NL_REQUIRE(table.dtype() == compute, op, ": ", name, " must be ", dtype_name(compute), " for x of dtype ",
+                   dtype_name(x.dtype()), ", found ", dtype_name(table.dtype()));
+        NL_REQUIRE(table.device() == x.device(), op, ": ", name, " is on ", table.device().str(), " but x is on ",
+                   x.device().str());
+    };
+    check_table("cos", cos);
+    check_table("sin", sin);
+    const Tensor xc = x.to(compute).contiguous();  // (B, T, H, hd)
+    const Tensor cc = cos.contiguous(), sc = sin.contiguous();  // (T, hd / 2) each
+    Tensor out = Tensor::empty(x.shape(), compute, x.device());  // (B, T, H, hd)
+    if (out.numel() > 0)
+        backend_for(x.device())
+            .rope(compute, xc.data_ptr(), cc.data_ptr(), sc.data_ptr(), out.data_ptr(), B, T, H, hd, inverse);
+    return out.to(x.dtype());
 }
 
 }  // namespace nl

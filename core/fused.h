@@ -92,4 +92,12 @@ struct SgdParams {
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params,
               bool first_step);
 
+// ---- rotary position embedding ----
+
+// x (B, T, H, head_dim) with each (even, odd) pair of position t rotated by t * theta_i, in the order
+// of torch's complex product (LLaMA's apply_rotary_emb); cos and sin (T, head_dim / 2) in x's compute
+// dtype (f64 for f64, else f32). `inverse` rotates by -angle: the backward. bf16/f16 x is rotated in
+// f32 and rounded once.
+Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
+
 }  // namespace nl

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/fused.h"
 #include "layers/autocast.h"
 #include "layers/norms.h"
 
@@ -55,25 +56,13 @@ Var FeedForward::forward(const Var& x) {
 
 namespace {
 
-// x (B, T, H, hd) with each (even, odd) pair rotated: (re + i im) * (cos + i sin), in the order of
-// torch's complex product; cos/sin are (T, 1, hd/2). Runs on plain tensors (no graph of its own).
-Tensor rotate_pairs_data(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3);
-    const Tensor pairs = x.reshape({B, T, H, hd / 2, 2});
-    const Tensor re = pairs.select(4, 0);  // (B, T, H, hd/2)
-    const Tensor im = pairs.select(4, 1);
-    Tensor out = Tensor::empty({B, T, H, hd / 2, 2}, x.dtype(), x.device());
-    out.select(4, 0).copy_(sub(mul(re, cos), mul(im, sin)));
-    out.select(4, 1).copy_(add(mul(re, sin), mul(im, cos)));
-    return out.view({B, T, H, hd});
-}
-
-// One graph node for the whole rotation (instead of select/mul/sub/cat nodes whose backward fills
-// zeros and scatters): the gradient is the inverse rotation, i.e. the same op with -sin.
-Var rotate_pairs(const Var& x, const Tensor& cos, const Tensor& sin) {
-    return make_result(rotate_pairs_data(x.data(), cos, sin), "rope", {x}, {},
-                       [cos, sin](const Var& g, const std::vector<Var>&) -> std::vector<Var> {
-                           return {rotate_pairs(g, cos, neg(sin))};
+// One graph node for the whole rotation, one fused kernel each way (core/fused.h's rope_rotate, the
+// order of torch's complex product): the gradient is the inverse rotation. x (B, T, H, hd) in the
+// compute dtype; cos/sin (T, hd/2).
+Var rotate_pairs(const Var& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+    return make_result(rope_rotate(x.data(), cos, sin, inverse), "rope", {x}, {},
+                       [cos, sin, inverse](const Var& g, const std::vector<Var>&) -> std::vector<Var> {
+                           return {rotate_pairs(g, cos, sin, !inverse)};
                        });
 }
 
@@ -123,9 +112,9 @@ Var apply_rope(const Var& x, const RopeTables& tables) {
     NL_REQUIRE(tables.cos.dtype() == compute, "apply_rope: x of dtype ", dtype_name(x.dtype()),
                " needs ", dtype_name(compute), " tables, found ", dtype_name(tables.cos.dtype()));
     const Var xc = to(x, compute);
-    const Tensor cos = tables.cos.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device());  // (T, 1, hd/2)
-    const Tensor sin = tables.sin.narrow(0, 0, T).reshape({T, 1, hd / 2}).to(x.device());
-    const Var out = rotate_pairs(xc, cos, sin);  // (B, T, H, hd)
+    const Tensor cos = tables.cos.narrow(0, 0, T).to(x.device());  // (T, hd/2)
+    const Tensor sin = tables.sin.narrow(0, 0, T).to(x.device());
+    const Var out = rotate_pairs(xc, cos, sin, false);  // (B, T, H, hd)
     return to(out, x.dtype());
 }
 

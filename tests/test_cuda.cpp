@@ -249,6 +249,7 @@ TEST_CASE("cuda: binary ops with broadcasting and strided views match the CPU", 
         require_close(gt(ar, br), gt(arg, brg), "gt " + d);
         require_close(ge(ar, br), ge(arg, brg), "ge " + d);
         require_close(add(a, 2.5), add(ag, 2.5), "add scalar " + d);
+        require_close(silu_backward(a, b * 4.0), silu_backward(ag, bg * 4.0), "silu_backward " + d);
         require_close(add(zeros({0, 6}, dtype), b.select(0, 0)), add(zeros({0, 6}, dtype, kGpu), bg.select(0, 0)),
                       "empty " + d);
     }
@@ -524,6 +525,20 @@ TEST_CASE("cuda: Adam, AdamW, AMSGrad and SGD steps match the CPU over several s
             }
             require_close(p, pg, 10 * tolerance(dtype), d + " sgd nesterov " + std::to_string(nesterov));
             require_close(buf, bufg, 10 * tolerance(dtype), d + " sgd buffer");
+        }
+    }
+}
+
+TEST_CASE("cuda: RoPE rotation and its inverse match the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        const DType table_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+        const Tensor x = random_normal({3, 5, 4, 8}, 31, dtype);  // (B, T, H, hd)
+        const Tensor cos = random_uniform({5, 4}, 32, -1.0, 1.0, table_dtype);
+        const Tensor sin = random_uniform({5, 4}, 33, -1.0, 1.0, table_dtype);
+        for (bool inverse : {false, true}) {
+            require_close(rope_rotate(x, cos, sin, inverse), rope_rotate(gpu(x), gpu(cos), gpu(sin), inverse),
+                          std::string("rope ") + dtype_name(dtype) + (inverse ? " inverse" : ""));
         }
     }
 }

@@ -653,3 +653,60 @@ TEST_CASE("optimizer steps reject mismatched state and invalid hyperparameters",
     REQUIRE_THROWS_WITH(sgd_step(p, zeros({2, 3}), buf, s, true),
                         Catch::Contains("nesterov momentum requires a momentum and zero dampening"));
 }
+
+TEST_CASE("rope_rotate matches the f64 complex-product reference; inverse undoes it; errors name shapes",
+          "[fused]") {
+    // (B, T, H, hd) = (4, 64, 9, 16): 36864 elements, the threaded path; (2, 3, 1, 2): the smallest.
+    for (const Shape& shape : {Shape{4, 64, 9, 16}, Shape{2, 3, 1, 2}}) {
+        const int64_t B = shape[0], T = shape[1], H = shape[2], hd = shape[3], half = hd / 2;
+        const std::vector<double> xv = random_values(B * T * H * hd, 41);
+        const std::vector<double> cv = random_values(T * half, 42), sv = random_values(T * half, 43);
+        for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+            INFO(dtype_name(dtype) << " " << shape_str(shape));
+            const DType table_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+            const Tensor x = from_vector(xv, shape, dtype);
+            const Tensor cos = from_vector(cv, {T, half}, table_dtype), sin = from_vector(sv, {T, half}, table_dtype);
+            // Reference on exactly the values the kernel sees (x rounded to its dtype, tables to theirs).
+            const std::vector<double> xr = rounded(xv, dtype), cr = rounded(cv, table_dtype),
+                                      sr = rounded(sv, table_dtype);
+            for (bool inverse : {false, true}) {
+                std::vector<double> want(xr.size());
+                for (int64_t row = 0; row < B * T * H; ++row) {
+                    const int64_t t = (row / H) % T;
+                    for (int64_t i = 0; i < half; ++i) {
+                        const double re = xr[row * hd + 2 * i], im = xr[row * hd + 2 * i + 1];
+                        const double c = cr[t * half + i], s = inverse ? -sr[t * half + i] : sr[t * half + i];
+                        want[row * hd + 2 * i] = re * c - im * s;
+                        want[row * hd + 2 * i + 1] = re * s + im * c;
+                    }
+                }
+                const Tensor got = rope_rotate(x, cos, sin, inverse);
+                REQUIRE(got.dtype() == dtype);
+                REQUIRE(got.shape() == shape);
+                const double tol = dtype == DType::F64 ? 1e-15 : dtype == DType::F32 ? 1e-6 : 1e-2;
+                REQUIRE(max_rel_err(got.to_vector(), want) < tol);
+            }
+            if (dtype != DType::BF16) {
+                // Rotations with unit-length (cos, sin) pairs: the inverse brings x back.
+                std::vector<double> angles = random_values(T * half, 44), c(angles.size()), s(angles.size());
+                for (size_t i = 0; i < angles.size(); ++i) {
+                    c[i] = std::cos(angles[i]);
+                    s[i] = std::sin(angles[i]);
+                }
+                const Tensor uc = from_vector(c, {T, half}, table_dtype), us = from_vector(s, {T, half}, table_dtype);
+                const Tensor back = rope_rotate(rope_rotate(x, uc, us, false), uc, us, true);
+                REQUIRE(max_rel_err(back.to_vector(), x.to_vector()) < (dtype == DType::F64 ? 1e-14 : 1e-6));
+            }
+        }
+    }
+    // A non-contiguous x (a transposed view) reads the same values as its contiguous copy.
+    const Tensor xt = from_vector(random_values(5 * 2 * 3 * 4, 45), {5, 2, 3, 4}).transpose(0, 1);  // (2, 5, 3, 4)
+    const Tensor c = from_vector(random_values(10, 46), {5, 2}), s = from_vector(random_values(10, 47), {5, 2});
+    REQUIRE(rope_rotate(xt, c, s).to_vector() == rope_rotate(xt.contiguous(), c, s).to_vector());
+
+    REQUIRE_THROWS_WITH(rope_rotate(zeros({2, 5, 3, 3}), c, s), Catch::Contains("even head_dim, found [2, 5, 3, 3]"));
+    REQUIRE_THROWS_WITH(rope_rotate(zeros({2, 5, 3, 4}), zeros({4, 2}), s),
+                        Catch::Contains("cos must have shape [5, 2] for x of shape [2, 5, 3, 4], found [4, 2]"));
+    REQUIRE_THROWS_WITH(rope_rotate(zeros({2, 5, 3, 4}), c, s.to(DType::F64)),
+                        Catch::Contains("sin must be f32 for x of dtype f32, found f64"));
+}

@@ -66,6 +66,9 @@ public:
     void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) override;
+    // cpu_rope.cpp
+    void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
+              int64_t heads, int64_t head_dim, bool inverse) override;
 };
 
 }  // namespace nl

@@ -73,6 +73,9 @@ public:
     void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) override;
+    // cuda_rope.cu
+    void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
+              int64_t heads, int64_t head_dim, bool inverse) override;
 
 private:
     // The cuBLAS handle of this GPU, created on first use (cuda_blas.cu).
