@@ -1,8 +1,9 @@
 // `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm, fused vs composed, forward and forward+backward,
-// f32, at the seed article's shapes (hidden 128..2048 x batch 32..128, 100 repetitions) and at large
-// shapes. Reports the median time (and its spread), GB/s counted as the bytes a fused kernel must move
-// (fwd 8 B/element: read x, write y; fwd+bwd 20 B/element: that plus read x and dy, write dx), the
-// ratio to a memory copy of the same bytes timed interleaved with each case (A B A B ...), the
+// in each dtype asked for (f32 by default; bf16, f16), at the seed article's shapes (hidden 128..2048 x
+// batch 32..128, 100 repetitions) and at large shapes. Reports the median time (and its spread), GB/s
+// counted as the bytes a fused kernel must move (fwd 2 x element size per element: read x, write y, so
+// 8 B in f32 and 4 B in bf16; fwd+bwd 5 x element size: that plus read x and dy, write dx), the ratio
+// to a memory copy of the same bytes timed interleaved with each case (A B A B ...), the
 // RMSNorm/LayerNorm time ratio per implementation, peak memory per call and the bytes each norm saves
 // for backward. Prints tables and writes a CSV.
 //
@@ -14,7 +15,8 @@
 // The modules are nn.LayerNorm-like (weight and bias) and LLaMA's RMSNorm (weight only), the pair the
 // seed article compares. "device": "cuda" runs every case on the GPU: the inputs are drawn on the
 // host (the same numbers on every device) and moved, the copy is a device-to-device tensor copy,
-// each timed call ends with a device synchronize, and peak memory is the GPU allocator's.
+// each timed call ends with a device synchronize, and peak memory is the GPU allocator's. In bf16/f16 the
+// modules are built in that dtype and the kernels read and write it themselves (statistics in f32).
 #include "examples/commands.h"
 
 #include <cblas.h>
@@ -37,9 +39,6 @@
 #include "core/backend.h"
 #include "core/fused.h"
 #include "core/tensor.h"
-#ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
-#endif
 #include "examples/bench_util.h"
 #include "examples/config.h"
 #include "examples/run_dir.h"
@@ -65,6 +64,7 @@ struct NormsBenchConfig {
     std::vector<std::string> norms = {"layernorm", "rmsnorm"};
     std::vector<std::string> impls = {"kernel", "op", "fused", "composed"};
     std::vector<std::string> passes = {"fwd", "fwd+bwd"};
+    std::vector<std::string> dtypes = {"f32"};  // every case runs in each
     double min_sample_ms = 1.0;  // a sample averages enough back-to-back calls to last this long
     int64_t threads = 0;         // 0: OpenMP's default
     std::string clock = "wall";  // "wall" or "cpu" (process CPU time; see examples/bench_util.h)
@@ -77,6 +77,7 @@ struct NormsBenchConfig {
 const std::vector<std::string> kNorms = {"layernorm", "rmsnorm"};
 const std::vector<std::string> kImpls = {"kernel", "op", "fused", "composed"};
 const std::vector<std::string> kPasses = {"fwd", "fwd+bwd"};
+const std::vector<std::string> kDTypes = {"f32", "bf16", "f16"};
 
 std::vector<Shape2> NormsBenchConfig::shapes() const {
     std::vector<Shape2> out;
@@ -112,6 +113,11 @@ NormsBenchConfig read_config(const json& root, const std::string& file) {
     c.norms = r.get_string_list("norms", c.norms, kNorms);
     c.impls = r.get_string_list("impls", c.impls, kImpls);
     c.passes = r.get_string_list("passes", c.passes, kPasses);
+    c.dtypes = r.get_string_list("dtypes", c.dtypes, kDTypes);
+    for (size_t i = 0; i < c.dtypes.size(); ++i)
+        if (std::find(c.dtypes.begin(), c.dtypes.begin() + static_cast<std::ptrdiff_t>(i), c.dtypes[i]) !=
+            c.dtypes.begin() + static_cast<std::ptrdiff_t>(i))
+            r.fail("dtypes", "expected each dtype at most once, got \"" + c.dtypes[i] + "\" twice");
     c.min_sample_ms = r.get_double("min_sample_ms", c.min_sample_ms, 0.0, 10000.0);
     c.threads = r.get_int("threads", c.threads, 0, 1024);
     c.clock = r.get_string("clock", c.clock, {"wall", "cpu"});
@@ -122,6 +128,7 @@ NormsBenchConfig read_config(const json& root, const std::string& file) {
     if (c.norms.empty()) r.fail("norms", "expected at least one norm");
     if (c.impls.empty()) r.fail("impls", "expected at least one implementation");
     if (c.passes.empty()) r.fail("passes", "expected at least one pass");
+    if (c.dtypes.empty()) r.fail("dtypes", "expected at least one dtype");
     return c;
 }
 
@@ -139,6 +146,7 @@ void make_quick(NormsBenchConfig& c) {
 struct Result {
     Shape2 shape;
     std::string norm, impl, pass;
+    std::string dtype;         // "f32", "bf16", "f16": of x, y, dy, dx, the parameters and the copy
     Stats ours, copy;
     double bytes = 0;          // bytes a fused kernel must move (the GB/s numerator for every impl)
     int64_t peak_bytes = -1;   // peak allocator bytes above the inputs during one call; -1: not measured
@@ -150,44 +158,59 @@ struct Result {
     double vs_copy() const { return copy.median / ours.median; }
 };
 
-// The inputs and preallocated buffers of one shape. x, dy ~ N(0, 1); weight, bias ~ 1 + N(0, 0.1) so
-// the affine part does real work (ones and zeros could be special-cased by nobody, but it is cheap).
-struct ShapeData {
-    Tensor x, dy, weight, bias;                 // (rows, d), (rows, d), (d), (d)
-    Tensor y, dx, dweight, dbias, mean, rstd;   // kernel outputs: (rows, d) x2, (d) x2, (rows) x2
-    Tensor copy_src, copy_dst;                  // (rows * d) f32 each: the copy's buffers
+// The f32 inputs of one shape, drawn on the host once (in this order whatever the device and the
+// dtypes, so every device and dtype sees the same numbers, rounded). x, dy ~ N(0, 1); weight, bias ~
+// 1 + N(0, 0.1) so the affine part does real work (ones and zeros could be special-cased by nobody,
+// but it is cheap).
+struct HostInputs {
+    Tensor x, dy, weight, bias;  // (rows, d), (rows, d), (d), (d)
+    Tensor copy_src;             // (rows * d): the copy's source
 
-    ShapeData(const Shape2& s, Generator& gen, Device device) {
+    HostInputs(const Shape2& s, Generator& gen) {
         const Shape xs = {s.rows, s.hidden};
-        // Drawn on the host in this order whatever the device, so every device sees the same numbers.
-        x = randn(xs, gen).to(device);
-        dy = randn(xs, gen).to(device);
-        weight = normal({s.hidden}, 1.0, 0.1, gen).to(device);
-        bias = normal({s.hidden}, 0.0, 0.1, gen).to(device);
-        y = zeros(xs, DType::F32, device);
-        dx = zeros(xs, DType::F32, device);
-        dweight = zeros({s.hidden}, DType::F32, device);
-        dbias = zeros({s.hidden}, DType::F32, device);
-        mean = zeros({s.rows}, DType::F32, device);
-        rstd = zeros({s.rows}, DType::F32, device);
-        copy_src = randn({s.rows * s.hidden}, gen).to(device);
-        copy_dst = zeros({s.rows * s.hidden}, DType::F32, device);
+        x = randn(xs, gen);
+        dy = randn(xs, gen);
+        weight = normal({s.hidden}, 1.0, 0.1, gen);
+        bias = normal({s.hidden}, 0.0, 0.1, gen);
+        copy_src = randn({s.rows * s.hidden}, gen);
     }
 };
 
-// Waits for the device's queued work (a no-op on the CPU, whose calls return when done): every timed
-// GPU call ends with it, so a sample measures the kernels, not their launches.
-void synchronize(Device device) {
-#ifdef NORMLAB_HAVE_CUDA
-    if (device.is_cuda()) cuda_synchronize(device.index);
-#else
-    (void)device;
-#endif
+// The inputs and preallocated buffers of one shape in one dtype on the device. The statistics are f32
+// whatever the dtype (core/backend.h norm_forward).
+struct ShapeData {
+    DType dtype = DType::F32;
+    Tensor x, dy, weight, bias;                 // (rows, d), (rows, d), (d), (d); dtype
+    Tensor y, dx, dweight, dbias, mean, rstd;   // kernel outputs: (rows, d) x2, (d) x2 in dtype; (rows) x2 f32
+    Tensor copy_src, copy_dst;                  // (rows * d) each, dtype: the copy's buffers
+
+    ShapeData(const HostInputs& h, DType type, Device device) : dtype(type) {
+        const Shape xs = h.x.shape();
+        const int64_t rows = xs[0], hidden = xs[1];
+        x = h.x.to(dtype).to(device);
+        dy = h.dy.to(dtype).to(device);
+        weight = h.weight.to(dtype).to(device);
+        bias = h.bias.to(dtype).to(device);
+        y = zeros(xs, dtype, device);
+        dx = zeros(xs, dtype, device);
+        dweight = zeros({hidden}, dtype, device);
+        dbias = zeros({hidden}, dtype, device);
+        mean = zeros({rows}, DType::F32, device);
+        rstd = zeros({rows}, DType::F32, device);
+        copy_src = h.copy_src.to(dtype).to(device);
+        copy_dst = zeros({rows * hidden}, dtype, device);
+    }
+};
+
+// Bytes a fused kernel must move per element: fwd reads x and writes y (2 elements); fwd+bwd adds
+// reading x and dy and writing dx (5 in all). The parameters and statistics (O(d + rows)) are left out.
+double bytes_per_element(const std::string& pass, DType dtype) {
+    return (pass == "fwd" ? 2.0 : 5.0) * static_cast<double>(dtype_size(dtype));
 }
 
-// Moves `bytes` (read + written) with parallel memcpy between the copy buffers: whole passes over
-// them and a partial last one, so a fwd+bwd case (20 B/element) copies 2.5 tensors' worth.
-// On a GPU the copy is a device-to-device tensor copy of the same bytes.
+// Moves `bytes` (read + written) with parallel memcpy between the copy buffers (of the case's dtype):
+// whole passes over them and a partial last one, so a fwd+bwd case (5 elements' bytes per element)
+// copies 2.5 tensors' worth. On a GPU the copy is a device-to-device tensor copy of the same bytes.
 void copy_bytes(const ShapeData& d, double bytes) {
     const size_t buffer = static_cast<size_t>(d.copy_src.nbytes());
     size_t left = static_cast<size_t>(bytes / 2);  // each copied byte is read once and written once
@@ -197,12 +220,12 @@ void copy_bytes(const ShapeData& d, double bytes) {
         if (cpu) {
             parallel_copy(d.copy_dst.data_ptr(), d.copy_src.data_ptr(), n);
         } else {
-            const int64_t elements = static_cast<int64_t>(n / sizeof(float));
+            const int64_t elements = static_cast<int64_t>(n / dtype_size(d.dtype));
             d.copy_dst.narrow(0, 0, elements).copy_(d.copy_src.narrow(0, 0, elements));
         }
         left -= n;
     }
-    synchronize(d.copy_src.device());
+    device_synchronize(d.copy_src.device());
 }
 
 // One call of (norm, impl, pass) on a shape; everything it allocates dies when it returns.
@@ -217,22 +240,22 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
     if (impl == "kernel") {
         Backend* be = &backend_for(device);
         return [be, &d, layer, backward, eps, rows, hidden, device] {
-            be->norm_forward(DType::F32, d.x.data_ptr(), d.weight.data_ptr(), layer ? d.bias.data_ptr() : nullptr,
+            be->norm_forward(d.dtype, d.x.data_ptr(), d.weight.data_ptr(), layer ? d.bias.data_ptr() : nullptr,
                             d.y.data_ptr(), layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), rows, hidden,
                             eps, layer, hidden);
             if (backward)
-                be->norm_backward(DType::F32, d.dy.data_ptr(), d.x.data_ptr(), d.weight.data_ptr(),
+                be->norm_backward(d.dtype, d.dy.data_ptr(), d.x.data_ptr(), d.weight.data_ptr(),
                                  layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), d.dx.data_ptr(),
                                  d.dweight.data_ptr(), layer ? d.dbias.data_ptr() : nullptr, rows, hidden, layer,
                                  hidden);
-            synchronize(device);
+            device_synchronize(device);
         };
     }
     if (impl == "op") {
         return [&d, bias, layer, backward, eps, device] {
             NormForward f = norm_forward(d.x, d.weight, bias, eps, layer);
             if (backward) NormBackward g = norm_backward(d.dy, d.x, d.weight, f.mean, f.rstd, layer, -1, true, layer);
-            synchronize(device);
+            device_synchronize(device);
         };
     }
     // fused / composed modules through autograd. Forward alone runs as inference (no graph).
@@ -240,14 +263,14 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
         if (!backward) {
             NoGradGuard no_grad;
             Var y = module->forward(Var(d.x));
-            synchronize(device);
+            device_synchronize(device);
             return;
         }
         Var x(d.x, true);
         Var y = module->forward(x);
         y.backward(Var(d.dy));
         module->zero_grad();
-        synchronize(device);
+        device_synchronize(device);
     };
 }
 
@@ -271,6 +294,7 @@ std::shared_ptr<Norm> build_module(const std::string& norm_type, const std::stri
     o.type = norm_type;
     o.dim = d.x.size(1);
     o.fused = impl != "composed";
+    o.dtype = d.dtype;
     std::shared_ptr<Norm> m = make_norm(o);
     m->to(d.x.device());
     // The same random affine parameters for every impl.
@@ -289,33 +313,42 @@ std::string time_cell(const Stats& s) {
 }
 
 const Result* find(const std::vector<Result>& results, const Shape2& s, const std::string& norm,
-                   const std::string& impl, const std::string& pass) {
+                   const std::string& impl, const std::string& pass, const std::string& dtype) {
     for (const Result& r : results)
-        if (r.shape.rows == s.rows && r.shape.hidden == s.hidden && r.norm == norm && r.impl == impl && r.pass == pass)
+        if (r.shape.rows == s.rows && r.shape.hidden == s.hidden && r.norm == norm && r.impl == impl &&
+            r.pass == pass && r.dtype == dtype)
             return &r;
     return nullptr;
 }
 
-void print_time_tables(const NormsBenchConfig& c, const std::vector<Result>& results) {
-    for (const std::string& pass : c.passes) {
-        fmt::print("\n{} ({} B/element moved by a fused kernel), f32: median ms +- half the IQR, GB/s, and "
-                   "x copy = copy time / our time for the same bytes\n",
-                   pass == "fwd" ? "forward" : "forward+backward", pass == "fwd" ? 8 : 20);
-        std::string header = fmt::format("  {:<11} {:<10} {:>8}", "shape", "norm", "copy GB/s");
-        for (const std::string& impl : c.impls) header += fmt::format(" | {:>26}", impl + ": ms, GB/s, x copy");
-        fmt::print("{}\n", header);
-        for (const Shape2& s : c.shapes()) {
-            for (const std::string& norm : c.norms) {
-                std::string line;
-                double copy_gbs = 0;
-                for (const std::string& impl : c.impls) {
-                    const Result* r = find(results, s, norm, impl, pass);
-                    if (!r) continue;
-                    copy_gbs = std::max(copy_gbs, r->copy_gbs());
-                    line += fmt::format(" | {:>14} {:6.2f} {:4.2f}", time_cell(r->ours), r->gbs(), r->vs_copy());
-                }
-                fmt::print("  {:<11} {:<10} {:>8.2f}{}\n", shape_label(s), norm, copy_gbs, line);
+// One pass in one dtype: a row per (shape, norm), a cell per implementation.
+void print_time_table(const NormsBenchConfig& c, const std::vector<Result>& results, const std::string& pass,
+                      const std::string& dtype) {
+    fmt::print("\n{} ({:g} B/element moved by a fused kernel), {}: median ms +- half the IQR, GB/s, and "
+               "x copy = copy time / our time for the same bytes\n",
+               pass == "fwd" ? "forward" : "forward+backward", bytes_per_element(pass, dtype_from_name(dtype)), dtype);
+    std::string header = fmt::format("  {:<11} {:<10} {:>8}", "shape", "norm", "copy GB/s");
+    for (const std::string& impl : c.impls) header += fmt::format(" | {:>26}", impl + ": ms, GB/s, x copy");
+    fmt::print("{}\n", header);
+    for (const Shape2& s : c.shapes()) {
+        for (const std::string& norm : c.norms) {
+            std::string line;
+            double copy_gbs = 0;
+            for (const std::string& impl : c.impls) {
+                const Result* r = find(results, s, norm, impl, pass, dtype);
+                if (!r) continue;
+                copy_gbs = std::max(copy_gbs, r->copy_gbs());
+                line += fmt::format(" | {:>14} {:6.2f} {:4.2f}", time_cell(r->ours), r->gbs(), r->vs_copy());
             }
+            fmt::print("  {:<11} {:<10} {:>8.2f}{}\n", shape_label(s), norm, copy_gbs, line);
+        }
+    }
+}
+
+void print_time_tables(const NormsBenchConfig& c, const std::vector<Result>& results) {
+    for (const std::string& dtype : c.dtypes) {
+        for (const std::string& pass : c.passes) {
+            print_time_table(c, results, pass, dtype);
         }
     }
     fmt::print("  copy = {}, timed interleaved with each case; the copy GB/s shown is the best of the row's "
@@ -324,13 +357,14 @@ void print_time_tables(const NormsBenchConfig& c, const std::vector<Result>& res
                                  : "a device-to-device tensor copy on " + c.device.str());
 }
 
-// RMSNorm time / LayerNorm time per shape and implementation; under 1 means RMSNorm is faster.
-void print_ratio_table(const NormsBenchConfig& c, const std::vector<Result>& results) {
+// RMSNorm time / LayerNorm time per shape and implementation in one dtype; under 1 means RMSNorm is faster.
+void print_ratio_table(const NormsBenchConfig& c, const std::vector<Result>& results, const std::string& dtype) {
     if (std::find(c.norms.begin(), c.norms.end(), "layernorm") == c.norms.end() ||
         std::find(c.norms.begin(), c.norms.end(), "rmsnorm") == c.norms.end())
         return;
-    fmt::print("\nRMSNorm time / LayerNorm time (median over median; < 1: RMSNorm faster; the seed article "
-               "claims 0.80-0.85)\n");
+    fmt::print("\nRMSNorm time / LayerNorm time, {} (median over median; < 1: RMSNorm faster; the seed article "
+               "claims 0.80-0.85)\n",
+               dtype);
     std::string header = fmt::format("  {:<11}", "shape");
     for (const std::string& pass : c.passes)
         for (const std::string& impl : c.impls) header += fmt::format(" {:>17}", impl + " " + pass);
@@ -341,8 +375,8 @@ void print_ratio_table(const NormsBenchConfig& c, const std::vector<Result>& res
         std::string line = fmt::format("  {:<11}", shape_label(s));
         for (const std::string& pass : c.passes) {
             for (const std::string& impl : c.impls) {
-                const Result* rms = find(results, s, "rmsnorm", impl, pass);
-                const Result* ln = find(results, s, "layernorm", impl, pass);
+                const Result* rms = find(results, s, "rmsnorm", impl, pass, dtype);
+                const Result* ln = find(results, s, "layernorm", impl, pass, dtype);
                 if (!rms || !ln) {
                     line += fmt::format(" {:>17}", "-");
                     continue;
@@ -374,9 +408,10 @@ void print_ratio_table(const NormsBenchConfig& c, const std::vector<Result>& res
     }
 }
 
-void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& results) {
-    fmt::print("\nmemory per call: peak allocator bytes above the inputs during one fwd+bwd call, and the bytes "
-               "the graph saves for backward (x itself included)\n");
+void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& results, const std::string& dtype) {
+    fmt::print("\nmemory per call, {}: peak allocator bytes above the inputs during one fwd+bwd call, and the bytes "
+               "the graph saves for backward (x itself included)\n",
+               dtype);
     std::string header = fmt::format("  {:<11} {:<10}", "shape", "norm");
     for (const std::string& impl : c.impls)
         if (impl == "fused" || impl == "composed")
@@ -389,7 +424,7 @@ void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& re
             bool any = false;
             for (const std::string& impl : c.impls) {
                 if (impl != "fused" && impl != "composed") continue;
-                const Result* r = find(results, s, norm, impl, "fwd+bwd");
+                const Result* r = find(results, s, norm, impl, "fwd+bwd", dtype);
                 if (!r) {
                     line += fmt::format(" | {:>12} {:>12}", "-", "-");
                     continue;
@@ -398,7 +433,7 @@ void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& re
                 line += fmt::format(" | {:>12} {:>12}", format_bytes(static_cast<double>(r->peak_bytes)),
                                     format_bytes(static_cast<double>(r->saved_bytes)));
             }
-            const Result* op = find(results, s, norm, "op", "fwd+bwd");
+            const Result* op = find(results, s, norm, "op", "fwd+bwd", dtype);
             line += fmt::format(" | {:>12}", op ? format_bytes(static_cast<double>(op->peak_bytes)) : "-");
             if (any || op) fmt::print("{}\n", line);
         }
@@ -407,13 +442,13 @@ void print_memory_table(const NormsBenchConfig& c, const std::vector<Result>& re
 
 std::string csv_text(const std::vector<Result>& results) {
     std::string out =
-        "group,rows,hidden,norm,impl,pass,samples,calls_per_sample,median_s,p25_s,p75_s,min_s,max_s,bytes,gbs,"
+        "group,rows,hidden,norm,impl,pass,dtype,samples,calls_per_sample,median_s,p25_s,p75_s,min_s,max_s,bytes,gbs,"
         "copy_median_s,copy_min_s,copy_max_s,copy_gbs,ratio_to_copy,peak_bytes,saved_bytes,device\n";
     for (const Result& r : results) {
-        out += fmt::format("{},{},{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.0f},{:.6g},{:.9g},{:.9g},"
+        out += fmt::format("{},{},{},{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.0f},{:.6g},{:.9g},{:.9g},"
                            "{:.9g},{:.6g},{:.6g},{},{},{}\n",
                            r.shape.large ? "large" : "seed", r.shape.rows, r.shape.hidden, r.norm, r.impl, r.pass,
-                           r.ours.samples, r.ours.calls_per_sample, r.ours.median, r.ours.p25, r.ours.p75, r.ours.min,
+                           r.dtype, r.ours.samples, r.ours.calls_per_sample, r.ours.median, r.ours.p25, r.ours.p75, r.ours.min,
                            r.ours.max, r.bytes, r.gbs(), r.copy.median, r.copy.min, r.copy.max, r.copy_gbs(),
                            r.vs_copy(), r.peak_bytes, r.saved_bytes, r.device);
     }
@@ -447,9 +482,11 @@ void run_bench_norms(const NormsCommand& cmd) {
                " exists (pass --force to overwrite, or --csv PATH)");
     if (!cmd.out.empty()) std::filesystem::create_directories(cmd.out);
 
-    fmt::print("normlab bench norms: f32 on {}, {} reps at the seed shapes, {} at the large ones, >= {} ms per sample; "
+    std::string dtypes;
+    for (const std::string& dtype : c.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + dtype;
+    fmt::print("normlab bench norms: {} on {}, {} reps at the seed shapes, {} at the large ones, >= {} ms per sample; "
                "OpenMP {} threads, OpenBLAS {} threads; {} clock\n",
-               c.device.str(), c.reps, c.large_reps, c.min_sample_ms, omp_get_max_threads(), openblas_get_num_threads(),
+               dtypes, c.device.str(), c.reps, c.large_reps, c.min_sample_ms, omp_get_max_threads(), openblas_get_num_threads(),
                c.clock == "cpu" ? "process CPU-time" : "wall");
     fmt::print("implementations: kernel = backend kernel on preallocated buffers; op = core/fused.h (allocates "
                "outputs); fused / composed = make_norm modules through autograd\n");
@@ -459,36 +496,41 @@ void run_bench_norms(const NormsCommand& cmd) {
     const double min_sample_s = c.min_sample_ms * 1e-3;
     const Clock clock = c.clock == "cpu" ? Clock::Cpu : Clock::Wall;
     for (const Shape2& s : c.shapes()) {
-        ShapeData d(s, gen, c.device);
+        const HostInputs host(s, gen);
         const double n = static_cast<double>(s.rows * s.hidden);
-        fmt::print(stderr, "  shape {} ...\n", shape_label(s));
-        for (const std::string& norm : c.norms) {
-            for (const std::string& impl : c.impls) {
-                std::shared_ptr<Norm> module = build_module(norm, impl, d);
-                for (const std::string& pass : c.passes) {
-                    Result r;
-                    r.shape = s;
-                    r.norm = norm;
-                    r.impl = impl;
-                    r.pass = pass;
-                    r.device = c.device.str();
-                    r.bytes = (pass == "fwd" ? 8.0 : 20.0) * n;
-                    std::function<void()> call = make_call(norm, impl, pass, d, module);
-                    const double bytes = r.bytes;
-                    auto copy = [&d, bytes] { copy_bytes(d, bytes); };
-                    r.peak_bytes = peak_of(call, c.device);
-                    std::tie(r.ours, r.copy) = time_interleaved(call, copy, s.large ? c.large_reps : c.reps,
-                                                                s.large ? 0.0 : min_sample_s, clock);
-                    if (pass == "fwd+bwd" && (impl == "fused" || impl == "composed")) r.saved_bytes = saved_of(d, module);
-                    results.push_back(r);
+        for (const std::string& dtype : c.dtypes) {
+            ShapeData d(host, dtype_from_name(dtype), c.device);  // one dtype's tensors live at a time
+            fmt::print(stderr, "  shape {} {} ...\n", shape_label(s), dtype);
+            for (const std::string& norm : c.norms) {
+                for (const std::string& impl : c.impls) {
+                    std::shared_ptr<Norm> module = build_module(norm, impl, d);
+                    for (const std::string& pass : c.passes) {
+                        Result r;
+                        r.shape = s;
+                        r.norm = norm;
+                        r.impl = impl;
+                        r.pass = pass;
+                        r.dtype = dtype;
+                        r.device = c.device.str();
+                        r.bytes = bytes_per_element(pass, d.dtype) * n;
+                        std::function<void()> call = make_call(norm, impl, pass, d, module);
+                        const double bytes = r.bytes;
+                        auto copy = [&d, bytes] { copy_bytes(d, bytes); };
+                        r.peak_bytes = peak_of(call, c.device);
+                        std::tie(r.ours, r.copy) = time_interleaved(call, copy, s.large ? c.large_reps : c.reps,
+                                                                    s.large ? 0.0 : min_sample_s, clock);
+                        if (pass == "fwd+bwd" && (impl == "fused" || impl == "composed"))
+                            r.saved_bytes = saved_of(d, module);
+                        results.push_back(r);
+                    }
                 }
             }
         }
     }
 
     print_time_tables(c, results);
-    print_ratio_table(c, results);
-    print_memory_table(c, results);
+    for (const std::string& dtype : c.dtypes) print_ratio_table(c, results, dtype);
+    for (const std::string& dtype : c.dtypes) print_memory_table(c, results, dtype);
     write_file_atomic(csv, csv_text(results));
     fmt::print("\nwrote {} ({} cases)\n", csv, results.size());
 }

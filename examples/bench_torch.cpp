@@ -1,9 +1,12 @@
-// `normlab bench torch`: normlab against PyTorch on CPU, same machine, same thread count, one run.
+// `normlab bench torch`: normlab against PyTorch on the same device (CPU by default, or a GPU with
+// --device cuda[:N]), same machine, same thread count, one run.
 // Times normlab's stability experiment (the seed article's SimpleModel, 1000x100 full batch, Adam,
 // MSE; seconds per epoch, LayerNorm and RMSNorm) and toy transformer training steps (the model of
 // configs/toy_transformer.json, AdamW + grad clipping on random tokens; tokens per second), then runs
-// examples/torch_bench.py --json with the same sizes and prints both sides and their ratios. Without
-// python3 + torch the PyTorch side is skipped and the reason printed.
+// examples/torch_bench.py --json with the same sizes and device and prints both sides and their
+// ratios. Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the
+// model, data and optimizer state live there and every timed epoch/step ends with a device
+// synchronize, so the time is the kernels', not their launches.
 // Target (issue 5): normlab at least as fast as PyTorch on both, i.e. every "torch / normlab" >= 1.
 #include "examples/commands.h"
 
@@ -45,6 +48,7 @@ struct TorchCommand {
     std::string config = "configs/toy_transformer.json";
     std::string script = "examples/torch_bench.py";
     std::string python = "python3";
+    std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
     int64_t threads = 0;   // 0: OpenMP's default
     int64_t epochs = 100;  // timed stability epochs per norm (the experiment's length)
     int64_t steps = 30;    // timed transformer steps
@@ -157,28 +161,34 @@ double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Seconds per full-batch epoch (zero_grad, forward, MSE, backward, Adam step).
-Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_t warmup) {
+// Seconds per full-batch epoch (zero_grad, forward, MSE, backward, Adam step). Weights and data are
+// drawn on the host and moved; the model moves before Adam is made, so its moments live on `device`.
+Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_t warmup, Device device) {
     Generator gen(0);
     std::shared_ptr<Sequential> model = simple_model(norm, fused);
+    model->to(device);
     Adam opt(model->named_parameters(), AdamOptions{.lr = 1e-3});
-    Var x(randn({1000, 100}, gen));  // (N, 100)
-    Var y(randn({1000, 10}, gen));   // (N, 10)
+    Var x(randn({1000, 100}, gen).to(device));  // (N, 100)
+    Var y(randn({1000, 10}, gen).to(device));   // (N, 10)
     std::vector<double> times;
     for (int64_t epoch = 0; epoch < warmup + epochs; ++epoch) {
+        device_synchronize(device);
         const double start = now_s();
         opt.zero_grad();
         Var loss = mse_loss(model->forward(x), y);
         loss.backward();
         opt.step();
+        device_synchronize(device);
         if (epoch >= warmup) times.push_back(now_s() - start);
     }
     return summarize(times);
 }
 
-// Seconds per transformer training step on random tokens (the batch is drawn before the clock starts).
-Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup) {
+// Seconds per transformer training step on random tokens (the batch is drawn and moved to `device`
+// before the clock starts).
+Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Device device) {
     Transformer model(spec.model);
+    model.to(device);  // before AdamW, so its moments are created on the device
     AdamOptions ao;
     ao.lr = spec.lr;
     ao.weight_decay = spec.weight_decay;
@@ -190,14 +200,16 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup) {
         std::vector<int64_t> ids(static_cast<size_t>(B * (T + 1)));
         for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(vocab)));
         Tensor seq = from_vector(ids, {B, T + 1});                  // (B, T + 1)
-        Tensor inputs = seq.narrow(1, 0, T).contiguous();           // (B, T)
-        Tensor targets = seq.narrow(1, 1, T).contiguous();          // (B, T)
+        Tensor inputs = seq.narrow(1, 0, T).contiguous().to(device);   // (B, T)
+        Tensor targets = seq.narrow(1, 1, T).contiguous().to(device);  // (B, T)
+        device_synchronize(device);
         const double start = now_s();
         opt.zero_grad();
         Var loss = cross_entropy_loss(model.forward(inputs), targets);
         loss.backward();
         if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
         opt.step();
+        device_synchronize(device);
         if (step >= warmup) times.push_back(now_s() - start);
     }
     return summarize(times);
@@ -244,7 +256,8 @@ std::string last_line(const std::string& text) {
 }
 
 // The PyTorch results, or nullopt with `why` set.
-std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int threads, std::string& why) {
+std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int threads, Device device,
+                              std::string& why) {
     if (cmd.skip_torch) {
         why = "--skip-torch was given";
         return std::nullopt;
@@ -261,10 +274,10 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
     }
     const TransformerOptions& m = spec.model;
     std::string command = fmt::format(
-        "{} {} --json --threads {} --epochs {} --steps {} --warmup {} --vocab-size {} --dim {} --n-layers {} "
+        "{} {} --json --device {} --threads {} --epochs {} --steps {} --warmup {} --vocab-size {} --dim {} --n-layers {} "
         "--n-heads {} --n-kv-heads {} --multiple-of {} --ffn-hidden-dim {} --norm {} --rope-theta {} --seq-len {} "
         "--batch {} --lr {} --weight-decay {} --grad-clip {}",
-        quote(cmd.python), quote(cmd.script), threads, cmd.epochs, cmd.steps, cmd.warmup, m.vocab_size, m.dim,
+        quote(cmd.python), quote(cmd.script), device.str(), threads, cmd.epochs, cmd.steps, cmd.warmup, m.vocab_size, m.dim,
         m.n_layers, m.n_heads, m.n_kv_heads, m.multiple_of, m.ffn_hidden_dim, quote(m.norm.type), m.rope_theta,
         spec.seq_len, spec.batch, spec.lr, spec.weight_decay, spec.grad_clip);
     if (m.norm.eps) command += fmt::format(" --norm-eps {}", *m.norm.eps);
@@ -283,7 +296,22 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
     }
 }
 
+// The --device value, checked before any work: malformed, or a GPU this build or machine lacks, is an
+// nl::Error (one line, exit code 2), with the same wording as the jobs' "device" config key.
+Device parse_device_flag(const std::string& name) {
+    Device device;
+    try {
+        device = device_from_name(name);
+    } catch (const Error&) {
+        throw Error(detail::concat("bench torch: --device: expected \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index), got \"",
+                                   name, "\""));
+    }
+    require_device_available(device, "bench torch: --device");
+    return device;
+}
+
 void run_bench_torch(TorchCommand cmd) {
+    const Device device = parse_device_flag(cmd.device);
     if (cmd.quick) {
         cmd.epochs = 5;
         cmd.steps = 3;
@@ -300,8 +328,8 @@ void run_bench_torch(TorchCommand cmd) {
     const int threads = omp_get_max_threads();
     const ToySpec spec = resolve_toy_spec(cmd.config);
     const TransformerOptions& m = spec.model;
-    fmt::print("normlab bench torch: normlab vs PyTorch on CPU, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
-               threads);
+    fmt::print("normlab bench torch: normlab vs PyTorch on {}, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
+               device.str(), threads);
     fmt::print("  stability: SimpleModel 100-256-256-10, x (1000, 100), Adam lr 1e-3, MSE, full batch; {} timed epochs "
                "after {} warm-up\n",
                cmd.epochs, cmd.warmup);
@@ -323,13 +351,13 @@ void run_bench_torch(TorchCommand cmd) {
     for (int64_t round = 0; round < cmd.rounds; ++round) {
         fmt::print(stderr, "  round {}/{}: timing normlab ...\n", round + 1, cmd.rounds);
         for (size_t i = 0; i < norms.size(); ++i) {
-            ours[i].push_back(time_stability(norms[i], true, cmd.epochs, cmd.warmup).median);
-            ours_composed[i].push_back(time_stability(norms[i], false, cmd.epochs, cmd.warmup).median);
+            ours[i].push_back(time_stability(norms[i], true, cmd.epochs, cmd.warmup, device).median);
+            ours_composed[i].push_back(time_stability(norms[i], false, cmd.epochs, cmd.warmup, device).median);
         }
-        ours[norms.size()].push_back(time_transformer(spec, cmd.steps, cmd.warmup).median);
+        ours[norms.size()].push_back(time_transformer(spec, cmd.steps, cmd.warmup, device).median);
         if (!have_torch) continue;
         fmt::print(stderr, "  round {}/{}: timing PyTorch ...\n", round + 1, cmd.rounds);
-        std::optional<json> torch = run_torch(cmd, spec, threads, why);
+        std::optional<json> torch = run_torch(cmd, spec, threads, device, why);
         if (!torch) {
             have_torch = false;
             continue;
@@ -385,10 +413,12 @@ void run_bench_torch(TorchCommand cmd) {
 void register_bench_torch(CLI::App& bench) {
     auto cmd = std::make_shared<TorchCommand>();
     CLI::App* sub = bench.add_subcommand(
-        "torch", "normlab vs PyTorch on CPU: stability seconds/epoch and toy transformer tokens/s, side by side");
+        "torch", "normlab vs PyTorch on one device: stability seconds/epoch and toy transformer tokens/s, side by side");
     sub->add_option("--config", cmd->config, "the toy transformer's training config")->capture_default_str();
     sub->add_option("--script", cmd->script, "the PyTorch script")->capture_default_str();
     sub->add_option("--python", cmd->python, "the Python interpreter")->capture_default_str();
+    sub->add_option("--device", cmd->device, "where both sides run: cpu, cuda (= cuda:0) or cuda:N")
+        ->capture_default_str();
     sub->add_option("--threads", cmd->threads, "threads for both sides (0: OpenMP's default)")->capture_default_str();
     sub->add_option("--epochs", cmd->epochs, "timed stability epochs per norm")->capture_default_str();
     sub->add_option("--steps", cmd->steps, "timed transformer steps")->capture_default_str();

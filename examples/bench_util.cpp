@@ -1,4 +1,4 @@
-// Timing helpers for the bench jobs: interleaved sampling, summaries, a parallel memory copy.
+// Timing helpers for the bench jobs: interleaved sampling, summaries, a parallel memory copy, a device sync.
 #include "examples/bench_util.h"
 
 #include <omp.h>
@@ -10,6 +10,10 @@
 #include <ctime>
 
 #include <fmt/core.h>
+
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/cuda_runtime.h"
+#endif
 
 namespace nl::cli {
 
@@ -105,6 +109,14 @@ void parallel_copy(void* dst, const void* src, size_t nbytes) {
         const size_t end = std::min(nbytes, begin + chunk);
         std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
     }
+}
+
+void device_synchronize(Device device) {
+#ifdef NORMLAB_HAVE_CUDA
+    if (device.is_cuda()) cuda_synchronize(device.index);
+#else
+    (void)device;
+#endif
 }
 
 }  // namespace nl::cli

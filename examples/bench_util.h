@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/device.h"
+
 namespace nl::cli {
 
 // One timing series, in seconds per call.
@@ -46,5 +48,9 @@ std::string format_bytes(double bytes);
 // std::memcpy split across the OpenMP threads in contiguous chunks (one memcpy below 128 KiB):
 // the bandwidth ceiling a streaming kernel on the same threads can hope for.
 void parallel_copy(void* dst, const void* src, size_t nbytes);
+
+// Waits for `device`'s queued work (a no-op on the CPU, whose calls return when done): every timed GPU
+// call ends with it, so a sample measures the kernels, not their launches.
+void device_synchronize(Device device);
 
 }  // namespace nl::cli

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch side of `normlab bench torch`: the same models as normlab, timed on CPU.
+"""PyTorch side of `normlab bench torch`: the same models as normlab, timed on CPU or a GPU (--device).
 
 1. The stability experiment (the seed article's SimpleModel: Linear 100->256, norm, ReLU,
    Linear 256->256, norm, ReLU, Linear 256->10; MSE on x ~ N(0,1) (1000, 100), y ~ N(0,1) (1000, 10);
@@ -11,7 +11,9 @@
 
 `normlab bench torch` runs this with --json and the model sizes it resolved from
 configs/toy_transformer.json, so both sides build the same model. Run alone, it prints a table.
-CI never runs this script (it needs `pip install torch`).
+With --device cuda[:N] the model, data and optimizer state live on that GPU (data drawn on the host,
+then moved, like normlab) and each timed epoch/step is bracketed by torch.cuda.synchronize(), so the
+time is the kernels', not their launches. CI never runs this script (it needs `pip install torch`).
 """
 import argparse
 import json
@@ -31,6 +33,12 @@ def summarize(samples):
     q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0]] * 3
     return {"median_s": statistics.median(s), "p25_s": q[0], "p75_s": q[2], "min_s": s[0], "max_s": s[-1],
             "samples": len(s)}
+
+
+def synchronize(device):
+    """Waits for the GPU's queued kernels (a no-op on the CPU), so a timed step is the kernels' time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def make_norm(kind, dim, eps):
@@ -59,19 +67,21 @@ class SimpleModel(nn.Module):
         return self.fc3(x)
 
 
-def bench_stability(norm, epochs, warmup):
+def bench_stability(norm, epochs, warmup, device):
     torch.manual_seed(0)
-    model = SimpleModel(norm)
+    model = SimpleModel(norm).to(device)  # before the optimizer, so its state is created on the device
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(1000, 100)
-    y = torch.randn(1000, 10)
+    x = torch.randn(1000, 100).to(device)
+    y = torch.randn(1000, 10).to(device)
     times = []
     for epoch in range(warmup + epochs):
+        synchronize(device)
         start = time.perf_counter()
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
+        synchronize(device)
         elapsed = time.perf_counter() - start
         if epoch >= warmup:
             times.append(elapsed)
@@ -163,25 +173,27 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.norm = make_norm(a.norm, a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
-        self.freqs_cis = rope_tables(a.dim // a.n_heads, a.seq_len, a.rope_theta)
+        # A buffer, so model.to(device) moves it too (not saved: it is recomputed).
+        self.register_buffer("freqs_cis", rope_tables(a.dim // a.n_heads, a.seq_len, a.rope_theta), persistent=False)
 
     def forward(self, ids):
         T = ids.shape[1]
         h = self.tok_embeddings(ids)
-        mask = torch.full((T, T), float("-inf")).triu(1)
+        mask = torch.full((T, T), float("-inf"), device=ids.device).triu(1)
         for layer in self.layers:
             h = layer(h, self.freqs_cis[:T], mask)
         return self.output(self.norm(h))
 
 
-def bench_transformer(a):
+def bench_transformer(a, device):
     torch.manual_seed(a.seed)
-    model = Transformer(a)
+    model = Transformer(a).to(device)  # before AdamW, so its moments are created on the device
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     gen = torch.Generator().manual_seed(a.seed)
     times = []
     for step in range(a.warmup + a.steps):
-        ids = torch.randint(0, a.vocab_size, (a.batch, a.seq_len + 1), generator=gen)
+        ids = torch.randint(0, a.vocab_size, (a.batch, a.seq_len + 1), generator=gen).to(device)
+        synchronize(device)
         start = time.perf_counter()
         opt.zero_grad()
         logits = model(ids[:, :-1])
@@ -190,6 +202,7 @@ def bench_transformer(a):
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
+        synchronize(device)
         elapsed = time.perf_counter() - start
         if step >= a.warmup:
             times.append(elapsed)
@@ -203,6 +216,7 @@ def bench_transformer(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object (what normlab bench torch reads)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the models, data and optimizers live")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--epochs", type=int, default=100, help="timed stability epochs per norm")
     p.add_argument("--warmup", type=int, default=3, help="untimed epochs/steps first")
@@ -229,19 +243,29 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
 
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"torch_bench.py: --device {a.device} asks for a GPU, but torch.cuda.is_available() is False "
+                         f"(PyTorch {torch.__version__}, CUDA build {torch.version.cuda})")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SystemExit(f"torch_bench.py: --device {a.device} asks for GPU {device.index}, but PyTorch sees "
+                         f"{torch.cuda.device_count()}")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     result = {"torch_version": torch.__version__, "threads": torch.get_num_threads(),
-              "python": sys.version.split()[0]}
+              "python": sys.version.split()[0], "device": str(device)}
+    if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)
     if not a.skip_stability:
-        result["stability"] = {norm: bench_stability(norm, a.epochs, a.warmup) for norm in ("layernorm", "rmsnorm")}
+        result["stability"] = {norm: bench_stability(norm, a.epochs, a.warmup, device)
+                               for norm in ("layernorm", "rmsnorm")}
     if not a.skip_transformer:
-        result["transformer"] = bench_transformer(a)
+        result["transformer"] = bench_transformer(a, device)
 
     if a.json:
         print(json.dumps(result))
         return
-    print(f"PyTorch {result['torch_version']} on CPU, {result['threads']} threads")
+    print(f"PyTorch {result['torch_version']} on {result['device']}, {result['threads']} threads")
     for norm, r in result.get("stability", {}).items():
         print(f"  stability {norm:<10} {r['median_s'] * 1e3:8.3f} ms/epoch  [{r['min_s'] * 1e3:.3f}, {r['max_s'] * 1e3:.3f}]")
     if "transformer" in result:

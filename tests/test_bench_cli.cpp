@@ -1,20 +1,59 @@
 // `normlab bench norms --quick` and `normlab bench torch --quick --skip-torch` run end to end, print
-// their tables and write the CSV (no timing assertions: a shared CI machine's timings mean nothing).
-// Runs the built binary (NORMLAB_BINARY) through the shell.
+// their tables and write the CSV (no timing assertions: a shared CI machine's timings mean nothing);
+// bench norms' "dtypes" key (bf16 counted at 2 bytes per element) and bench torch's --device (a GPU
+// this machine lacks is a one-line error, exit code 2). Runs the built binary (NORMLAB_BINARY).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli_test_util.h"
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/cuda_runtime.h"
+#endif
 
 namespace {
 
 using BenchRun = nl_test::CliRun;
 using nl_test::read_text;
+
+int cuda_devices() {
+#ifdef NORMLAB_HAVE_CUDA
+    return nl::cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+    std::vector<std::string> parts;
+    std::stringstream in(text);
+    std::string part;
+    while (std::getline(in, part, sep)) parts.push_back(part);
+    return parts;
+}
+
+// The CSV's data rows as column name -> value.
+std::vector<std::map<std::string, std::string>> csv_rows(const std::string& csv) {
+    const std::vector<std::string> lines = split(csv, '\n');
+    REQUIRE(!lines.empty());
+    const std::vector<std::string> header = split(lines[0], ',');
+    std::vector<std::map<std::string, std::string>> rows;
+    for (size_t i = 1; i < lines.size(); ++i) {
+        const std::vector<std::string> cells = split(lines[i], ',');
+        REQUIRE(cells.size() == header.size());
+        std::map<std::string, std::string> row;
+        for (size_t j = 0; j < header.size(); ++j) row[header[j]] = cells[j];
+        rows.push_back(row);
+    }
+    return rows;
+}
 
 // From the source tree (the default config path is relative to it), on two threads.
 BenchRun run_bench(const std::string& args) {
@@ -43,7 +82,7 @@ TEST_CASE("bench norms --quick prints the tables and writes the CSV", "[bench_cl
     CHECK_THAT(csv, Catch::StartsWith("group,rows,hidden,norm,impl,pass,"));
     // 3 shapes x 2 norms x 4 impls x 2 passes, plus the header.
     CHECK(std::count(csv.begin(), csv.end(), '\n') == 3 * 2 * 4 * 2 + 1);
-    CHECK_THAT(csv, Catch::Contains("large,4096,512,rmsnorm,fused,fwd+bwd,3,1,"));
+    CHECK_THAT(csv, Catch::Contains("large,4096,512,rmsnorm,fused,fwd+bwd,f32,3,1,"));
 
     // The CSV is not overwritten without --force.
     BenchRun again = run_bench("bench norms --quick --out '" + dir.string() + "'");
@@ -68,4 +107,88 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("stability layernorm s/epoch"));
     CHECK_THAT(run.output, Catch::Contains("transformer tokens/s"));
     CHECK_THAT(run.output, Catch::Contains("PyTorch side skipped: --skip-torch was given"));
+}
+
+TEST_CASE("bench norms runs every case in each of its dtypes, counting bytes by element size", "[bench_cli]") {
+    const auto dir = fresh_dir("normlab-bench-dtypes");
+    BenchRun run = run_bench("bench norms --quick --set 'dtypes=[\"f32\",\"bf16\"]' --out '" + dir.string() + "'");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("normlab bench norms: f32, bf16 on cpu"));
+    for (const char* part : {"forward (8 B/element moved by a fused kernel), f32",
+                             "forward+backward (20 B/element moved by a fused kernel), f32",
+                             "forward (4 B/element moved by a fused kernel), bf16",
+                             "forward+backward (10 B/element moved by a fused kernel), bf16",
+                             "RMSNorm time / LayerNorm time, f32", "RMSNorm time / LayerNorm time, bf16",
+                             "memory per call, f32", "memory per call, bf16"})
+        CHECK_THAT(run.output, Catch::Contains(part));
+
+    const std::vector<std::map<std::string, std::string>> rows = csv_rows(read_text(dir / "bench_norms.csv"));
+    // 3 shapes x 2 norms x 4 impls x 2 passes, in each of the 2 dtypes.
+    CHECK(rows.size() == 2 * 3 * 2 * 4 * 2);
+    std::map<std::string, int> per_dtype;
+    for (const auto& row : rows) per_dtype[row.at("dtype")] += 1;
+    CHECK(per_dtype == std::map<std::string, int>{{"bf16", 48}, {"f32", 48}});
+    // The bytes column: elements x (2 for fwd, 5 for fwd+bwd) x element size (4 for f32, 2 for bf16).
+    const double n = 4096.0 * 512.0;
+    int checked = 0;
+    for (const auto& row : rows) {
+        if (row.at("rows") != "4096" || row.at("norm") != "rmsnorm" || row.at("impl") != "kernel") continue;
+        const double per_element = (row.at("pass") == "fwd" ? 2.0 : 5.0) * (row.at("dtype") == "bf16" ? 2.0 : 4.0);
+        INFO(row.at("pass") << " " << row.at("dtype"));
+        CHECK(std::stod(row.at("bytes")) == per_element * n);
+        CHECK(std::stod(row.at("gbs")) > 0);
+        CHECK(row.at("device") == "cpu");
+        ++checked;
+    }
+    CHECK(checked == 4);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("bench norms rejects a bad dtypes value with the file and JSON path", "[bench_cli]") {
+    BenchRun bad = run_bench("bench norms configs/bench_norms.json --quick --set 'dtypes=[\"f32\",\"fp8\"]' "
+                             "--csv /dev/null --force");
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Catch::Contains("configs/bench_norms.json: /dtypes") && Catch::Contains("fp8") &&
+                               Catch::Contains("bf16"));
+    BenchRun twice = run_bench("bench norms --quick --set 'dtypes=[\"bf16\",\"bf16\"]' --csv /dev/null --force");
+    CHECK(twice.status == 2);
+    CHECK_THAT(twice.output, Catch::Contains("(defaults): /dtypes") && Catch::Contains("at most once"));
+    BenchRun number = run_bench("bench norms --quick --set dtypes=16 --csv /dev/null --force");
+    CHECK(number.status == 2);
+    CHECK_THAT(number.output, Catch::Contains("/dtypes"));
+}
+
+TEST_CASE("bench torch --device: cpu runs, cuda needs a GPU and a CUDA build", "[bench_cli]") {
+    BenchRun cpu = run_bench("bench torch --device cpu --quick --skip-torch");
+    INFO(cpu.output);
+    REQUIRE(cpu.status == 0);
+    CHECK_THAT(cpu.output, Catch::Contains("normlab vs PyTorch on cpu"));
+    CHECK_THAT(cpu.output, Catch::Contains("transformer tokens/s"));
+
+    BenchRun malformed = run_bench("bench torch --device gpu --quick --skip-torch");
+    CHECK(malformed.status == 2);
+    CHECK(std::count(malformed.output.begin(), malformed.output.end(), '\n') == 1);
+    CHECK_THAT(malformed.output, Catch::Contains("bench torch: --device") && Catch::Contains("\"gpu\""));
+
+    if (cuda_devices() == 0) {
+        WARN("device branch: no CUDA device here (cuda_device_count() == 0 or a build without CUDA): checking that "
+             "bench torch --device cuda is refused before any work");
+        BenchRun cuda = run_bench("bench torch --device cuda --quick --skip-torch");
+        INFO(cuda.output);
+        CHECK(cuda.status == 2);
+        CHECK(std::count(cuda.output.begin(), cuda.output.end(), '\n') == 1);
+        CHECK_THAT(cuda.output, Catch::StartsWith("normlab: error: bench torch: --device: \"cuda:0\" asks for a GPU"));
+        CHECK_THAT(cuda.output, Catch::Contains("use \"cpu\""));
+    } else {
+        WARN("device branch: " << cuda_devices() << " CUDA device(s): running bench torch --device cuda");
+        BenchRun cuda = run_bench("bench torch --device cuda --quick --skip-torch");
+        INFO(cuda.output);
+        CHECK(cuda.status == 0);
+        CHECK_THAT(cuda.output, Catch::Contains("normlab vs PyTorch on cuda:0"));
+        CHECK_THAT(cuda.output, Catch::Contains("transformer tokens/s"));
+        BenchRun past = run_bench("bench torch --device cuda:" + std::to_string(cuda_devices()) + " --quick --skip-torch");
+        CHECK(past.status == 2);
+        CHECK_THAT(past.output, Catch::Contains("asks for GPU " + std::to_string(cuda_devices())));
+    }
 }
