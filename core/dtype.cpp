@@ -53,18 +53,6 @@ static float bits_f32(uint32_t bits) {
     return value;
 }
 
-float bf16_to_f32(uint16_t bits) { return bits_f32(static_cast<uint32_t>(bits) << 16); }
-
-uint16_t f32_to_bf16(float value) {
-    uint32_t bits = f32_bits(value);
-    // NaN: keep it quiet and a NaN (the rounding below could carry it into inf).
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-    // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-    uint32_t lsb = (bits >> 16) & 1u;
-    bits += 0x7fffu + lsb;
-    return static_cast<uint16_t>(bits >> 16);
-}
-
 // binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. IEEE 754-2008 section 3.6.
 float f16_to_f32(uint16_t h) {
     uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
