@@ -31,20 +31,21 @@ void index_select_typed(const T* src, const int64_t* index, T* out, int64_t oute
     }
 }
 
-template <typename T>
-void index_add_typed(T* dst, const int64_t* index, const T* src, int64_t outer, int64_t dst_size,
-                     int64_t inner, int64_t n) {
-    // dst (outer, dst_size, inner) += src (outer, n, inner) scattered along the middle dim
+// dst (outer, dst_size, inner) += src (outer, n, inner): element (o, j, i) of src is added to dst row
+// dst_row(o, j, i) of slice o. The one accumulation loop behind index_add (a row per j) and scatter_add
+// (a row per element).
+template <typename T, typename DstRow>
+void add_rows(T* dst, const T* src, int64_t outer, int64_t dst_size, int64_t inner, int64_t n, DstRow dst_row) {
     const int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
     const int64_t tasks = outer * blocks;
 #pragma omp parallel for schedule(static) if (outer * n * inner > kParallelMin && tasks > 1)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t o = task / blocks;
         const int64_t i0 = (task % blocks) * kInnerBlock, i1 = std::min(inner, i0 + kInnerBlock);
+        T* base = dst + o * dst_size * inner;  // (dst_size, inner)
         for (int64_t j = 0; j < n; ++j) {
-            T* to = dst + (o * dst_size + index[j]) * inner;
-            const T* from = src + (o * n + j) * inner;
-            for (int64_t i = i0; i < i1; ++i) to[i] += from[i];
+            const T* from = src + (o * n + j) * inner;  // (inner)
+            for (int64_t i = i0; i < i1; ++i) base[dst_row(o, j, i) * inner + i] += from[i];
         }
     }
 }
@@ -64,25 +65,6 @@ void gather_typed(const T* src, const int64_t* index, T* out, int64_t outer, int
     }
 }
 
-template <typename T>
-void scatter_add_typed(T* dst, const int64_t* index, const T* src, int64_t outer, int64_t dst_size,
-                       int64_t inner, int64_t n) {
-    // dst (outer, dst_size, inner) += src (outer, n, inner) at index (outer, n, inner)
-    const int64_t blocks = (inner + kInnerBlock - 1) / kInnerBlock;
-    const int64_t tasks = outer * blocks;
-#pragma omp parallel for schedule(static) if (outer * n * inner > kParallelMin && tasks > 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t o = task / blocks;
-        const int64_t i0 = (task % blocks) * kInnerBlock, i1 = std::min(inner, i0 + kInnerBlock);
-        T* base = dst + o * dst_size * inner;
-        for (int64_t j = 0; j < n; ++j) {
-            const int64_t* idx = index + (o * n + j) * inner;
-            const T* from = src + (o * n + j) * inner;
-            for (int64_t i = i0; i < i1; ++i) base[idx[i] * inner + i] += from[i];
-        }
-    }
-}
-
 }  // namespace
 
 void CpuBackend::index_select(DType dtype, const void* src, const int64_t* index, void* out,
@@ -97,12 +79,12 @@ void CpuBackend::index_select(DType dtype, const void* src, const int64_t* index
 
 void CpuBackend::index_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer,
                            int64_t dst_size, int64_t inner, int64_t n) {
+    // index (n): src row j goes to dst row index[j].
+    auto dst_row = [index](int64_t, int64_t j, int64_t) { return index[j]; };
     if (dtype == DType::F32)
-        return index_add_typed(static_cast<float*>(dst), index, static_cast<const float*>(src), outer,
-                               dst_size, inner, n);
+        return add_rows(static_cast<float*>(dst), static_cast<const float*>(src), outer, dst_size, inner, n, dst_row);
     NL_CHECK(dtype == DType::F64, "index_add: kernels see f32/f64 only, found ", dtype_name(dtype));
-    index_add_typed(static_cast<double*>(dst), index, static_cast<const double*>(src), outer, dst_size,
-                    inner, n);
+    add_rows(static_cast<double*>(dst), static_cast<const double*>(src), outer, dst_size, inner, n, dst_row);
 }
 
 void CpuBackend::gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
@@ -117,12 +99,12 @@ void CpuBackend::gather(DType dtype, const void* src, const int64_t* index, void
 
 void CpuBackend::scatter_add(DType dtype, void* dst, const int64_t* index, const void* src,
                              int64_t outer, int64_t dst_size, int64_t inner, int64_t n) {
+    // index (outer, n, inner): element (o, j, i) goes to dst row index[o, j, i].
+    auto dst_row = [index, n, inner](int64_t o, int64_t j, int64_t i) { return index[(o * n + j) * inner + i]; };
     if (dtype == DType::F32)
-        return scatter_add_typed(static_cast<float*>(dst), index, static_cast<const float*>(src), outer,
-                                 dst_size, inner, n);
+        return add_rows(static_cast<float*>(dst), static_cast<const float*>(src), outer, dst_size, inner, n, dst_row);
     NL_CHECK(dtype == DType::F64, "scatter_add: kernels see f32/f64 only, found ", dtype_name(dtype));
-    scatter_add_typed(static_cast<double*>(dst), index, static_cast<const double*>(src), outer, dst_size,
-                      inner, n);
+    add_rows(static_cast<double*>(dst), static_cast<const double*>(src), outer, dst_size, inner, n, dst_row);
 }
 
 }  // namespace nl
