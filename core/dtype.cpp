@@ -41,18 +41,6 @@ bool is_floating(DType dtype) { return dtype != DType::I64; }
 bool is_half(DType dtype) { return dtype == DType::BF16 || dtype == DType::F16; }
 DType compute_dtype(DType dtype) { return dtype == DType::F64 ? DType::F64 : DType::F32; }
 
-static uint32_t f32_bits(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, 4);
-    return bits;
-}
-
-static float bits_f32(uint32_t bits) {
-    float value;
-    std::memcpy(&value, &bits, 4);
-    return value;
-}
-
 // binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. IEEE 754-2008 section 3.6.
 float f16_to_f32(uint16_t h) {
     uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -19,19 +19,24 @@ bool is_half(DType dtype);               // bf16, f16: stored narrow, computed i
 // The dtype math runs in: f64 stays f64, everything floating else computes in f32.
 DType compute_dtype(DType dtype);
 
+// An f32's bit pattern and back (memcpy, not std::bit_cast: nvcc compiles this header as C++17).
+inline uint32_t f32_bits(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    return bits;
+}
+inline float bits_f32(uint32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+}
+
 // bf16: the top 16 bits of an f32; conversion from f32 rounds to nearest even (NaN stays NaN).
 // Inline: they sit in the inner loops of every bf16 kernel (a call per element made the bf16 norm
 // kernels ~20x slower than f32), and written branch-free so those loops vectorize.
-// (memcpy, not std::bit_cast: nvcc compiles this header as C++17.)
-inline float bf16_to_f32(uint16_t bits) {
-    const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-    float value;
-    std::memcpy(&value, &widened, 4);
-    return value;
-}
+inline float bf16_to_f32(uint16_t bits) { return bits_f32(static_cast<uint32_t>(bits) << 16); }
 inline uint16_t f32_to_bf16(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, 4);
+    const uint32_t bits = f32_bits(value);
     // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
     const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
     // NaN: keep it quiet and a NaN (the rounding could carry it into inf).

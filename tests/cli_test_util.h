@@ -13,7 +13,18 @@
 
 #include <catch2/catch.hpp>
 
+#include "core/cuda/cuda_runtime.h"
+
 namespace nl_test {
+
+// GPUs this test run can use: 0 in a build without the CUDA backend.
+inline int cuda_devices() {
+#ifdef NORMLAB_HAVE_CUDA
+    return nl::cuda_device_count();
+#else
+    return 0;
+#endif
+}
 
 struct CliRun {
     int status = -1;     // the exit code; -1 when the program did not exit normally

@@ -15,21 +15,13 @@
 
 #include "cli_test_util.h"
 #ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
 #endif
 
 namespace {
 
 using BenchRun = nl_test::CliRun;
+using nl_test::cuda_devices;
 using nl_test::read_text;
-
-int cuda_devices() {
-#ifdef NORMLAB_HAVE_CUDA
-    return nl::cuda_device_count();
-#else
-    return 0;
-#endif
-}
 
 std::vector<std::string> split(const std::string& text, char sep) {
     std::vector<std::string> parts;

@@ -18,7 +18,6 @@
 #include "cli_test_util.h"
 #include "test_util.h"
 #ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
 #endif
 
 namespace fs = std::filesystem;
@@ -26,17 +25,10 @@ namespace fs = std::filesystem;
 namespace {
 
 using nl_test::CliRun;
+using nl_test::cuda_devices;
 using nl_test::read_text;
 using nl_test::shell_arg;
 using nl_test::TempDir;
-
-int cuda_devices() {
-#ifdef NORMLAB_HAVE_CUDA
-    return nl::cuda_device_count();
-#else
-    return 0;
-#endif
-}
 
 CliRun run_in(const TempDir& dir, const std::string& args) {
     return nl_test::run_normlab_env(dir.path.string(), "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ", args);
