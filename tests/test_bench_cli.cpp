@@ -101,6 +101,17 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("PyTorch side skipped: --skip-torch was given"));
 }
 
+TEST_CASE("bench torch rejects a zero --rounds or --steps before any work", "[bench_cli]") {
+    BenchRun rounds = run_bench("bench torch --rounds 0 --skip-torch");
+    INFO(rounds.output);
+    CHECK(rounds.status == 2);
+    CHECK_THAT(rounds.output, Catch::Contains("--rounds must be at least 1") && Catch::Contains("found 100, 30, 0, 3"));
+    CHECK_THAT(rounds.output, !Catch::Contains("timing normlab"));
+    BenchRun steps = run_bench("bench torch --steps 0 --skip-torch");
+    CHECK(steps.status == 2);
+    CHECK_THAT(steps.output, Catch::Contains("found 100, 0, 3, 3"));
+}
+
 TEST_CASE("bench norms runs every case in each of its dtypes, counting bytes by element size", "[bench_cli]") {
     const auto dir = fresh_dir("normlab-bench-dtypes");
     BenchRun run = run_bench("bench norms --quick --set 'dtypes=[\"f32\",\"bf16\"]' --out '" + dir.string() + "'");
