@@ -114,10 +114,9 @@ NormsBenchConfig read_config(const json& root, const std::string& file) {
     c.impls = r.get_string_list("impls", c.impls, kImpls);
     c.passes = r.get_string_list("passes", c.passes, kPasses);
     c.dtypes = r.get_string_list("dtypes", c.dtypes, kDTypes);
-    for (size_t i = 0; i < c.dtypes.size(); ++i)
-        if (std::find(c.dtypes.begin(), c.dtypes.begin() + static_cast<std::ptrdiff_t>(i), c.dtypes[i]) !=
-            c.dtypes.begin() + static_cast<std::ptrdiff_t>(i))
-            r.fail("dtypes", "expected each dtype at most once, got \"" + c.dtypes[i] + "\" twice");
+    for (const std::string& dtype : c.dtypes)
+        if (std::count(c.dtypes.begin(), c.dtypes.end(), dtype) > 1)
+            r.fail("dtypes", "expected each dtype at most once, got \"" + dtype + "\" twice");
     c.min_sample_ms = r.get_double("min_sample_ms", c.min_sample_ms, 0.0, 10000.0);
     c.threads = r.get_int("threads", c.threads, 0, 1024);
     c.clock = r.get_string("clock", c.clock, {"wall", "cpu"});
