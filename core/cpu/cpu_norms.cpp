@@ -3,8 +3,8 @@
 // in core/backend.h next to the declarations.
 //
 // Precision: T is the row type (double for f64, float for f32/bf16/f16; halves go through an f32
-// scratch row). Row sums run in T over several independent lanes (vectorized, no add waits on the
-// previous one), flushed into double every few hundred terms (lane_sums); dweight/dbias rows are
+// scratch row). Row sums run in T in several SIMD accumulators (no add waits on the previous one),
+// each lane flushed into double every 16 terms (lane_sums); dweight/dbias rows are
 // summed in T over kRowBlock rows, then in double; the elementwise loops run in T, so f32 rows cost
 // f32 arithmetic (about 1e-7 relative per element; dweight/dbias over thousands of rows ~1e-5). Row
 // statistics use two passes (mean, then sum of squared deviations), never E[x^2] - E[x]^2, and the
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
@@ -29,11 +30,11 @@ constexpr int64_t kParallelElements = 32768;
 // kMaxChunks chunks (see norm_backward_impl), so few rows mean few partial rows to sum.
 constexpr int64_t kMaxChunks = 64;
 constexpr int64_t kMinChunkRows = 16;
-// lane_sum: kLanes independent T accumulators (vector registers, no add waits on the previous one),
-// flushed into a double total every kBlock terms, so each T accumulator adds only kBlock / kLanes
-// terms: the rounding of a float sum stays near one float ulp of a block's sum, at float speed.
-constexpr int64_t kLanes = 16;
-constexpr int64_t kBlock = 256;
+// lane_sums: kAccumulators independent vector accumulators of T (no add waits on the previous one, and
+// enough of them to hide the add latency), each flushed into double lanes after kLaneTerms terms, so
+// the rounding of a float sum stays near one float ulp of a 16-term sum, at float speed.
+constexpr int kAccumulators = 4;
+constexpr int64_t kLaneTerms = 16;
 // dweight/dbias rows are accumulated in T over kRowBlock rows, then flushed into the double partial.
 constexpr int64_t kRowBlock = 16;
 // The elementwise loops run in blocks of kPrefetchBlock elements and prefetch the same span of the
@@ -43,28 +44,67 @@ constexpr int64_t kLineElements = 16;
 // Columns per block when the dweight/dbias partials are summed (a block's sums stay in L1).
 constexpr int64_t kColumnBlock = 256;
 
-// total[i] = sum_{j < n} term(j)[i] for i < N: N sums in one sweep. The order is fixed by n alone
-// (deterministic).
+// One SIMD register of T (GCC/Clang vector extension): 64 bytes with AVX-512, 32 with AVX, else 16.
+// Arithmetic on it is elementwise and a scalar operand is broadcast, so one term expression serves a
+// vector of consecutive elements and a single element alike. Double is the flush type of the sums.
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+template <typename T>
+struct SimdOf;
+template <>
+struct SimdOf<float> {
+    typedef float type __attribute__((vector_size(kVectorBytes)));
+    typedef double wide __attribute__((vector_size(2 * kVectorBytes)));  // the same lanes in double
+};
+template <>
+struct SimdOf<double> {
+    typedef double type __attribute__((vector_size(kVectorBytes)));
+    typedef double wide __attribute__((vector_size(kVectorBytes)));
+};
+
+// V consecutive values from p: a SIMD vector (unaligned load) or, when V is the scalar type, one value.
+template <typename V, typename T>
+V load_as(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+}
+
+// total[i] = sum_{j < n} term(lanes, j)[i] for i < N: N sums in one sweep. term is called with a SIMD
+// vector tag (then it returns the terms of elements j .. j + lanes - 1, which it reads with load_as)
+// or a scalar T tag for the last few elements. The order is fixed by n alone (deterministic).
 template <typename T, int N, typename Term>
 std::array<double, N> lane_sums(int64_t n, Term term) {
+    using V = typename SimdOf<T>::type;
+    using Wide = typename SimdOf<T>::wide;
+    constexpr int64_t kWidth = sizeof(V) / sizeof(T);
+    constexpr int64_t kStep = kAccumulators * kWidth;  // elements per sweep of the accumulators
+    Wide wide_total[N] = {};
     std::array<double, N> total = {};
     int64_t j = 0;
-    while (j < n) {
-        const int64_t end = std::min(n, j + kBlock);
-        T acc[N][kLanes] = {};
-        for (; j + kLanes <= end; j += kLanes) {
-            for (int64_t l = 0; l < kLanes; ++l) {
-                const std::array<T, N> t = term(j + l);
-                for (int i = 0; i < N; ++i) acc[i][l] += t[i];
+    while (j + kStep <= n) {
+        const int64_t end = j + std::min(kLaneTerms * kStep, (n - j) / kStep * kStep);
+        V acc[N][kAccumulators] = {};
+        for (; j < end; j += kStep) {
+            for (int u = 0; u < kAccumulators; ++u) {
+                const std::array<V, N> t = term(V{}, j + u * kWidth);
+                for (int i = 0; i < N; ++i) acc[i][u] += t[i];
             }
         }
-        for (int64_t l = 0; j < end; ++j, ++l) {
-            const std::array<T, N> t = term(j);
-            for (int i = 0; i < N; ++i) acc[i][l] += t[i];
-        }
         for (int i = 0; i < N; ++i)
-            for (int64_t l = 0; l < kLanes; ++l) total[i] += static_cast<double>(acc[i][l]);
+            for (int u = 0; u < kAccumulators; ++u) wide_total[i] += __builtin_convertvector(acc[i][u], Wide);
     }
+    for (; j < n; ++j) {
+        const std::array<T, N> t = term(T{}, j);
+        for (int i = 0; i < N; ++i) total[i] += static_cast<double>(t[i]);
+    }
+    for (int i = 0; i < N; ++i)
+        for (int64_t l = 0; l < kWidth; ++l) total[i] += wide_total[i][l];
     return total;
 }
 
@@ -103,7 +143,9 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
                 // Summing x - x[0] keeps a large common offset out of the T accumulators.
                 const T x0 = xr[0];
                 mu = static_cast<double>(x0) +
-                     lane_sums<T, 1>(k, [xr, x0](int64_t j) { return std::array<T, 1>{xr[j] - x0}; })[0] /
+                     lane_sums<T, 1>(k, [xr, x0](auto lanes, int64_t j) {
+                         return std::array{load_as<decltype(lanes)>(xr + j) - x0};
+                     })[0] /
                          static_cast<double>(k);
             }
             // mu = mu_hi + mu_lo to about twice T's precision. x - mu_hi is exact when x is near the
@@ -111,9 +153,9 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
             const T mu_hi = static_cast<T>(mu);
             const T mu_lo = static_cast<T>(mu - static_cast<double>(mu_hi));
             // Second pass over centered values: exact enough even when |mean| >> std.
-            const double sum_sq = lane_sums<T, 1>(k, [xr, mu_hi, mu_lo](int64_t j) {
-                const T c = (xr[j] - mu_hi) - mu_lo;
-                return std::array<T, 1>{c * c};
+            const double sum_sq = lane_sums<T, 1>(k, [xr, mu_hi, mu_lo](auto lanes, int64_t j) {
+                const auto c = (load_as<decltype(lanes)>(xr + j) - mu_hi) - mu_lo;
+                return std::array{c * c};
             })[0];
             const double rs = 1.0 / std::sqrt(sum_sq / static_cast<double>(k) + eps);
             const T rs_t = static_cast<T>(rs);
@@ -180,9 +222,10 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
                     const T mu = subtract_mean ? mean[r] : T(0);
                     const T rs = rstd[r];
                     // sums[0] = sum(g), sums[1] = sum(g * xhat), with g = dy * w.
-                    const std::array<double, 2> sums = lane_sums<T, 2>(d, [dyr, w, xr, mu, rs](int64_t j) {
-                        const T g = dyr[j] * w[j];
-                        return std::array<T, 2>{g, g * ((xr[j] - mu) * rs)};
+                    const std::array<double, 2> sums = lane_sums<T, 2>(d, [dyr, w, xr, mu, rs](auto lanes, int64_t j) {
+                        using V = decltype(lanes);
+                        const V g = load_as<V>(dyr + j) * load_as<V>(w + j);
+                        return std::array{g, g * ((load_as<V>(xr + j) - mu) * rs)};
                     });
                     const T a = subtract_mean ? static_cast<T>(sums[0] * inv_k) : T(0);
                     const T b = static_cast<T>(sums[1] * inv_k);
