@@ -7,11 +7,13 @@
 #include <omp.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/cpu/cpu_fused_rows.h"
 #include "core/fused.h"
 
 using namespace nl;
@@ -315,6 +317,43 @@ TEST_CASE("norm_backward gives the same bits for 1 and 2 threads", "[fused]") {
             for (size_t i = 0; i < 4; ++i) CHECK(results[0][i] == results[1][i]);
         }
     }
+}
+
+TEST_CASE("streaming stores give the same bits as plain stores; the cache size is one L3 instance", "[fused]") {
+    // Outputs larger than the last-level cache are written with non-temporal stores. A threshold of 0
+    // sends these small shapes down that path: d = 4096 rows are 64-byte aligned, d = 1001 rows are not
+    // (the plain-copy fallback) and leave a tail; the two paths must not differ in a single bit.
+    for (const int64_t d : {int64_t{4096}, int64_t{1001}}) {
+        const int64_t rows = 19;
+        const auto xv = random_values(rows * d, 21, 0.5, 2.0);
+        const auto dyv = random_values(rows * d, 22);
+        const auto wv = random_values(d, 23);
+        for (DType dtype : {DType::F32, DType::F64}) {
+            for (bool layer : {true, false}) {
+                const Tensor x = from_vector(xv, {rows, d}, dtype);
+                const Tensor dy = from_vector(dyv, {rows, d}, dtype);
+                const Tensor w = from_vector(wv, {d}, dtype);
+                std::vector<std::vector<double>> results[2];
+                for (int streamed : {0, 1}) {
+                    cpu_rows::set_stream_threshold_bytes(streamed ? 0 : -1);
+                    CHECK(cpu_rows::stream_output(rows * d) == (streamed == 1));  // small: streams only at 0
+                    const NormForward out = norm_forward(x, w, w, 1e-5, layer);
+                    const NormBackward back = norm_backward(dy, x, w, out.mean, out.rstd, layer);
+                    results[streamed] = {out.y.to_vector(), back.dx.to_vector(), back.dweight.to_vector()};
+                }
+                cpu_rows::set_stream_threshold_bytes(-1);
+                CAPTURE(d, dtype_name(dtype), layer);
+                for (size_t i = 0; i < 3; ++i) CHECK(results[0][i] == results[1][i]);
+            }
+        }
+    }
+    // sysconf may report the sum of a socket's L3 caches (384 MiB on a 12-CCD EPYC), which would keep a
+    // 256 MiB output from streaming; the kernels use one instance's size, as Linux's sysfs gives it.
+    std::ifstream size_file("/sys/devices/system/cpu/cpu0/cache/index3/size");
+    int64_t kib = 0;
+    std::string unit;
+    if (size_file >> kib >> unit && unit == "K") CHECK(cpu_rows::last_level_cache_bytes() == kib * 1024);
+    CHECK(cpu_rows::last_level_cache_bytes() >= (int64_t{256} << 10));
 }
 
 TEST_CASE("norm_forward/backward errors name the shapes and dtypes", "[fused]") {

@@ -58,6 +58,13 @@ void store(DType dtype, void* base, int64_t row, int64_t n, const T* values) {
 // makes the same choice for large copies. Outputs that fit stay in cache for the next op.
 bool stream_output(int64_t bytes);
 
+// The size in bytes of one last-level cache instance (the cache this CPU's cores share).
+int64_t last_level_cache_bytes();
+
+// Outputs above `bytes` stream; a negative value restores the default, last_level_cache_bytes().
+// Tests set 0 to run the streaming path on small shapes.
+void set_stream_threshold_bytes(int64_t bytes);
+
 // Writes `n` values computed in `block` (a small L1 buffer) to `dst` with streaming stores (a plain copy
 // when `dst` is not 16-byte aligned). After a kernel's last streaming store, each thread calls
 // stream_fence() so the data is ordered before the kernel returns.
