@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
@@ -37,6 +38,8 @@ constexpr int kAccumulators = 4;
 constexpr int64_t kLaneTerms = 16;
 // dweight/dbias rows are accumulated in T over kRowBlock rows, then flushed into the double partial.
 constexpr int64_t kRowBlock = 16;
+// The backward sweeps kBackwardGroupRows rows together (see backward_elements).
+constexpr int kBackwardGroupRows = 2;
 // The elementwise loops run in blocks of kPrefetchBlock elements and prefetch the same span of the
 // next row, one kLineElements cache line at a time (64 bytes of f32).
 constexpr int64_t kPrefetchBlock = 128;
@@ -73,6 +76,23 @@ V load_as(const T* p) {
     V v;
     std::memcpy(&v, p, sizeof(V));
     return v;
+}
+
+// Stores a SIMD vector (unaligned) or, when V is the scalar type, one value at p.
+template <typename T, typename V>
+void store_as(T* p, const V& v) {
+    std::memcpy(p, &v, sizeof(V));
+}
+
+// Calls body(lanes, j) for j in [begin, end): with a SIMD vector tag for each full vector of elements
+// starting at j, then with a scalar T tag for each element left over.
+template <typename T, typename Body>
+void for_each_lanes(int64_t begin, int64_t end, Body body) {
+    using V = typename SimdOf<T>::type;
+    constexpr int64_t kWidth = sizeof(V) / sizeof(T);
+    int64_t j = begin;
+    for (; j + kWidth <= end; j += kWidth) body(V{}, j);
+    for (; j < end; ++j) body(T{}, j);
 }
 
 // total[i] = sum_{j < n} term(lanes, j)[i] for i < N: N sums in one sweep. term is called with a SIMD
@@ -166,7 +186,11 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
                 const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
                 for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
                 T* out = streaming ? out_block : yr + j0;  // (j1 - j0): the L1 block or the row itself
-                for (int64_t j = j0; j < j1; ++j) out[j - j0] = ((xr[j] - mu_hi) - mu_lo) * rs_t * w[j] + b[j];
+                for_each_lanes<T>(j0, j1, [=](auto lanes, int64_t j) {
+                    using V = decltype(lanes);
+                    const V xhat = ((load_as<V>(xr + j) - mu_hi) - mu_lo) * rs_t;
+                    store_as(out + (j - j0), xhat * load_as<V>(w + j) + load_as<V>(b + j));
+                });
                 if (streaming) cpu_rows::stream_block(yr + j0, out_block, j1 - j0);
             }
             cpu_rows::store<T>(dtype, y, r, d, yr);
@@ -177,37 +201,45 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
     }
 }
 
-// One row of the backward's elementwise sweep: x, dy, w, dw_sum and db_sum are (d) rows; mean, rstd,
-// a = sm * sum(g) / k and b = sum(g * xhat) / k are the row's scalars (see the derivation below).
-template <typename T>
-struct RowGrads {
-    const T* x;
-    const T* dy;
-    const T* w;
-    T mean, rstd, a, b;
-    T* dw_sum;  // += dy * xhat
-    T* db_sum;  // += dy, only when the bias gradient is wanted
+// G rows of the backward's elementwise sweep. x, dy: (d) rows; mean, rstd, a = sm * sum(g) / k and
+// b = sum(g * xhat) / k: the rows' scalars (see the derivation below); out: where each row's dx for
+// the current column block goes.
+template <typename T, int G>
+struct RowGroup {
+    const T* x[G];
+    const T* dy[G];
+    T mean[G], rstd[G], a[G], b[G];
+    T* out[G];
 };
 
-// dx for elements [j0, j1) of a row into out[0 .. j1 - j0); elements from jk on are past the statistics' k and get only the
-// direct path. dy * xhat is added into dw_sum and, with kBiasGrad, dy into db_sum: RMSNorm has no bias,
-// and skipping that read-modify-write of a (d) row saves about a tenth of its backward.
-template <typename T, bool kBiasGrad>
-void backward_elements(const RowGrads<T>& row, int64_t j0, int64_t jk, int64_t j1, T* out) {
-    const T *x = row.x, *dy = row.dy, *w = row.w;
-    const T mu = row.mean, rs = row.rstd, a = row.a, b = row.b;
-    T *dw_sum = row.dw_sum, *db_sum = row.db_sum;
-    for (int64_t j = j0; j < jk; ++j) {
-        const T xhat = (x[j] - mu) * rs;
-        out[j - j0] = rs * (dy[j] * w[j] - (a + xhat * b));
-        dw_sum[j] += dy[j] * xhat;
-        if constexpr (kBiasGrad) db_sum[j] += dy[j];
-    }
-    for (int64_t j = jk; j < j1; ++j) {
-        out[j - j0] = rs * (dy[j] * w[j]);
-        dw_sum[j] += dy[j] * ((x[j] - mu) * rs);
-        if constexpr (kBiasGrad) db_sum[j] += dy[j];
-    }
+// dx for elements [j0, j1) of G rows into out[g][0 .. j1 - j0); elements from jk on are past the
+// statistics' k and get only the direct path. The rows' dy * xhat are added (summed over the G rows
+// first) into dw_sum, and with kBiasGrad their dy into db_sum: the rows of a group share one
+// read-modify-write of those (d) rows and one read of w, and RMSNorm (no bias) skips db_sum.
+template <typename T, int G, bool kBiasGrad>
+void backward_elements(const RowGroup<T, G>& rows, const T* w, T* dw_sum, T* db_sum, int64_t j0, int64_t jk,
+                       int64_t j1) {
+    // in_stats: elements before jk, whose dx also carries the statistics' terms.
+    auto sweep = [&rows, w, dw_sum, db_sum, j0](auto lanes, int64_t j, auto in_stats) {
+        using V = decltype(lanes);
+        const V wj = load_as<V>(w + j);
+        V dw = {}, db = {};
+        for (int g = 0; g < G; ++g) {
+            const V dy = load_as<V>(rows.dy[g] + j);
+            const V xhat = (load_as<V>(rows.x[g] + j) - rows.mean[g]) * rows.rstd[g];
+            if constexpr (decltype(in_stats)::value) {
+                store_as(rows.out[g] + (j - j0), rows.rstd[g] * (dy * wj - (rows.a[g] + xhat * rows.b[g])));
+            } else {
+                store_as(rows.out[g] + (j - j0), rows.rstd[g] * (dy * wj));
+            }
+            dw += dy * xhat;
+            db += dy;
+        }
+        store_as(dw_sum + j, load_as<V>(dw_sum + j) + dw);
+        if constexpr (kBiasGrad) store_as(db_sum + j, load_as<V>(db_sum + j) + db);
+    };
+    for_each_lanes<T>(j0, jk, [&sweep](auto lanes, int64_t j) { sweep(lanes, j, std::true_type{}); });
+    for_each_lanes<T>(jk, j1, [&sweep](auto lanes, int64_t j) { sweep(lanes, j, std::false_type{}); });
 }
 
 // Derivation (S = first k elements, sm = 1 for LayerNorm, 0 for RMS; mean = 0 for RMS):
@@ -235,10 +267,57 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
     const double inv_k = 1.0 / static_cast<double>(k);
 #pragma omp parallel if (rows * d > kParallelElements)
     {
-        std::vector<T> x_scratch(convert ? d : 0), dy_scratch(convert ? d : 0),
-            dx_scratch(convert ? d : 0);  // (d) each
+        const int64_t scratch = convert ? kBackwardGroupRows * d : 0;
+        std::vector<T> x_scratch(scratch), dy_scratch(scratch), dx_scratch(scratch);  // (G, d) each
         std::vector<T> dw_acc(d), db_acc(dbias ? d : 0);  // (d) each: sums over the current kRowBlock rows
-        T out_block[kPrefetchBlock];  // (kPrefetchBlock) dx values on their way to a streaming store
+        T out_blocks[kBackwardGroupRows][kPrefetchBlock];  // (G, kPrefetchBlock) dx on its way to streaming stores
+        // Rows r .. r + G - 1: their sums in one sweep, then their elementwise sweep together.
+        auto backward_rows = [&](auto group_size, int64_t r) {
+            constexpr int G = decltype(group_size)::value;
+            RowGroup<T, G> group;
+            T* dxr[G];
+            for (int g = 0; g < G; ++g) {
+                group.x[g] = cpu_rows::load<T>(dtype, x, r + g, d, x_scratch.data() + g * d);
+                group.dy[g] = cpu_rows::load<T>(dtype, dy, r + g, d, dy_scratch.data() + g * d);
+                dxr[g] = cpu_rows::output<T>(dtype, dx, r + g, d, dx_scratch.data() + g * d);
+                group.mean[g] = subtract_mean ? mean[r + g] : T(0);
+                group.rstd[g] = rstd[r + g];
+            }
+            // sums[2g] = sum(dy * w), sums[2g + 1] = sum(dy * w * xhat) of row g.
+            const std::array<double, 2 * G> sums = lane_sums<T, 2 * G>(d, [&group, w](auto lanes, int64_t j) {
+                using V = decltype(lanes);
+                std::array<V, 2 * G> terms;
+                for (int g = 0; g < G; ++g) {
+                    const V dy_w = load_as<V>(group.dy[g] + j) * load_as<V>(w + j);
+                    terms[2 * g] = dy_w;
+                    terms[2 * g + 1] = dy_w * ((load_as<V>(group.x[g] + j) - group.mean[g]) * group.rstd[g]);
+                }
+                return terms;
+            });
+            for (int g = 0; g < G; ++g) {
+                group.a[g] = subtract_mean ? static_cast<T>(sums[2 * g] * inv_k) : T(0);
+                group.b[g] = static_cast<T>(sums[2 * g + 1] * inv_k);
+            }
+            // While these rows are computed (from cache), pull the next rows in.
+            const int64_t next_rows = !convert ? std::min<int64_t>(G, rows - (r + G)) : 0;
+            for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
+                const int64_t j1 = std::min(d, j0 + kPrefetchBlock), jk = std::clamp(k, j0, j1);
+                for (int64_t n = 0; n < next_rows; ++n) {
+                    for (int64_t p = j0; p < j1; p += kLineElements) {
+                        __builtin_prefetch(group.x[0] + (G + n) * d + p);
+                        __builtin_prefetch(group.dy[0] + (G + n) * d + p);
+                    }
+                }
+                for (int g = 0; g < G; ++g) group.out[g] = streaming ? out_blocks[g] : dxr[g] + j0;
+                if (dbias != nullptr) {
+                    backward_elements<T, G, true>(group, w, dw_acc.data(), db_acc.data(), j0, jk, j1);
+                } else {
+                    backward_elements<T, G, false>(group, w, dw_acc.data(), db_acc.data(), j0, jk, j1);
+                }
+                for (int g = 0; streaming && g < G; ++g) cpu_rows::stream_block(dxr[g] + j0, out_blocks[g], j1 - j0);
+            }
+            for (int g = 0; g < G; ++g) cpu_rows::store<T>(dtype, dx, r + g, d, dxr[g]);
+        };
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; ++c) {
             double* dw_row = dweight ? dw_partial.data() + c * d : nullptr;  // (d)
@@ -248,41 +327,10 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
                 const int64_t block_end = std::min(row_end, block + kRowBlock);
                 std::fill(dw_acc.begin(), dw_acc.end(), T(0));
                 if (dbias != nullptr) std::fill(db_acc.begin(), db_acc.end(), T(0));
-                for (int64_t r = block; r < block_end; ++r) {
-                    const T* xr = cpu_rows::load<T>(dtype, x, r, d, x_scratch.data());
-                    const T* dyr = cpu_rows::load<T>(dtype, dy, r, d, dy_scratch.data());
-                    T* dxr = cpu_rows::output<T>(dtype, dx, r, d, dx_scratch.data());
-                    const T mu = subtract_mean ? mean[r] : T(0);
-                    const T rs = rstd[r];
-                    // sums[0] = sum(g), sums[1] = sum(g * xhat), with g = dy * w.
-                    const std::array<double, 2> sums = lane_sums<T, 2>(d, [dyr, w, xr, mu, rs](auto lanes, int64_t j) {
-                        using V = decltype(lanes);
-                        const V g = load_as<V>(dyr + j) * load_as<V>(w + j);
-                        return std::array{g, g * ((load_as<V>(xr + j) - mu) * rs)};
-                    });
-                    const T a = subtract_mean ? static_cast<T>(sums[0] * inv_k) : T(0);
-                    const T b = static_cast<T>(sums[1] * inv_k);
-                    // dx, and dy * xhat and dy summed into this row block's accumulators, in one sweep.
-                    // Without dweight the accumulator is scratch (no branch in the loop).
-                    const RowGrads<T> row{xr, dyr, w, mu, rs, a, b, dw_acc.data(), db_acc.data()};
-                    const T* next_x = !convert && r + 1 < rows ? xr + d : nullptr;
-                    const T* next_dy = !convert && r + 1 < rows ? dyr + d : nullptr;
-                    for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
-                        const int64_t j1 = std::min(d, j0 + kPrefetchBlock), jk = std::clamp(k, j0, j1);
-                        for (int64_t p = j0; next_x != nullptr && p < j1; p += kLineElements) {
-                            __builtin_prefetch(next_x + p);
-                            __builtin_prefetch(next_dy + p);
-                        }
-                        T* out = streaming ? out_block : dxr + j0;  // (j1 - j0): the L1 block or the row
-                        if (dbias != nullptr) {
-                            backward_elements<T, true>(row, j0, jk, j1, out);
-                        } else {
-                            backward_elements<T, false>(row, j0, jk, j1, out);
-                        }
-                        if (streaming) cpu_rows::stream_block(dxr + j0, out_block, j1 - j0);
-                    }
-                    cpu_rows::store<T>(dtype, dx, r, d, dxr);
-                }
+                int64_t r = block;
+                for (; r + kBackwardGroupRows <= block_end; r += kBackwardGroupRows)
+                    backward_rows(std::integral_constant<int, kBackwardGroupRows>{}, r);
+                for (; r < block_end; ++r) backward_rows(std::integral_constant<int, 1>{}, r);
                 for (int64_t j = 0; dw_row != nullptr && j < d; ++j) dw_row[j] += static_cast<double>(dw_acc[j]);
                 for (int64_t j = 0; db_row != nullptr && j < d; ++j) db_row[j] += static_cast<double>(db_acc[j]);
             }
