@@ -209,14 +209,19 @@ TEST_CASE("norm_forward reads and writes bf16/f16, matching the f32 path within 
 }
 
 TEST_CASE("large-offset input (1e4 + N(0,1)) in f32 still gives a correct LayerNorm", "[fused]") {
-    // E[x^2] - E[x]^2 in f32 would lose every digit here (1e8 with 7 significant digits).
-    const int64_t rows = 8, d = 64;
-    const auto xv = rounded(random_values(rows * d, 11, 1e4, 1.0), DType::F32);
-    const NormForward out = norm_forward(from_vector(xv, {rows, d}), Tensor(), Tensor(), 1e-5, true);
-    const RefNorm ref = ref_norm(xv, nullptr, nullptr, rows, d, d, 1e-5, true);
-    CHECK(max_rel_err(out.y.to_vector(), ref.y) < 1e-5);
-    CHECK(max_rel_err(out.rstd.to_vector(), ref.rstd) < 1e-6);
-    CHECK(max_rel_err(out.mean.to_vector(), ref.mean) < 1e-7);
+    // E[x^2] - E[x]^2 in f32 would lose every digit here (1e8 with 7 significant digits), and a mean
+    // kept only as a float would cost ~1e-3 relative in y. The CPU forward takes the statistics of 4, 2
+    // or 1 rows together depending on the row length (d = 64, 1000, 3000); 7 rows leave a partial group.
+    for (const int64_t d : {int64_t{64}, int64_t{1000}, int64_t{3000}}) {
+        const int64_t rows = 7;
+        const auto xv = rounded(random_values(rows * d, 11, 1e4, 1.0), DType::F32);
+        const NormForward out = norm_forward(from_vector(xv, {rows, d}), Tensor(), Tensor(), 1e-5, true);
+        const RefNorm ref = ref_norm(xv, nullptr, nullptr, rows, d, d, 1e-5, true);
+        CAPTURE(d);
+        CHECK(max_rel_err(out.y.to_vector(), ref.y) < 1e-5);
+        CHECK(max_rel_err(out.rstd.to_vector(), ref.rstd) < 1e-6);
+        CHECK(max_rel_err(out.mean.to_vector(), ref.mean) < 1e-7);
+    }
 }
 
 TEST_CASE("norm_backward matches central finite differences in f64 for every variant", "[fused]") {

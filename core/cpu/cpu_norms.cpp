@@ -38,6 +38,10 @@ constexpr int kAccumulators = 4;
 constexpr int64_t kLaneTerms = 16;
 // dweight/dbias rows are accumulated in T over kRowBlock rows, then flushed into the double partial.
 constexpr int64_t kRowBlock = 16;
+// The forward computes the statistics of up to kMaxGroupRows rows together when they fit in
+// kGroupBytes (see row_statistics and forward_group_rows).
+constexpr int64_t kMaxGroupRows = 4;
+constexpr int64_t kGroupBytes = 8192;
 // The backward sweeps kBackwardGroupRows rows together (see backward_elements).
 constexpr int kBackwardGroupRows = 2;
 // The elementwise loops run in blocks of kPrefetchBlock elements and prefetch the same span of the
@@ -140,6 +144,60 @@ const T* param_row(DType dtype, const void* param, int64_t d, double fill, std::
     return cpu_rows::load<T>(dtype, param, 0, d, buffer.data());
 }
 
+// hi = T(v) and lo = T(v - hi): v to about twice T's precision. The empty asm makes hi opaque to the
+// optimizer: GCC 12.2's SLP vectorizer, splitting G rows' means at once, folded (double)(float)v back
+// to v and so made every lo 0 (wrong code; the large-offset LayerNorm test catches it).
+template <typename T>
+void split_hi_lo(double v, T& hi, T& lo) {
+    T rounded = static_cast<T>(v);
+    asm("" : "+m"(rounded));
+    hi = rounded;
+    lo = static_cast<T>(v - static_cast<double>(rounded));
+}
+
+// Statistics of G rows, each statistic in one sweep over the G rows (lane_sums over G terms): the mean
+// (LayerNorm only) as a hi + lo pair of T, and rstd. xs: (G) row pointers; mu_hi, mu_lo, rstd: (G).
+// Interleaving rows gives the out-of-order core G independent chains (sum, mean, centered squares,
+// rstd): with short rows those chains, not the arithmetic, bound the forward.
+template <typename T, int G>
+void row_statistics(const T* const* xs, int64_t k, double eps, bool subtract_mean, T* mu_hi, T* mu_lo,
+                    T* rstd) {
+    std::array<double, G> mu = {};
+    if (subtract_mean) {
+        // Summing x - x[0] keeps a large common offset out of the T accumulators.
+        std::array<T, G> x0;
+        for (int g = 0; g < G; ++g) x0[g] = xs[g][0];
+        const std::array<double, G> sums = lane_sums<T, G>(k, [xs, &x0](auto lanes, int64_t j) {
+            std::array<decltype(lanes), G> terms;
+            for (int g = 0; g < G; ++g) terms[g] = load_as<decltype(lanes)>(xs[g] + j) - x0[g];
+            return terms;
+        });
+        for (int g = 0; g < G; ++g) mu[g] = static_cast<double>(x0[g]) + sums[g] / static_cast<double>(k);
+    }
+    // mu = mu_hi + mu_lo to about twice T's precision. x - mu_hi is exact when x is near the mean
+    // (Sterbenz), so centering in T loses nothing even when |mean| >> std.
+    for (int g = 0; g < G; ++g) split_hi_lo(mu[g], mu_hi[g], mu_lo[g]);
+    // Second pass over centered values: exact enough even when |mean| >> std.
+    const std::array<double, G> sum_sq = lane_sums<T, G>(k, [xs, mu_hi, mu_lo](auto lanes, int64_t j) {
+        std::array<decltype(lanes), G> terms;
+        for (int g = 0; g < G; ++g) {
+            const auto centered = (load_as<decltype(lanes)>(xs[g] + j) - mu_hi[g]) - mu_lo[g];
+            terms[g] = centered * centered;
+        }
+        return terms;
+    });
+    for (int g = 0; g < G; ++g)
+        rstd[g] = static_cast<T>(1.0 / std::sqrt(sum_sq[g] / static_cast<double>(k) + eps));
+}
+
+// Rows per forward group: as many (up to kMaxGroupRows) as fit in kGroupBytes, so the statistics
+// sweeps and the output sweep of a group find its rows in L1.
+int64_t forward_group_rows(int64_t row_bytes) {
+    int64_t group = kMaxGroupRows;
+    while (group > 1 && group * row_bytes > kGroupBytes) group /= 2;
+    return group;
+}
+
 // mean, rstd: (rows).
 template <typename T>
 void norm_forward_impl(DType dtype, const void* x, const void* weight, const void* bias, void* y,
@@ -150,52 +208,50 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
     const T* b = param_row<T>(dtype, bias, d, 0.0, b_buffer);    // (d)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
     const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
+    const int64_t group_rows = forward_group_rows(d * static_cast<int64_t>(sizeof(T)));
+    const int64_t groups = (rows + group_rows - 1) / group_rows;
 #pragma omp parallel if (rows * d > kParallelElements)
     {
-        std::vector<T> x_scratch(convert ? d : 0), y_scratch(convert ? d : 0);  // (d) each
+        std::vector<T> x_scratch(convert ? group_rows * d : 0), y_scratch(convert ? d : 0);  // (G, d), (d)
         T out_block[kPrefetchBlock];  // (kPrefetchBlock) output values on their way to a streaming store
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            const T* xr = cpu_rows::load<T>(dtype, x, r, d, x_scratch.data());
-            T* yr = cpu_rows::output<T>(dtype, y, r, d, y_scratch.data());
-            double mu = 0.0;
-            if (subtract_mean) {
-                // Summing x - x[0] keeps a large common offset out of the T accumulators.
-                const T x0 = xr[0];
-                mu = static_cast<double>(x0) +
-                     lane_sums<T, 1>(k, [xr, x0](auto lanes, int64_t j) {
-                         return std::array{load_as<decltype(lanes)>(xr + j) - x0};
-                     })[0] /
-                         static_cast<double>(k);
+        for (int64_t group = 0; group < groups; ++group) {
+            const int64_t r0 = group * group_rows, count = std::min(group_rows, rows - r0);
+            const T* xs[kMaxGroupRows];  // (count) rows of x
+            T mu_hi[kMaxGroupRows], mu_lo[kMaxGroupRows], rs[kMaxGroupRows];  // (count) each
+            for (int64_t g = 0; g < count; ++g)
+                xs[g] = cpu_rows::load<T>(dtype, x, r0 + g, d, x_scratch.data() + g * d);
+            if (count == 4) {
+                row_statistics<T, 4>(xs, k, eps, subtract_mean, mu_hi, mu_lo, rs);
+            } else if (count == 2) {
+                row_statistics<T, 2>(xs, k, eps, subtract_mean, mu_hi, mu_lo, rs);
+            } else {
+                for (int64_t g = 0; g < count; ++g)
+                    row_statistics<T, 1>(xs + g, k, eps, subtract_mean, mu_hi + g, mu_lo + g, rs + g);
             }
-            // mu = mu_hi + mu_lo to about twice T's precision. x - mu_hi is exact when x is near the
-            // mean (Sterbenz), so centering in T loses nothing even when |mean| >> std.
-            const T mu_hi = static_cast<T>(mu);
-            const T mu_lo = static_cast<T>(mu - static_cast<double>(mu_hi));
-            // Second pass over centered values: exact enough even when |mean| >> std.
-            const double sum_sq = lane_sums<T, 1>(k, [xr, mu_hi, mu_lo](auto lanes, int64_t j) {
-                const auto c = (load_as<decltype(lanes)>(xr + j) - mu_hi) - mu_lo;
-                return std::array{c * c};
-            })[0];
-            const double rs = 1.0 / std::sqrt(sum_sq / static_cast<double>(k) + eps);
-            const T rs_t = static_cast<T>(rs);
-            // While this row is computed (from cache), pull the next row in, so memory and compute
-            // overlap instead of every row waiting on its first pass.
-            const T* next = !convert && r + 1 < rows ? xr + d : nullptr;
-            for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
-                const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
-                for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
-                T* out = streaming ? out_block : yr + j0;  // (j1 - j0): the L1 block or the row itself
-                for_each_lanes<T>(j0, j1, [=](auto lanes, int64_t j) {
-                    using V = decltype(lanes);
-                    const V xhat = ((load_as<V>(xr + j) - mu_hi) - mu_lo) * rs_t;
-                    store_as(out + (j - j0), xhat * load_as<V>(w + j) + load_as<V>(b + j));
-                });
-                if (streaming) cpu_rows::stream_block(yr + j0, out_block, j1 - j0);
+            for (int64_t g = 0; g < count; ++g) {
+                const int64_t r = r0 + g;
+                const T* xr = xs[g];
+                const T row_mu_hi = mu_hi[g], row_mu_lo = mu_lo[g], row_rstd = rs[g];
+                T* yr = cpu_rows::output<T>(dtype, y, r, d, y_scratch.data());
+                // While this group is computed (from cache), pull the next group's rows in, so memory
+                // and compute overlap instead of every group waiting on its first sweep.
+                const T* next = !convert && r + group_rows < rows ? xr + group_rows * d : nullptr;
+                for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
+                    const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
+                    for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
+                    T* out = streaming ? out_block : yr + j0;  // (j1 - j0): the L1 block or the row itself
+                    for_each_lanes<T>(j0, j1, [=](auto lanes, int64_t j) {
+                        using V = decltype(lanes);
+                        const V xhat = ((load_as<V>(xr + j) - row_mu_hi) - row_mu_lo) * row_rstd;
+                        store_as(out + (j - j0), xhat * load_as<V>(w + j) + load_as<V>(b + j));
+                    });
+                    if (streaming) cpu_rows::stream_block(yr + j0, out_block, j1 - j0);
+                }
+                cpu_rows::store<T>(dtype, y, r, d, yr);
+                if (subtract_mean && mean != nullptr) mean[r] = row_mu_hi;
+                rstd[r] = row_rstd;
             }
-            cpu_rows::store<T>(dtype, y, r, d, yr);
-            if (subtract_mean && mean != nullptr) mean[r] = mu_hi;
-            rstd[r] = rs_t;
         }
         if (streaming) cpu_rows::stream_fence();
     }
