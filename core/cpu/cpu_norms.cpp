@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <immintrin.h>
+
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_fused_rows.h"
 #include "core/error.h"
@@ -86,6 +88,31 @@ V load_as(const T* p) {
 template <typename T, typename V>
 void store_as(T* p, const V& v) {
     std::memcpy(p, &v, sizeof(V));
+}
+
+// Stores v at p with a non-temporal (streaming) store when V is a SIMD vector (p aligned to it: the
+// line is written without being read first), or plainly when V is the scalar type.
+template <typename T, typename V>
+void stream_as(T* p, const V& v) {
+    if constexpr (sizeof(V) == sizeof(T)) {
+        *p = v;
+    } else if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+        _mm512_stream_ps(p, (__m512)v);
+#elif defined(__AVX__)
+        _mm256_stream_ps(p, (__m256)v);
+#else
+        _mm_stream_ps(p, (__m128)v);
+#endif
+    } else {
+#if defined(__AVX512F__)
+        _mm512_stream_pd(p, (__m512d)v);
+#elif defined(__AVX__)
+        _mm256_stream_pd(p, (__m256d)v);
+#else
+        _mm_stream_pd(p, (__m128d)v);
+#endif
+    }
 }
 
 // Calls body(lanes, j) for j in [begin, end): with a SIMD vector tag for each full vector of elements
@@ -213,7 +240,6 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
 #pragma omp parallel if (rows * d > kParallelElements)
     {
         std::vector<T> x_scratch(convert ? group_rows * d : 0), y_scratch(convert ? d : 0);  // (G, d), (d)
-        T out_block[kPrefetchBlock];  // (kPrefetchBlock) output values on their way to a streaming store
 #pragma omp for schedule(static)
         for (int64_t group = 0; group < groups; ++group) {
             const int64_t r0 = group * group_rows, count = std::min(group_rows, rows - r0);
@@ -234,20 +260,22 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
                 const T* xr = xs[g];
                 const T row_mu_hi = mu_hi[g], row_mu_lo = mu_lo[g], row_rstd = rs[g];
                 T* yr = cpu_rows::output<T>(dtype, y, r, d, y_scratch.data());
-                // While this group is computed (from cache), pull the next group's rows in, so memory
-                // and compute overlap instead of every group waiting on its first sweep.
+                // While this row is computed (from cache), pull the next group's rows in, one prefetch
+                // per vector, so memory and compute overlap instead of every group waiting on its first
+                // sweep. Streamed rows go out straight from the registers (non-temporal vector stores).
                 const T* next = !convert && r + group_rows < rows ? xr + group_rows * d : nullptr;
-                for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
-                    const int64_t j1 = std::min(d, j0 + kPrefetchBlock);
-                    for (int64_t p = j0; next != nullptr && p < j1; p += kLineElements) __builtin_prefetch(next + p);
-                    T* out = streaming ? out_block : yr + j0;  // (j1 - j0): the L1 block or the row itself
-                    for_each_lanes<T>(j0, j1, [=](auto lanes, int64_t j) {
-                        using V = decltype(lanes);
-                        const V xhat = ((load_as<V>(xr + j) - row_mu_hi) - row_mu_lo) * row_rstd;
-                        store_as(out + (j - j0), xhat * load_as<V>(w + j) + load_as<V>(b + j));
-                    });
-                    if (streaming) cpu_rows::stream_block(yr + j0, out_block, j1 - j0);
-                }
+                const bool stream_row = streaming && reinterpret_cast<uintptr_t>(yr) % kVectorBytes == 0;
+                for_each_lanes<T>(0, d, [=](auto lanes, int64_t j) {
+                    using V = decltype(lanes);
+                    if (next != nullptr) __builtin_prefetch(next + j);
+                    const V xhat = ((load_as<V>(xr + j) - row_mu_hi) - row_mu_lo) * row_rstd;
+                    const V out = xhat * load_as<V>(w + j) + load_as<V>(b + j);
+                    if (stream_row) {
+                        stream_as(yr + j, out);
+                    } else {
+                        store_as(yr + j, out);
+                    }
+                });
                 cpu_rows::store<T>(dtype, y, r, d, yr);
                 if (subtract_mean && mean != nullptr) mean[r] = row_mu_hi;
                 rstd[r] = row_rstd;
