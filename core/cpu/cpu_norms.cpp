@@ -46,8 +46,8 @@ constexpr int64_t kMaxGroupRows = 4;
 constexpr int64_t kGroupBytes = 8192;
 // The backward sweeps kBackwardGroupRows rows together (see backward_elements).
 constexpr int kBackwardGroupRows = 2;
-// The elementwise loops run in blocks of kPrefetchBlock elements and prefetch the same span of the
-// next row, one kLineElements cache line at a time (64 bytes of f32).
+// The backward's elementwise sweep runs in blocks of kPrefetchBlock elements and prefetches the same
+// span of the next rows, one kLineElements cache line at a time (64 bytes of f32).
 constexpr int64_t kPrefetchBlock = 128;
 constexpr int64_t kLineElements = 16;
 // Columns per block when the dweight/dbias partials are summed (a block's sums stay in L1).
@@ -163,11 +163,11 @@ std::array<double, N> lane_sums(int64_t n, Term term) {
 // (weight 1, bias 0), so the kernels have no null branches in their inner loops.
 template <typename T>
 const T* param_row(DType dtype, const void* param, int64_t d, double fill, std::vector<T>& buffer) {
-    buffer.resize(static_cast<size_t>(d));
     if (param == nullptr) {
-        std::fill(buffer.begin(), buffer.end(), static_cast<T>(fill));
+        buffer.assign(static_cast<size_t>(d), static_cast<T>(fill));
         return buffer.data();
     }
+    if (!cpu_rows::stored_as<T>(dtype)) buffer.resize(static_cast<size_t>(d));  // a stored row needs no copy
     return cpu_rows::load<T>(dtype, param, 0, d, buffer.data());
 }
 
@@ -247,6 +247,7 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
             T mu_hi[kMaxGroupRows], mu_lo[kMaxGroupRows], rs[kMaxGroupRows];  // (count) each
             for (int64_t g = 0; g < count; ++g)
                 xs[g] = cpu_rows::load<T>(dtype, x, r0 + g, d, x_scratch.data() + g * d);
+            static_assert(kMaxGroupRows == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
             if (count == 4) {
                 row_statistics<T, 4>(xs, k, eps, subtract_mean, mu_hi, mu_lo, rs);
             } else if (count == 2) {
