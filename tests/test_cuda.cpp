@@ -222,6 +222,20 @@ TEST_CASE("cuda: allocator counts current and peak bytes and reuses freed blocks
     REQUIRE(memory_stats(kGpu).peak_bytes == after.current_bytes);
 }
 
+TEST_CASE("cuda: an allocation larger than the GPU throws a clear error and loses nothing", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    Tensor kept = random_normal({1000}, 35).to(kGpu);
+    const MemoryStats before = memory_stats(kGpu);
+    // 2^42 f32 elements = 16 TiB, far more than any GPU has: cudaMalloc fails and the allocator, after
+    // emptying its cache and trying once more, throws naming the device and the size.
+    REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 42}, DType::F32, kGpu),
+                        Catch::Contains("out of CUDA memory on cuda:0") && Catch::Contains("17592186044416 bytes"));
+    REQUIRE(memory_stats(kGpu).current_bytes == before.current_bytes);
+    // The device still works: the kept tensor is intact and new allocations succeed.
+    require_close(random_normal({1000}, 35), kept, 0.0, "kept tensor after the failed allocation");
+    require_close(random_normal({1000}, 35) * 2.0, kept * 2.0, 0.0, "a kernel after the failed allocation");
+}
+
 // ---- elementwise ----
 
 TEST_CASE("cuda: binary ops with broadcasting and strided views match the CPU", "[cuda]") {
@@ -456,6 +470,21 @@ TEST_CASE("cuda: fused norms forward and backward match the CPU for every varian
                 require_same_bits(gg.dx, again.dx, "dx deterministic " + what);
             }
         }
+    }
+}
+
+TEST_CASE("cuda: LayerNorm of a large-offset input (1e4 + N(0,1)) in f32 matches the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    // A mean kept only as a float costs ~1e-3 relative in y here; the CPU keeps it to about twice f32's
+    // precision (tests/test_fused.cpp checks it against an f64 reference), and so must the GPU.
+    for (const int64_t d : {int64_t{64}, int64_t{1000}, int64_t{3000}}) {
+        const Tensor x = (random_normal({7, d}, 34, DType::F64) + 1e4).to(DType::F32);
+        const NormForward f = norm_forward(x, Tensor(), Tensor(), 1e-5, true);
+        const NormForward fg = norm_forward(gpu(x), Tensor(), Tensor(), 1e-5, true);
+        const std::string what = "d " + std::to_string(d);
+        require_close(f.y, fg.y, 1e-5, "y " + what);
+        require_close(f.rstd, fg.rstd, 1e-6, "rstd " + what);
+        require_close(f.mean, fg.mean, 2e-7, "mean " + what);  // one f32 ulp at 1e4 is ~1e-7 relative
     }
 }
 

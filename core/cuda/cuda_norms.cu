@@ -2,7 +2,8 @@
 // statistics); the formulas are in core/backend.h and derived in core/cpu/cpu_norms.cpp.
 //
 // One block per row. bf16/f16 are converted to f32 on load and rounded once on store, with all math
-// and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations).
+// and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations),
+// the mean summed as x - x[0] and applied as a hi + lo pair, as on the CPU.
 // dweight/dbias are reduced without atomics in two stages: the rows are cut into a number of chunks
 // that depends on `rows` only; block c walks its chunk's rows in order, each thread adding into the
 // partial-row columns it alone owns; then one thread per column sums the partial rows in chunk order.
@@ -32,27 +33,35 @@ __global__ void norm_forward_kernel(DType dtype, const void* x, const void* weig
     __shared__ T scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int64_t base = r * d;  // row r of x, y: (d)
-        T mu = T(0);
+        // The mean as a hi + lo pair of T (to about twice T's precision), as the CPU kernel: a mean kept
+        // only as a float costs ~1e-3 relative in y for rows like 1e4 + N(0, 1) (tests/test_fused.cpp),
+        // while x - mu_hi is exact near the mean (Sterbenz), so centering in T loses nothing.
+        T mu_hi = T(0), mu_lo = T(0);
         if (subtract_mean) {
+            // Summing x - x[0] keeps a large common offset out of the T accumulators.
+            const T x0 = cuda::load_as<T>(dtype, x, base);
             T sum = T(0);
-            for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += cuda::load_as<T>(dtype, x, base + j);
-            mu = cuda::block_sum(sum, scratch) / T(k);
+            for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += cuda::load_as<T>(dtype, x, base + j) - x0;
+            const double mu = double(x0) + double(cuda::block_sum(sum, scratch)) / double(k);
+            mu_hi = T(mu);
+            mu_lo = T(mu - double(mu_hi));
         }
         // Second pass over centered values: exact enough even when |mean| >> std.
         T sum_sq = T(0);
         for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-            const T c = cuda::load_as<T>(dtype, x, base + j) - mu;
+            const T c = (cuda::load_as<T>(dtype, x, base + j) - mu_hi) - mu_lo;
             sum_sq += c * c;
         }
         const T rs = T(1) / cuda::m_sqrt(cuda::block_sum(sum_sq, scratch) / T(k) + eps);
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
             const T w = weight ? cuda::load_as<T>(dtype, weight, j) : T(1);
             const T b = bias ? cuda::load_as<T>(dtype, bias, j) : T(0);
-            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
+            const T xhat = ((cuda::load_as<T>(dtype, x, base + j) - mu_hi) - mu_lo) * rs;
             cuda::store_as<T>(dtype, y, base + j, xhat * w + b);
         }
         if (threadIdx.x == 0) {
-            if (subtract_mean && mean != nullptr) mean[r] = mu;
+            // The backward centers with this saved mean alone, as the CPU's (which saves mu_hi too).
+            if (subtract_mean && mean != nullptr) mean[r] = mu_hi;
             rstd[r] = rs;
         }
     }
