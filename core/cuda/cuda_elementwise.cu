@@ -106,11 +106,13 @@ bool packed(const StridedLoop& loop, int nargs) {
     return true;
 }
 
-// Whether `ptr` is memory the GPU's kernels cannot address as device memory (plain host memory).
-bool is_host_pointer(const void* ptr) {
+// The GPU whose memory `ptr` is, or -1 for memory the GPU's kernels cannot address as device memory
+// (plain host memory).
+int pointer_device(const void* ptr) {
     cudaPointerAttributes attr{};
     NL_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
-    return attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
+    const bool host = attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
+    return host ? -1 : attr.device;
 }
 
 // ---- binary / unary ----
@@ -246,14 +248,25 @@ void CudaBackend::copy(const Shape& shape, const StridedArg& dst, const StridedA
     const StridedLoop loop = cuda::collapse(shape, {&dst, &src});
     if (loop.numel == 0) return;
     cuda::DeviceGuard guard(index_);
-    const bool host_dst = is_host_pointer(dst.data), host_src = is_host_pointer(src.data);
-    if (host_dst || host_src) {
+    const int dst_device = pointer_device(dst.data), src_device = pointer_device(src.data);
+    if (dst_device < 0 || src_device < 0) {
         // Between the host and this GPU: Tensor::to(Device) passes packed operands of one dtype.
         // cudaMemcpy on the legacy stream waits for queued kernels, so a host read sees their results.
         NL_CHECK(dst.dtype == src.dtype && packed(loop, 2), "cuda copy: a host operand needs packed operands of one dtype (",
                  dtype_name(dst.dtype), " <- ", dtype_name(src.dtype), ", shape ", shape_str(shape), ")");
         NL_CUDA_CHECK(cudaMemcpy(dst.data, src.data, static_cast<size_t>(loop.numel) * dtype_size(dst.dtype),
                                  cudaMemcpyDefault));
+        return;
+    }
+    if (dst_device != src_device) {
+        // Between two GPUs (Tensor::to): each GPU has its own legacy stream, so an async copy queued
+        // here would not wait for the source GPU's pending kernels (and a kernel here cannot read the
+        // other GPU's memory without peer access). cudaMemcpyPeer is ordered after the queued work of
+        // both devices.
+        NL_CHECK(dst.dtype == src.dtype && packed(loop, 2), "cuda copy: operands on two GPUs need packed operands of one dtype (",
+                 dtype_name(dst.dtype), " <- ", dtype_name(src.dtype), ", shape ", shape_str(shape), ")");
+        NL_CUDA_CHECK(cudaMemcpyPeer(dst.data, dst_device, src.data, src_device,
+                                     static_cast<size_t>(loop.numel) * dtype_size(dst.dtype)));
         return;
     }
     if (dst.dtype == src.dtype && packed(loop, 2)) {
