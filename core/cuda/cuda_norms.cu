@@ -4,10 +4,15 @@
 // One block per row. bf16/f16 are converted to f32 on load and rounded once on store, with all math
 // and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations),
 // the mean summed as x - x[0] and applied as a hi + lo pair, as on the CPU.
+// A thread reads its part of a row in tiles of kTileItems elements, all loads of a tile issued before
+// the first use: one load in flight per thread cannot cover device memory's latency (the previous
+// version's loops compiled to one load per iteration). A block has up to 1024 threads, so rows up to
+// 8192 (f32 and bf16 alike) are one tile: the row stays in registers between the passes and device
+// memory is read once. Wider rows re-read each tile per pass (from L1/L2 for the most part).
 // dweight/dbias are reduced without atomics in two stages: the rows are cut into a number of chunks
-// that depends on `rows` only; block c walks its chunk's rows in order, each thread adding into the
-// partial-row columns it alone owns; then one thread per column sums the partial rows in chunk order.
-// So the bits are the same on every run and every GPU.
+// that depends on `rows` only; block c walks its chunk's rows in order, each thread adding into
+// the partial-row columns it alone owns (in registers for one-tile rows); then one thread per column
+// sums the partial rows in chunk order. So the bits are the same on every run and every GPU.
 #include <algorithm>
 
 #include "core/cuda/cuda_backend.cuh"
@@ -18,21 +23,51 @@ namespace nl {
 
 namespace {
 
-constexpr int64_t kMaxChunks = 512;  // partial rows for dweight/dbias (and blocks in the backward)
+constexpr int kTileItems = 8;          // elements of a row per thread per tile (loads in flight)
+constexpr int kMaxNormThreads = 1024;  // threads per block: one tile covers 8192 elements
+constexpr int64_t kMaxChunks = 512;    // partial rows for dweight/dbias (and blocks in the backward)
 
+// Threads for rows of d elements: enough for one tile when possible, a multiple of 32 (block_sum).
 int norm_threads(int64_t d) {
-    int64_t t = (d + 31) / 32 * 32;
-    return static_cast<int>(std::clamp<int64_t>(t, 32, cuda::kThreads));
+    const int64_t t = ((d + kTileItems - 1) / kTileItems + 31) / 32 * 32;
+    return static_cast<int>(std::clamp<int64_t>(t, 32, kMaxNormThreads));
+}
+
+// Tiles per row: a block reads kTileItems * blockDim.x elements per tile.
+__device__ __forceinline__ int64_t row_tiles(int64_t d) {
+    const int64_t per_tile = int64_t{kTileItems} * blockDim.x;
+    return (d + per_tile - 1) / per_tile;
+}
+
+// The row column of this thread's element i in tile t: a warp's i-th loads are consecutive (coalesced).
+__device__ __forceinline__ int64_t tile_column(int64_t tile, int i) {
+    return (tile * kTileItems + i) * int64_t(blockDim.x) + threadIdx.x;
+}
+
+// v[i] = p[base + tile_column(tile, i)] as T, or `fill` past column `limit`. The loop is unrolled, so all
+// kTileItems loads are issued before any is used.
+template <typename T>
+__device__ __forceinline__ void load_tile(DType dtype, const void* p, int64_t base, int64_t limit, int64_t tile,
+                                          T fill, T (&v)[kTileItems]) {
+#pragma unroll
+    for (int i = 0; i < kTileItems; ++i) {
+        const int64_t j = tile_column(tile, i);
+        v[i] = j < limit ? cuda::load_as<T>(dtype, p, base + j) : fill;
+    }
 }
 
 // T is the math type: float for f32/bf16/f16, double for f64. mean, rstd: (rows).
+// __launch_bounds__: a 1024-thread block may use at most 64 registers per thread, or it cannot launch.
 template <typename T>
-__global__ void norm_forward_kernel(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+__global__ void __launch_bounds__(kMaxNormThreads) norm_forward_kernel(DType dtype, const void* x, const void* weight, const void* bias, void* y,
                                     T* mean, T* rstd, int64_t rows, int64_t d, T eps, bool subtract_mean,
                                     int64_t k) {
     __shared__ T scratch[32];
+    const int64_t tiles = row_tiles(d);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int64_t base = r * d;  // row r of x, y: (d)
+        T xv[kTileItems];            // this thread's tile of row r; kept across the passes when tiles == 1
+        bool cached = false;
         // The mean as a hi + lo pair of T (to about twice T's precision), as the CPU kernel: a mean kept
         // only as a float costs ~1e-3 relative in y for rows like 1e4 + N(0, 1) (tests/test_fused.cpp),
         // while x - mu_hi is exact near the mean (Sterbenz), so centering in T loses nothing.
@@ -41,23 +76,41 @@ __global__ void norm_forward_kernel(DType dtype, const void* x, const void* weig
             // Summing x - x[0] keeps a large common offset out of the T accumulators.
             const T x0 = cuda::load_as<T>(dtype, x, base);
             T sum = T(0);
-            for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += cuda::load_as<T>(dtype, x, base + j) - x0;
+            for (int64_t t = 0; t < tiles; ++t) {
+                if (!cached) load_tile(dtype, x, base, d, t, T(0), xv);
+#pragma unroll
+                for (int i = 0; i < kTileItems; ++i)
+                    if (tile_column(t, i) < k) sum += xv[i] - x0;
+            }
+            cached = tiles == 1;
             const double mu = double(x0) + double(cuda::block_sum(sum, scratch)) / double(k);
             mu_hi = T(mu);
             mu_lo = T(mu - double(mu_hi));
         }
         // Second pass over centered values: exact enough even when |mean| >> std.
         T sum_sq = T(0);
-        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-            const T c = (cuda::load_as<T>(dtype, x, base + j) - mu_hi) - mu_lo;
-            sum_sq += c * c;
+        for (int64_t t = 0; t < tiles; ++t) {
+            if (!cached) load_tile(dtype, x, base, d, t, T(0), xv);
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                const T c = (xv[i] - mu_hi) - mu_lo;
+                if (tile_column(t, i) < k) sum_sq += c * c;
+            }
         }
+        cached = tiles == 1;
         const T rs = T(1) / cuda::m_sqrt(cuda::block_sum(sum_sq, scratch) / T(k) + eps);
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            const T w = weight ? cuda::load_as<T>(dtype, weight, j) : T(1);
-            const T b = bias ? cuda::load_as<T>(dtype, bias, j) : T(0);
-            const T xhat = ((cuda::load_as<T>(dtype, x, base + j) - mu_hi) - mu_lo) * rs;
-            cuda::store_as<T>(dtype, y, base + j, xhat * w + b);
+        for (int64_t t = 0; t < tiles; ++t) {
+            if (!cached) load_tile(dtype, x, base, d, t, T(0), xv);
+            T w[kTileItems], b[kTileItems];  // weight, bias tiles: (d) each, L1/L2 hits after the first row
+            if (weight) load_tile(dtype, weight, 0, d, t, T(1), w);
+            if (bias) load_tile(dtype, bias, 0, d, t, T(0), b);
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                const int64_t j = tile_column(t, i);
+                if (j >= d) continue;
+                const T xhat = ((xv[i] - mu_hi) - mu_lo) * rs;
+                cuda::store_as<T>(dtype, y, base + j, xhat * (weight ? w[i] : T(1)) + (bias ? b[i] : T(0)));
+            }
         }
         if (threadIdx.x == 0) {
             // The backward centers with this saved mean alone, as the CPU's (which saves mu_hi too).
@@ -70,44 +123,83 @@ __global__ void norm_forward_kernel(DType dtype, const void* x, const void* weig
 // Block c handles rows [c * rows / chunks, (c + 1) * rows / chunks): dx for each, and its partial
 // rows dw_partial[c] (d), db_partial[c] (d) when those are wanted (null otherwise).
 template <typename T>
-__global__ void norm_backward_kernel(DType dtype, const void* dy, const void* x, const void* weight,
+__global__ void __launch_bounds__(kMaxNormThreads) norm_backward_kernel(DType dtype, const void* dy, const void* x, const void* weight,
                                      const T* mean, const T* rstd, void* dx, T* dw_partial, T* db_partial,
                                      int64_t rows, int64_t d, bool subtract_mean, int64_t k, int64_t chunks) {
     __shared__ T scratch[32];
     const int64_t c = blockIdx.x;
+    const int64_t tiles = row_tiles(d);
     T* dw_row = dw_partial ? dw_partial + c * d : nullptr;  // (d)
     T* db_row = db_partial ? db_partial + c * d : nullptr;  // (d)
+    // One-tile rows: the thread's columns of dweight/dbias are summed in registers over the chunk's rows
+    // (the same additions in the same order as the read-modify-writes of wider rows) and stored once.
+    T dw_acc[kTileItems], db_acc[kTileItems];
+#pragma unroll
+    for (int i = 0; i < kTileItems; ++i) dw_acc[i] = db_acc[i] = T(0);
     // Every column j is touched only by thread j % blockDim.x, here and below: no barrier needed.
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
         if (dw_row) dw_row[j] = T(0);
         if (db_row) db_row[j] = T(0);
     }
+    T w[kTileItems];  // the weight tile (ones without weight); loaded once per chunk when tiles == 1
+    if (tiles == 1) load_tile(dtype, weight, 0, weight ? d : 0, 0, T(1), w);
     const T inv_k = T(1) / T(k);
     const int64_t row_end = (c + 1) * rows / chunks;
     for (int64_t r = c * rows / chunks; r < row_end; ++r) {
         const int64_t base = r * d;
         const T mu = subtract_mean ? mean[r] : T(0);
         const T rs = rstd[r];
+        T xv[kTileItems], dyv[kTileItems];  // this thread's tiles of x and dy; kept for pass 2 when tiles == 1
         T sum_g = T(0), sum_g_xhat = T(0);
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
-            const T g = cuda::load_as<T>(dtype, dy, base + j) * (weight ? cuda::load_as<T>(dtype, weight, j) : T(1));
-            sum_g += g;
-            sum_g_xhat += g * xhat;
+        for (int64_t t = 0; t < tiles; ++t) {
+            load_tile(dtype, x, base, d, t, T(0), xv);
+            load_tile(dtype, dy, base, d, t, T(0), dyv);
+            if (tiles > 1) load_tile(dtype, weight, 0, weight ? d : 0, t, T(1), w);
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                // Past d the tiles hold x = 0, dy = 0: g = 0 adds nothing.
+                const T xhat = (xv[i] - mu) * rs;
+                const T g = dyv[i] * w[i];
+                sum_g += g;
+                sum_g_xhat += g * xhat;
+            }
         }
         sum_g = cuda::block_sum(sum_g, scratch);
         sum_g_xhat = cuda::block_sum(sum_g_xhat, scratch);
         const T a = subtract_mean ? sum_g * inv_k : T(0);
         const T b = sum_g_xhat * inv_k;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            const T xhat = (cuda::load_as<T>(dtype, x, base + j) - mu) * rs;
-            const T dyj = cuda::load_as<T>(dtype, dy, base + j);
-            const T g = dyj * (weight ? cuda::load_as<T>(dtype, weight, j) : T(1));
-            // Elements past k do not feed the statistics: only the direct path remains.
-            const T through_stats = j < k ? a + xhat * b : T(0);
-            cuda::store_as<T>(dtype, dx, base + j, rs * (g - through_stats));
-            if (dw_row) dw_row[j] += dyj * xhat;
-            if (db_row) db_row[j] += dyj;
+        for (int64_t t = 0; t < tiles; ++t) {
+            if (tiles > 1) {
+                load_tile(dtype, x, base, d, t, T(0), xv);
+                load_tile(dtype, dy, base, d, t, T(0), dyv);
+                load_tile(dtype, weight, 0, weight ? d : 0, t, T(1), w);
+            }
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                const int64_t j = tile_column(t, i);
+                if (j >= d) continue;
+                const T xhat = (xv[i] - mu) * rs;
+                const T g = dyv[i] * w[i];
+                // Elements past k do not feed the statistics: only the direct path remains.
+                const T through_stats = j < k ? a + xhat * b : T(0);
+                cuda::store_as<T>(dtype, dx, base + j, rs * (g - through_stats));
+                if (tiles == 1) {
+                    dw_acc[i] += dyv[i] * xhat;
+                    db_acc[i] += dyv[i];
+                } else {
+                    if (dw_row) dw_row[j] += dyv[i] * xhat;
+                    if (db_row) db_row[j] += dyv[i];
+                }
+            }
+        }
+    }
+    if (tiles == 1) {
+#pragma unroll
+        for (int i = 0; i < kTileItems; ++i) {
+            const int64_t j = tile_column(0, i);
+            if (j >= d) continue;
+            if (dw_row) dw_row[j] = dw_acc[i];
+            if (db_row) db_row[j] = db_acc[i];
         }
     }
 }
