@@ -1,80 +1,142 @@
 #!/usr/bin/env bash
 # GPU machine check for the CUDA backend (issue 6): builds normlab from scratch with the CUDA backend
-# required, runs every test (the [cuda] tests compare each CUDA kernel with the CPU's; none may be
-# skipped here), prints `normlab info`, runs `normlab bench norms` (f32 and bf16, with the issue's
-# 8192x4096 shape), the default `normlab train configs/toy_transformer.json` (f32 and bf16 autocast),
-# `normlab stability` and `normlab bench torch` (normlab vs PyTorch eager, both on the GPU) on the GPU,
-# and writes all output into the folder given as the argument (one log per step plus summary.txt).
+# required, runs every CUDA kernel's test against the CPU (none may be skipped there), the norm benchmark
+# with the issue's 8192x4096 shape in f32 and bf16, the default `normlab train` (f32 and bf16 autocast),
+# `normlab bench torch` (normlab vs PyTorch eager on the same GPU), the whole test suite and
+# `normlab stability`, all on the GPU, most telling first, so that a run cut short still reports them.
+#
+# The device machine reaches no package registry: give it the Debian packages normlab builds against as
+# an archive made here by tests/cuda/stage_deps.sh (--deps). Its output folder brings back at most 8 files,
+# so the build and the runs live in a work folder outside it, and OUT_DIR gets only two files, rewritten
+# after every step: summary.txt (each step's command, exit status, time and last lines) and results.tar.gz
+# (every step's full log and the runs' CSV/JSON outputs, without checkpoints).
+#
+#   usage: tests/cuda/device_check.sh [--deps ARCHIVE] [--device cuda|cpu] [--work DIR] OUT_DIR [cmake args...]
+#   --deps ARCHIVE  unpack ARCHIVE (from stage_deps.sh) and build and run against it
+#   --device cpu    run every step on the CPU instead, without the CUDA backend: checks this script's
+#                   plumbing on a machine without a GPU (the benchmark figures then mean nothing)
+#   --work DIR      build and run folder (default /tmp/normlab-device-check; emptied first)
+# On the device machine, from the repository root (the `run` tool, carry [".devdeps"]):
+#   tests/cuda/device_check.sh --deps .devdeps/normlab-deps.tar.gz "$OUT"
 # Exit status: non-zero when any step failed.
-#   usage: tests/cuda/device_check.sh OUT_DIR [extra cmake args...]
 set -uo pipefail
 
-if [[ $# -lt 1 ]]; then
-    echo "usage: $0 OUT_DIR [extra cmake args...]" >&2
-    exit 2
-fi
+usage() { sed -n '14,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+deps=""
+device="cuda"
+work="/tmp/normlab-device-check"
+while [[ $# -gt 0 && "$1" == --* ]]; do
+    case "$1" in
+        --deps) deps="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+        --device) device="$2"; shift 2 ;;
+        --work) work="$2"; shift 2 ;;
+        *) usage ;;
+    esac
+done
+[[ $# -ge 1 ]] || usage
+[[ "$device" == cuda || "$device" == cpu ]] || usage
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 shift
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$out/build"
+case "$work" in "$out" | "$out"/*) echo "--work must lie outside OUT_DIR" >&2; exit 2 ;; esac
+rm -rf "$work"
+mkdir -p "$work/logs" "$work/runs"
+build="$work/build"
+logs="$work/logs"
+runs="$work/runs"
 jobs="$(nproc 2>/dev/null || echo 4)"
 summary="$out/summary.txt"
 : >"$summary"
 status=0
 
-# step NAME COMMAND...: runs COMMAND with stdout+stderr to NAME.log, records pass/fail in the summary.
+say() { echo "$*" | tee -a "$summary"; }
+
+# The results archive, rewritten atomically after every step so that a run killed at its time limit
+# still returns what it had.
+pack_results() {
+    tar -czf "$out/results.tar.gz.tmp" -C "$work" --exclude=checkpoints logs runs && mv "$out/results.tar.gz.tmp" "$out/results.tar.gz"
+}
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit with stdout+stderr to logs/NAME.log,
+# records exit status, time and the log's last lines in the summary.
 step() {
-    local name="$1"
-    shift
-    echo "== $name: $*" | tee -a "$summary"
+    local name="$1" limit="$2"
+    shift 2
+    say "== $name: $*"
     local start=$SECONDS
-    "$@" >"$out/$name.log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
     local rc=$?
-    echo "   exit $rc after $((SECONDS - start)) s (log: $name.log)" | tee -a "$summary"
+    local shown=8
     if [[ $rc -ne 0 ]]; then
         status=1
-        tail -n 30 "$out/$name.log" | sed 's/^/   | /' | tee -a "$summary"
+        shown=30
+        [[ $rc -eq 124 || $rc -eq 137 ]] && say "   TIMED OUT after $limit s"
     fi
+    say "   exit $rc after $((SECONDS - start)) s (log: logs/$name.log)"
+    tail -n "$shown" "$logs/$name.log" | cut -c1-220 | sed 's/^/   | /' | tee -a "$summary"
+    pack_results
     return $rc
 }
 
-{
-    echo "normlab CUDA device check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "source: $root ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi unavailable"
-} | tee -a "$summary"
-nvidia-smi >"$out/nvidia-smi.log" 2>&1
-
-rm -rf "$build"
-step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DNORMLAB_CUDA=ON "$@" || { echo "FAILED" | tee -a "$summary"; exit 1; }
-step build cmake --build "$build" -j"$jobs" || { echo "FAILED" | tee -a "$summary"; exit 1; }
-step info "$build/normlab" info
-
-# Every CUDA kernel against the CPU first (quick to read), then the whole suite.
-step test_cuda "$build/normlab_tests" "[cuda]" --durations yes
-if grep -q "SKIPPED: no CUDA device" "$out/test_cuda.log"; then
-    echo "   ERROR: CUDA tests were skipped on the device machine" | tee -a "$summary"
-    status=1
-fi
-# In a subshell for the cd; its exit code carries the step's failure out (the subshell's status=1 would not).
-(cd "$build" && step ctest ctest --output-on-failure -j"$jobs" --timeout 900) || status=1
-
-# The GPU runs (the jobs' "device" key). The norm benchmark adds the issue's 8192x4096 shape and runs
-# every case in f32 and bf16 (the issue's bandwidth targets: fwd >= 0.85, fwd+bwd >= 0.7 of the copy).
-step bench_norms "$build/normlab" bench norms --set device=cuda --set 'large_shapes=["8192x4096","16384x4096"]' \
-    --set 'dtypes=["f32","bf16"]' --set reps=30 --out "$out/bench_norms" --force
-step train "$build/normlab" train "$root/configs/toy_transformer.json" --set device=cuda --out "$out/train_run" --force
-step train_bf16 "$build/normlab" train "$root/configs/toy_transformer.json" --set device=cuda \
-    --set train.autocast=bf16 --out "$out/train_bf16" --force
-step stability "$build/normlab" stability "$root/configs/stability.json" --set device=cuda --out "$out/stability" --force
-# The toy transformer's step time against PyTorch eager on the same GPU (the issue asks for the ratio).
-step bench_torch "$build/normlab" bench torch --device cuda --threads 0 --config "$root/configs/toy_transformer.json" \
-    --script "$root/examples/torch_bench.py"
-if [[ -f "$out/bench_torch.log" ]] && grep -q "PyTorch side skipped" "$out/bench_torch.log"; then
-    echo "   ERROR: bench torch ran without PyTorch on the device machine: $(grep "PyTorch side skipped" "$out/bench_torch.log")" |
-        tee -a "$summary"
-    status=1
+# The device image's CMake comes from pip, beside its python3: put that folder on the PATH if cmake is not.
+if ! command -v cmake >/dev/null && command -v python3 >/dev/null; then
+    export PATH="$PATH:$(dirname "$(command -v python3)")"
 fi
 
-echo "== done: overall status $status" | tee -a "$summary"
+say "normlab device check ($device), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "source: $root ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
+say "machine: $(nproc) cores, $(uname -srm); compilers: $(c++ --version 2>/dev/null | head -1); $(nvcc --version 2>/dev/null | tail -1 || echo 'no nvcc on PATH'); $(cmake --version 2>/dev/null | head -1)"
+if [[ "$device" == cuda ]]; then
+    say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 || echo 'nvidia-smi unavailable')"
+fi
+
+cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+if [[ "$device" == cuda ]]; then
+    cmake_args+=(-DNORMLAB_CUDA=ON)
+else
+    cmake_args+=(-DNORMLAB_CUDA=OFF)
+fi
+if [[ -n "$deps" ]]; then
+    # Debian's packages unpacked under work/deps: CMake finds their config files and OpenBLAS through the
+    # prefix; libopenblas's own dependency (libgfortran) is found at run time through LD_LIBRARY_PATH.
+    step unpack_deps 120 tar -xzf "$deps" -C "$(mkdir -p "$work/deps" && echo "$work/deps")" || { say "FAILED"; exit 1; }
+    cat "$work/deps/MANIFEST.txt" | sed 's/^/   deps: /' | tee -a "$summary"
+    multiarch="$(ls "$work/deps/usr/lib" | grep -m1 -- '-linux-gnu')"
+    export LD_LIBRARY_PATH="$work/deps/usr/lib/$multiarch:$work/deps/usr/lib/$multiarch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    cmake_args+=("-DCMAKE_PREFIX_PATH=$work/deps/usr")
+fi
+
+step configure 180 cmake -S "$root" -B "$build" "${cmake_args[@]}" "$@" || { say "FAILED"; exit 1; }
+step build 600 cmake --build "$build" -j"$jobs" || { say "FAILED"; exit 1; }
+step info 60 "$build/normlab" info
+
+set_device=(--set "device=$device")
+if [[ "$device" == cuda ]]; then
+    # Every CUDA kernel against the CPU first: the quickest answer to "does it work".
+    step test_cuda 300 "$build/normlab_tests" "[cuda]" --durations yes
+    if grep -q "SKIPPED: no CUDA device" "$logs/test_cuda.log"; then
+        say "   ERROR: CUDA tests were skipped on the device machine"
+        status=1
+    fi
+fi
+# The issue's bandwidth targets at 8192x4096: forward >= 0.85 of a device-to-device copy, fwd+bwd >= 0.7.
+step bench_norms 300 "$build/normlab" bench norms "${set_device[@]}" --set 'hidden=[1024,4096]' --set 'batch=[64]' \
+    --set 'large_shapes=["8192x4096","16384x4096"]' --set 'dtypes=["f32","bf16"]' --set reps=30 \
+    --out "$runs/bench_norms" --force
+step train 300 "$build/normlab" train "$root/configs/toy_transformer.json" "${set_device[@]}" --out "$runs/train" --force
+step train_bf16 300 "$build/normlab" train "$root/configs/toy_transformer.json" "${set_device[@]}" \
+    --set train.autocast=bf16 --out "$runs/train_bf16" --force
+# The toy transformer's step time against PyTorch eager on the same device (the issue asks for the ratio).
+step bench_torch 400 "$build/normlab" bench torch --device "$device" --threads 0 \
+    --config "$root/configs/toy_transformer.json" --script "$root/examples/torch_bench.py"
+if grep -q "PyTorch side skipped" "$logs/bench_torch.log"; then
+    say "   ERROR: bench torch ran without PyTorch: $(grep "PyTorch side skipped" "$logs/bench_torch.log")"
+    status=1
+fi
+# The whole suite (in a subshell for the cd; its exit code carries the failure out).
+(cd "$build" && step ctest 600 ctest --output-on-failure -j"$jobs" --timeout 300) || status=1
+step stability 300 "$build/normlab" stability "$root/configs/stability.json" "${set_device[@]}" --out "$runs/stability" --force
+
+say "== done: overall status $status"
 exit $status
