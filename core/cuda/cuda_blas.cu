@@ -70,7 +70,7 @@ void gemm_typed(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, in
                 double beta, T* c, int64_t ldc, int64_t stride_c, int64_t batch) {
     if (m == 0 || n == 0 || batch == 0) return;
     if (k == 0) {
-        scale_c_kernel<T><<<cuda::blocks_for(batch * m * n), cuda::kThreads>>>(m, n, T(beta), c, ldc, stride_c,
+        NL_LAUNCH(scale_c_kernel<T>, cuda::blocks_for(batch * m * n), cuda::kThreads)(m, n, T(beta), c, ldc, stride_c,
                                                                              batch);
         NL_CUDA_CHECK_LAUNCH();
         return;

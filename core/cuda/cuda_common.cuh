@@ -31,6 +31,15 @@ namespace nl {
 // After a kernel launch: reports bad launch configurations (and earlier asynchronous faults).
 #define NL_CUDA_CHECK_LAUNCH() NL_CUDA_CHECK(cudaGetLastError())
 
+// A kernel launch on the legacy default stream: NL_LAUNCH(kernel, blocks, threads)(arguments...). A macro
+// because the CPU emulator (tests/cuda/emulator/, -DNORMLAB_CUDA_EMULATOR=ON) compiles these files as
+// C++, which has no <<< >>>; under nvcc it is the plain launch.
+#ifdef NORMLAB_CUDA_EMULATOR
+#define NL_LAUNCH(kernel, blocks, threads) ::nl_emu::launcher((blocks), (threads), kernel)
+#else
+#define NL_LAUNCH(kernel, blocks, threads) kernel<<<(blocks), (threads)>>>
+#endif
+
 namespace cuda {
 
 constexpr int kThreads = 256;       // threads per block for elementwise and row kernels

@@ -252,7 +252,8 @@ void CudaBackend::copy(const Shape& shape, const StridedArg& dst, const StridedA
     if (dst_device < 0 || src_device < 0) {
         // Between the host and this GPU: Tensor::to(Device) passes packed operands of one dtype.
         // cudaMemcpy on the legacy stream waits for queued kernels, so a host read sees their results.
-        NL_CHECK(dst.dtype == src.dtype && packed(loop, 2), "cuda copy: a host operand needs packed operands of one dtype (",
+        NL_CHECK(dst.dtype == src.dtype && packed(loop, 2),
+                 "cuda copy: a host operand needs packed operands of one dtype (",
                  dtype_name(dst.dtype), " <- ", dtype_name(src.dtype), ", shape ", shape_str(shape), ")");
         NL_CUDA_CHECK(cudaMemcpy(dst.data, src.data, static_cast<size_t>(loop.numel) * dtype_size(dst.dtype),
                                  cudaMemcpyDefault));
@@ -263,7 +264,8 @@ void CudaBackend::copy(const Shape& shape, const StridedArg& dst, const StridedA
         // here would not wait for the source GPU's pending kernels (and a kernel here cannot read the
         // other GPU's memory without peer access). cudaMemcpyPeer is ordered after the queued work of
         // both devices.
-        NL_CHECK(dst.dtype == src.dtype && packed(loop, 2), "cuda copy: operands on two GPUs need packed operands of one dtype (",
+        NL_CHECK(dst.dtype == src.dtype && packed(loop, 2),
+                 "cuda copy: operands on two GPUs need packed operands of one dtype (",
                  dtype_name(dst.dtype), " <- ", dtype_name(src.dtype), ", shape ", shape_str(shape), ")");
         NL_CUDA_CHECK(cudaMemcpyPeer(dst.data, dst_device, src.data, src_device,
                                      static_cast<size_t>(loop.numel) * dtype_size(dst.dtype)));
@@ -278,11 +280,11 @@ void CudaBackend::copy(const Shape& shape, const StridedArg& dst, const StridedA
     if (dst.dtype == src.dtype) {
         with_bits_type(dst.dtype, [&](auto u) {
             using U = decltype(u);
-            raw_copy_kernel<U><<<blocks, cuda::kThreads>>>(loop, static_cast<U*>(dst.data),
+            NL_LAUNCH(raw_copy_kernel<U>, blocks, cuda::kThreads)(loop, static_cast<U*>(dst.data),
                                                           static_cast<const U*>(src.data));
         });
     } else {
-        convert_kernel<<<blocks, cuda::kThreads>>>(loop, dst.data, dst.dtype, src.data, src.dtype);
+        NL_LAUNCH(convert_kernel, blocks, cuda::kThreads)(loop, dst.data, dst.dtype, src.data, src.dtype);
     }
     NL_CUDA_CHECK_LAUNCH();
 }
@@ -298,7 +300,7 @@ void CudaBackend::fill(const Shape& shape, const StridedArg& dst, double value) 
     }
     with_bits_type(dst.dtype, [&](auto u) {
         using U = decltype(u);
-        fill_kernel<U><<<cuda::blocks_for(loop.numel), cuda::kThreads>>>(loop, static_cast<U*>(dst.data),
+        NL_LAUNCH(fill_kernel<U>, cuda::blocks_for(loop.numel), cuda::kThreads)(loop, static_cast<U*>(dst.data),
                                                                         static_cast<U>(bits));
     });
     NL_CUDA_CHECK_LAUNCH();
@@ -313,12 +315,12 @@ void CudaBackend::binary(BinaryOp op, const Shape& shape, const StridedArg& out,
     cuda::DeviceGuard guard(index_);
     const unsigned blocks = cuda::blocks_for(loop.numel);
     if (out.dtype == DType::F32) {
-        binary_kernel<float><<<blocks, cuda::kThreads>>>(op, loop, static_cast<float*>(out.data),
+        NL_LAUNCH(binary_kernel<float>, blocks, cuda::kThreads)(op, loop, static_cast<float*>(out.data),
                                                          static_cast<const float*>(a.data),
                                                          static_cast<const float*>(b.data));
     } else {
         NL_CHECK(out.dtype == DType::F64, "binary kernels take f32 or f64, got ", dtype_name(out.dtype));
-        binary_kernel<double><<<blocks, cuda::kThreads>>>(op, loop, static_cast<double*>(out.data),
+        NL_LAUNCH(binary_kernel<double>, blocks, cuda::kThreads)(op, loop, static_cast<double*>(out.data),
                                                           static_cast<const double*>(a.data),
                                                           static_cast<const double*>(b.data));
     }
@@ -332,11 +334,11 @@ void CudaBackend::unary(UnaryOp op, const Shape& shape, const StridedArg& out, c
     cuda::DeviceGuard guard(index_);
     const unsigned blocks = cuda::blocks_for(loop.numel);
     if (out.dtype == DType::F32) {
-        unary_kernel<float><<<blocks, cuda::kThreads>>>(op, loop, static_cast<float*>(out.data),
+        NL_LAUNCH(unary_kernel<float>, blocks, cuda::kThreads)(op, loop, static_cast<float*>(out.data),
                                                         static_cast<const float*>(in.data));
     } else {
         NL_CHECK(out.dtype == DType::F64, "unary kernels take f32 or f64, got ", dtype_name(out.dtype));
-        unary_kernel<double><<<blocks, cuda::kThreads>>>(op, loop, static_cast<double*>(out.data),
+        NL_LAUNCH(unary_kernel<double>, blocks, cuda::kThreads)(op, loop, static_cast<double*>(out.data),
                                                          static_cast<const double*>(in.data));
     }
     NL_CUDA_CHECK_LAUNCH();
@@ -351,7 +353,7 @@ void CudaBackend::where(const Shape& shape, const StridedArg& out, const Strided
     cuda::DeviceGuard guard(index_);
     with_bits_type(out.dtype, [&](auto u) {
         using U = decltype(u);
-        where_kernel<U><<<cuda::blocks_for(loop.numel), cuda::kThreads>>>(
+        NL_LAUNCH(where_kernel<U>, cuda::blocks_for(loop.numel), cuda::kThreads)(
             loop, static_cast<U*>(out.data), cond.data, cond.dtype, static_cast<const U*>(a.data),
             static_cast<const U*>(b.data));
     });

@@ -59,11 +59,11 @@ void read_rows(const char* op, int device, DType dtype, const void* src, const i
     cuda::DeviceGuard guard(device);
     const unsigned blocks = cuda::blocks_for(total);
     if (dtype == DType::F32) {
-        read_rows_kernel<float><<<blocks, cuda::kThreads>>>(static_cast<const float*>(src), index, per_element,
+        NL_LAUNCH(read_rows_kernel<float>, blocks, cuda::kThreads)(static_cast<const float*>(src), index, per_element,
                                                             static_cast<float*>(out), outer, src_size, inner, n);
     } else {
         NL_CHECK(dtype == DType::F64, op, ": kernels see f32/f64 only, found ", dtype_name(dtype));
-        read_rows_kernel<double><<<blocks, cuda::kThreads>>>(static_cast<const double*>(src), index, per_element,
+        NL_LAUNCH(read_rows_kernel<double>, blocks, cuda::kThreads)(static_cast<const double*>(src), index, per_element,
                                                              static_cast<double*>(out), outer, src_size, inner, n);
     }
     NL_CUDA_CHECK_LAUNCH();
@@ -76,11 +76,11 @@ void add_rows(const char* op, int device, DType dtype, void* dst, const int64_t*
     cuda::DeviceGuard guard(device);
     const unsigned blocks = cuda::blocks_for(columns);
     if (dtype == DType::F32) {
-        add_rows_kernel<float><<<blocks, cuda::kThreads>>>(static_cast<float*>(dst), index, per_element,
+        NL_LAUNCH(add_rows_kernel<float>, blocks, cuda::kThreads)(static_cast<float*>(dst), index, per_element,
                                                            static_cast<const float*>(src), outer, dst_size, inner, n);
     } else {
         NL_CHECK(dtype == DType::F64, op, ": kernels see f32/f64 only, found ", dtype_name(dtype));
-        add_rows_kernel<double><<<blocks, cuda::kThreads>>>(static_cast<double*>(dst), index, per_element,
+        NL_LAUNCH(add_rows_kernel<double>, blocks, cuda::kThreads)(static_cast<double*>(dst), index, per_element,
                                                             static_cast<const double*>(src), outer, dst_size, inner,
                                                             n);
     }

@@ -73,13 +73,11 @@ void CudaBackend::cross_entropy_forward(DType dtype, const void* logits, const i
     const unsigned blocks = cuda::row_blocks(rows);
     const int threads = row_threads(classes);
     if (dtype == DType::F64) {
-        cross_entropy_forward_kernel<double><<<blocks, threads>>>(dtype, logits, targets, static_cast<double*>(loss),
-                                                                  static_cast<double*>(lse), rows, classes,
-                                                                  ignore_index);
+        NL_LAUNCH(cross_entropy_forward_kernel<double>, blocks, threads)(
+            dtype, logits, targets, static_cast<double*>(loss), static_cast<double*>(lse), rows, classes, ignore_index);
     } else {
-        cross_entropy_forward_kernel<float><<<blocks, threads>>>(dtype, logits, targets, static_cast<float*>(loss),
-                                                                 static_cast<float*>(lse), rows, classes,
-                                                                 ignore_index);
+        NL_LAUNCH(cross_entropy_forward_kernel<float>, blocks, threads)(
+            dtype, logits, targets, static_cast<float*>(loss), static_cast<float*>(lse), rows, classes, ignore_index);
     }
     NL_CUDA_CHECK_LAUNCH();
 }
@@ -94,11 +92,11 @@ void CudaBackend::cross_entropy_backward(DType dtype, const void* logits, const 
     const unsigned blocks = cuda::row_blocks(rows);
     const int threads = row_threads(classes);
     if (dtype == DType::F64) {
-        cross_entropy_backward_kernel<double><<<blocks, threads>>>(
+        NL_LAUNCH(cross_entropy_backward_kernel<double>, blocks, threads)(
             dtype, logits, targets, static_cast<const double*>(lse), static_cast<const double*>(dloss), scale,
             dlogits, rows, classes, ignore_index);
     } else {
-        cross_entropy_backward_kernel<float><<<blocks, threads>>>(
+        NL_LAUNCH(cross_entropy_backward_kernel<float>, blocks, threads)(
             dtype, logits, targets, static_cast<const float*>(lse), static_cast<const float*>(dloss),
             static_cast<float>(scale), dlogits, rows, classes, ignore_index);
     }

@@ -59,9 +59,9 @@ __device__ __forceinline__ void load_tile(DType dtype, const void* p, int64_t ba
 // T is the math type: float for f32/bf16/f16, double for f64. mean, rstd: (rows).
 // __launch_bounds__: a 1024-thread block may use at most 64 registers per thread, or it cannot launch.
 template <typename T>
-__global__ void __launch_bounds__(kMaxNormThreads) norm_forward_kernel(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                                    T* mean, T* rstd, int64_t rows, int64_t d, T eps, bool subtract_mean,
-                                    int64_t k) {
+__global__ void __launch_bounds__(kMaxNormThreads)
+    norm_forward_kernel(DType dtype, const void* x, const void* weight, const void* bias, void* y, T* mean, T* rstd,
+                        int64_t rows, int64_t d, T eps, bool subtract_mean, int64_t k) {
     __shared__ T scratch[32];
     const int64_t tiles = row_tiles(d);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -123,9 +123,10 @@ __global__ void __launch_bounds__(kMaxNormThreads) norm_forward_kernel(DType dty
 // Block c handles rows [c * rows / chunks, (c + 1) * rows / chunks): dx for each, and its partial
 // rows dw_partial[c] (d), db_partial[c] (d) when those are wanted (null otherwise).
 template <typename T>
-__global__ void __launch_bounds__(kMaxNormThreads) norm_backward_kernel(DType dtype, const void* dy, const void* x, const void* weight,
-                                     const T* mean, const T* rstd, void* dx, T* dw_partial, T* db_partial,
-                                     int64_t rows, int64_t d, bool subtract_mean, int64_t k, int64_t chunks) {
+__global__ void __launch_bounds__(kMaxNormThreads)
+    norm_backward_kernel(DType dtype, const void* dy, const void* x, const void* weight, const T* mean, const T* rstd,
+                         void* dx, T* dw_partial, T* db_partial, int64_t rows, int64_t d, bool subtract_mean,
+                         int64_t k, int64_t chunks) {
     __shared__ T scratch[32];
     const int64_t c = blockIdx.x;
     const int64_t tiles = row_tiles(d);
@@ -246,14 +247,14 @@ void norm_backward_typed(int device, DType dtype, const void* dy, const void* x,
     Scratch dw_partial(device, dweight ? partial_bytes : 0);  // (chunks, d)
     Scratch db_partial(device, dbias ? partial_bytes : 0);    // (chunks, d)
     if (chunks > 0) {
-        norm_backward_kernel<T><<<static_cast<unsigned>(chunks), norm_threads(d)>>>(
+        NL_LAUNCH(norm_backward_kernel<T>, static_cast<unsigned>(chunks), norm_threads(d))(
             dtype, dy, x, weight, static_cast<const T*>(mean), static_cast<const T*>(rstd), dx, dw_partial.as<T>(),
             db_partial.as<T>(), rows, d, subtract_mean, k, chunks);
         NL_CUDA_CHECK_LAUNCH();
     }
     for (auto [partial, out] : {std::pair{&dw_partial, dweight}, std::pair{&db_partial, dbias}}) {
         if (out == nullptr) continue;
-        sum_partials_kernel<T><<<cuda::blocks_for(d), cuda::kThreads>>>(dtype, partial->template as<T>(), out,
+        NL_LAUNCH(sum_partials_kernel<T>, cuda::blocks_for(d), cuda::kThreads)(dtype, partial->template as<T>(), out,
                                                                         chunks, d);
         NL_CUDA_CHECK_LAUNCH();
     }
@@ -274,13 +275,13 @@ void CudaBackend::norm_forward(DType dtype, const void* x, const void* weight, c
     cuda::DeviceGuard guard(index_);
     const unsigned blocks = cuda::row_blocks(rows);
     if (dtype == DType::F64) {
-        norm_forward_kernel<double><<<blocks, norm_threads(d)>>>(dtype, x, weight, bias, y, static_cast<double*>(mean),
-                                                                 static_cast<double*>(rstd), rows, d, eps,
-                                                                 subtract_mean, stat_count);
+        NL_LAUNCH(norm_forward_kernel<double>, blocks, norm_threads(d))(
+            dtype, x, weight, bias, y, static_cast<double*>(mean), static_cast<double*>(rstd), rows, d, eps,
+            subtract_mean, stat_count);
     } else {
-        norm_forward_kernel<float><<<blocks, norm_threads(d)>>>(dtype, x, weight, bias, y, static_cast<float*>(mean),
-                                                                static_cast<float*>(rstd), rows, d,
-                                                                static_cast<float>(eps), subtract_mean, stat_count);
+        NL_LAUNCH(norm_forward_kernel<float>, blocks, norm_threads(d))(
+            dtype, x, weight, bias, y, static_cast<float*>(mean), static_cast<float*>(rstd), rows, d,
+            static_cast<float>(eps), subtract_mean, stat_count);
     }
     NL_CUDA_CHECK_LAUNCH();
 }

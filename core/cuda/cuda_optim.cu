@@ -66,7 +66,7 @@ void adam_typed(void* param, const void* grad, void* exp_avg, void* exp_avg_sq, 
     s.eps = static_cast<T>(eps);
     s.weight_decay = weight_decay != 0.0;
     s.decoupled = decoupled;
-    adam_kernel<T><<<cuda::blocks_for(n), cuda::kThreads>>>(static_cast<T*>(param), static_cast<const T*>(grad),
+    NL_LAUNCH(adam_kernel<T>, cuda::blocks_for(n), cuda::kThreads)(static_cast<T*>(param), static_cast<const T*>(grad),
                                                             static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
                                                             static_cast<T*>(max_exp_avg_sq), n, s);
     NL_CUDA_CHECK_LAUNCH();
@@ -91,7 +91,7 @@ __global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, T neg_lr,
 template <typename T>
 void sgd_typed(void* param, const void* grad, void* buf, int64_t n, double lr, double momentum, double dampening,
                double weight_decay, bool nesterov, bool first_step) {
-    sgd_kernel<T><<<cuda::blocks_for(n), cuda::kThreads>>>(
+    NL_LAUNCH(sgd_kernel<T>, cuda::blocks_for(n), cuda::kThreads)(
         static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(buf), n, static_cast<T>(-lr),
         static_cast<T>(momentum), static_cast<T>(1.0 - dampening), static_cast<T>(weight_decay),
         weight_decay != 0.0, momentum != 0.0, nesterov, first_step);

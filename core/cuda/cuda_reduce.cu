@@ -107,7 +107,7 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* in, void* out, int64_t 
             arg_value[threadIdx.x] = best.value;
             arg_index[threadIdx.x] = best.index;
             __syncthreads();
-            for (int half = blockDim.x / 2; half > 0; half /= 2) {
+            for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
                 if (threadIdx.x < half) {
                     const ArgBest<T> p = arg_combine(ArgBest<T>{arg_value[threadIdx.x], arg_index[threadIdx.x]},
                                                      ArgBest<T>{arg_value[threadIdx.x + half],
@@ -133,9 +133,9 @@ template <typename T>
 void reduce_typed(ReduceOp op, const T* in, void* out, int64_t outer, int64_t len, int64_t inner,
                   int64_t correction) {
     if (inner == 1 && len > kShortRow) {
-        reduce_rows_kernel<T><<<cuda::row_blocks(outer), cuda::kThreads>>>(op, in, out, outer, len, correction);
+        NL_LAUNCH(reduce_rows_kernel<T>, cuda::row_blocks(outer), cuda::kThreads)(op, in, out, outer, len, correction);
     } else {
-        reduce_columns_kernel<T><<<cuda::blocks_for(outer * inner), cuda::kThreads>>>(op, in, out, outer, len,
+        NL_LAUNCH(reduce_columns_kernel<T>, cuda::blocks_for(outer * inner), cuda::kThreads)(op, in, out, outer, len,
                                                                                       inner, correction);
     }
     NL_CUDA_CHECK_LAUNCH();
@@ -209,11 +209,11 @@ void CudaBackend::softmax_forward(DType dtype, const void* x, void* y, int64_t r
     const unsigned blocks = cuda::row_blocks(rows);
     const int threads = row_threads(cols);
     if (dtype == DType::F32) {
-        softmax_forward_kernel<float><<<blocks, threads>>>(static_cast<const float*>(x), static_cast<float*>(y),
+        NL_LAUNCH(softmax_forward_kernel<float>, blocks, threads)(static_cast<const float*>(x), static_cast<float*>(y),
                                                            rows, cols, log);
     } else {
         NL_CHECK(dtype == DType::F64, "softmax kernels take f32 or f64, got ", dtype_name(dtype));
-        softmax_forward_kernel<double><<<blocks, threads>>>(static_cast<const double*>(x),
+        NL_LAUNCH(softmax_forward_kernel<double>, blocks, threads)(static_cast<const double*>(x),
                                                             static_cast<double*>(y), rows, cols, log);
     }
     NL_CUDA_CHECK_LAUNCH();
@@ -226,12 +226,12 @@ void CudaBackend::softmax_backward(DType dtype, const void* y, const void* dy, v
     const unsigned blocks = cuda::row_blocks(rows);
     const int threads = row_threads(cols);
     if (dtype == DType::F32) {
-        softmax_backward_kernel<float><<<blocks, threads>>>(static_cast<const float*>(y),
+        NL_LAUNCH(softmax_backward_kernel<float>, blocks, threads)(static_cast<const float*>(y),
                                                             static_cast<const float*>(dy),
                                                             static_cast<float*>(dx), rows, cols, log);
     } else {
         NL_CHECK(dtype == DType::F64, "softmax kernels take f32 or f64, got ", dtype_name(dtype));
-        softmax_backward_kernel<double><<<blocks, threads>>>(static_cast<const double*>(y),
+        NL_LAUNCH(softmax_backward_kernel<double>, blocks, threads)(static_cast<const double*>(y),
                                                              static_cast<const double*>(dy),
                                                              static_cast<double*>(dx), rows, cols, log);
     }

@@ -26,7 +26,7 @@ void rope_typed(const void* x, const void* cos, const void* sin, void* out, int6
                 int64_t heads, int64_t head_dim, bool inverse) {
     const int64_t pairs = batch * seq * heads * (head_dim / 2);
     if (pairs == 0) return;
-    rope_kernel<T><<<cuda::blocks_for(pairs), cuda::kThreads>>>(
+    NL_LAUNCH(rope_kernel<T>, cuda::blocks_for(pairs), cuda::kThreads)(
         static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(out), pairs,
         seq, heads, head_dim / 2, inverse);
     NL_CUDA_CHECK_LAUNCH();
