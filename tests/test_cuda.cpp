@@ -176,6 +176,30 @@ TEST_CASE("cuda: device copies convert between every pair of dtypes as the CPU d
     }
 }
 
+TEST_CASE("cuda: copies between two GPUs keep every dtype exactly, and each GPU computes", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+#ifdef NORMLAB_HAVE_CUDA
+    if (cuda_device_count() < 2) {
+        // Same skip wording as above, so ctest reports it skipped; device_check.sh accepts this one on a
+        // one-GPU machine. (The emulator runs it with NL_EMU_DEVICES=2, as .ci/run does.)
+        WARN("SKIPPED: no CUDA device cuda:1 (one GPU here): " << Catch::getResultCapture().getCurrentTestName());
+        return;
+    }
+    const Device second = Device::cuda(1);
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64}) {
+        const Tensor x = (random_normal({3, 7}, 36, DType::F64) * 100.0).to(dtype);
+        const Tensor on_second = gpu(x).to(second);
+        REQUIRE(on_second.device() == second);
+        require_close(x, on_second.to(kGpu), 0.0, std::string("cuda:0 -> cuda:1 -> cuda:0 ") + dtype_name(dtype));
+        REQUIRE(on_second.to(Device::cpu()).to_vector() == x.to_vector());
+    }
+    const Tensor a = random_normal({5, 6}, 37), b = random_normal({6, 4}, 38);
+    const Tensor product = matmul(a.to(second), b.to(second));
+    REQUIRE(product.device() == second);
+    require_close(matmul(a, b), product.to(kGpu), 1e-5, "matmul on cuda:1");
+#endif
+}
+
 TEST_CASE("cuda: strided copies, broadcast copy_ and fill match the CPU", "[cuda]") {
     CUDA_TEST_OR_SKIP();
     const Tensor x = random_normal({4, 6, 5}, 2);
@@ -189,8 +213,8 @@ TEST_CASE("cuda: strided copies, broadcast copy_ and fill match the CPU", "[cuda
     // copy_ from the host into a strided device view
     Tensor target = zeros({5, 4}, DType::F32, kGpu);
     Tensor target_cpu = zeros({5, 4});
-    target.t().copy_(x.select(2, 0).narrow(0, 0, 4));
-    target_cpu.t().copy_(x.select(2, 0).narrow(0, 0, 4));
+    target.t().copy_(x.select(2, 0).narrow(1, 0, 5));  // [4, 5] host slice into the [4, 5] transposed view
+    target_cpu.t().copy_(x.select(2, 0).narrow(1, 0, 5));
     require_close(target_cpu, target, 0.0, "host -> strided device view");
     for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64}) {
         for (double v : {0.0, -2.7, 1e9}) {

@@ -1,0 +1,28 @@
+// IEEE half for the emulator (see emulator.h): conversions through the compiler's _Float16, which
+// rounds to nearest, ties to even, as CUDA's __float2half_rn.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "emulator.h"
+
+struct __half {
+    uint16_t bits;
+};
+
+inline float __half2float(__half h) {
+    _Float16 v;
+    std::memcpy(&v, &h.bits, sizeof v);
+    return static_cast<float>(v);
+}
+
+inline __half __float2half_rn(float f) {
+    const _Float16 v = static_cast<_Float16>(f);
+    __half h;
+    std::memcpy(&h.bits, &v, sizeof h.bits);
+    return h;
+}
+
+inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }

@@ -1,0 +1,3 @@
+// The emulator's CUDA runtime (see emulator.h).
+#pragma once
+#include "cuda_runtime.h"
