@@ -11,8 +11,9 @@
 // memory is read once. Wider rows re-read each tile per pass (from L1/L2 for the most part).
 // dweight/dbias are reduced without atomics in two stages: the rows are cut into a number of chunks
 // that depends on `rows` only; block c walks its chunk's rows in order, each thread adding into
-// the partial-row columns it alone owns (in registers for one-tile rows); then one thread per column
-// sums the partial rows in chunk order. So the bits are the same on every run and every GPU.
+// the partial-row columns it alone owns (in registers for one-tile rows); then the partial rows are
+// summed per column in a fixed order (sum_partials_kernel). So the bits are the same on every run and
+// every GPU.
 #include <algorithm>
 
 #include "core/cuda/cuda_backend.cuh"
@@ -205,13 +206,30 @@ __global__ void __launch_bounds__(kMaxNormThreads)
     }
 }
 
-// out[j] = sum over c of partial[c][j], in chunk order (zeros when chunks == 0).
+// out[j] = sum over c of partial[c][j] (zeros when chunks == 0), in a fixed order: a block of
+// kSumGroups warps takes 32 columns; warp g sums chunks g, g + kSumGroups, ... in order, then the
+// warps' sums are added in warp order. So kSumGroups times more threads read the partial rows than
+// with one thread per column, and the bits are the same on every run.
+constexpr int kSumGroups = 8;
+
 template <typename T>
 __global__ void sum_partials_kernel(DType dtype, const T* partial, void* out, int64_t chunks, int64_t d) {
-    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
+    __shared__ T group_sums[kSumGroups][32];
+    const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
+    // The tile loop is the same for every thread of the block (barriers inside).
+    for (int64_t tile = blockIdx.x; tile * 32 < d; tile += gridDim.x) {
+        const int64_t j = tile * 32 + lane;
         T sum = T(0);
-        for (int64_t c = 0; c < chunks; ++c) sum += partial[c * d + j];
-        cuda::store_as<T>(dtype, out, j, sum);
+        if (j < d)
+            for (int64_t c = group; c < chunks; c += kSumGroups) sum += partial[c * d + j];
+        group_sums[group][lane] = sum;
+        __syncthreads();
+        if (group == 0 && j < d) {
+            T total = T(0);
+            for (int g = 0; g < kSumGroups; ++g) total += group_sums[g][lane];
+            cuda::store_as<T>(dtype, out, j, total);
+        }
+        __syncthreads();  // group_sums is rewritten by the next tile
     }
 }
 
@@ -254,8 +272,8 @@ void norm_backward_typed(int device, DType dtype, const void* dy, const void* x,
     }
     for (auto [partial, out] : {std::pair{&dw_partial, dweight}, std::pair{&db_partial, dbias}}) {
         if (out == nullptr) continue;
-        NL_LAUNCH(sum_partials_kernel<T>, cuda::blocks_for(d), cuda::kThreads)(dtype, partial->template as<T>(), out,
-                                                                        chunks, d);
+        NL_LAUNCH(sum_partials_kernel<T>, cuda::blocks_for((d + 31) / 32, 1), kSumGroups * 32)(
+            dtype, partial->template as<T>(), out, chunks, d);
         NL_CUDA_CHECK_LAUNCH();
     }
 }
