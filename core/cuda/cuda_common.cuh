@@ -186,8 +186,14 @@ struct StridedLoop {
 StridedLoop collapse(const Shape& shape, std::initializer_list<const StridedArg*> args);
 
 // Element offsets of linear index `linear` (row-major over loop.sizes) for the first `nargs` operands.
+// One collapsed dim (every packed or evenly strided operand) needs no division: a 64-bit integer
+// division is a long instruction sequence on a GPU, enough to make a copy compute-bound.
 template <int NArgs>
 __device__ __forceinline__ void offsets_of(const StridedLoop& loop, int64_t linear, int64_t* off) {
+    if (loop.ndim == 1) {
+        for (int k = 0; k < NArgs; ++k) off[k] = linear * loop.strides[k][0];
+        return;
+    }
     for (int k = 0; k < NArgs; ++k) off[k] = 0;
     for (int d = loop.ndim - 1; d >= 0; --d) {
         const int64_t size = loop.sizes[d];
