@@ -14,6 +14,10 @@
 
 #include <cblas.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 
@@ -210,8 +214,20 @@ std::string where() {
     return text;
 }
 
-// Runs every thread of the current block to its end. Returns the error that stopped it, or "".
-std::string run_block() {
+// A block stopped by an error leaves its fibers' frames on their stacks. Under AddressSanitizer their
+// redzones stay poisoned, so the next block to use the stacks must clear them first.
+bool stacks_abandoned = false;
+
+void reset_abandoned_stacks() {
+#if defined(__SANITIZE_ADDRESS__)
+    if (stacks_abandoned)
+        for (auto& stack : block.stacks) ASAN_UNPOISON_MEMORY_REGION(stack.get(), kFiberStack);
+#endif
+    stacks_abandoned = false;
+}
+
+// The fibers of the current block, run to their end. Returns the error that stopped them, or "".
+std::string run_block_fibers() {
     const unsigned n = block_dim.x;
     while (block.stacks.size() < n) block.stacks.push_back(std::make_unique<char[]>(kFiberStack));
     block.fibers.assign(n, Fiber{});
@@ -261,6 +277,14 @@ std::string run_block() {
         return "block " + std::to_string(block_idx.x) + ": deadlock (" + std::to_string(at_block) +
                " threads at __syncthreads, " + std::to_string(done) + " exited, of " + std::to_string(n) + ")";
     }
+}
+
+// Runs every thread of the current block to its end. Returns the error that stopped it, or "".
+std::string run_block() {
+    reset_abandoned_stacks();
+    const std::string error = run_block_fibers();
+    stacks_abandoned = !error.empty();
+    return error;
 }
 
 }  // namespace
