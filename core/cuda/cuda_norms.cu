@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(kMaxNormThreads)
     T dw_acc[kTileItems], db_acc[kTileItems];
 #pragma unroll
     for (int i = 0; i < kTileItems; ++i) dw_acc[i] = db_acc[i] = T(0);
-    // Every column j is touched only by thread j % blockDim.x, here and below: no barrier needed.
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    // Wider rows add into the partial rows in place, so those start at zero. Every column j is touched
+    // only by thread j % blockDim.x, here and below: no barrier needed.
+    for (int64_t j = threadIdx.x; tiles > 1 && j < d; j += blockDim.x) {
         if (dw_row) dw_row[j] = T(0);
         if (db_row) db_row[j] = T(0);
     }
@@ -186,8 +187,8 @@ __global__ void __launch_bounds__(kMaxNormThreads)
                 const T through_stats = j < k ? a + xhat * b : T(0);
                 cuda::store_as<T>(dtype, dx, base + j, rs * (g - through_stats));
                 if (tiles == 1) {
-                    dw_acc[i] += dyv[i] * xhat;
-                    db_acc[i] += dyv[i];
+                    if (dw_row) dw_acc[i] += dyv[i] * xhat;
+                    if (db_row) db_acc[i] += dyv[i];
                 } else {
                     if (dw_row) dw_row[j] += dyv[i] * xhat;
                     if (db_row) db_row[j] += dyv[i];
