@@ -21,25 +21,39 @@
 # Exit status: non-zero when any step failed.
 set -uo pipefail
 
-usage() { sed -n '14,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# A bad argument: what was expected and what was found, then the usage; exit code 2, before any folder
+# is made or emptied.
+bad_argument() {
+    echo "device_check.sh: $*" >&2
+    sed -n '14,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
 
 deps=""
 device="cuda"
 work="/tmp/normlab-device-check"
 while [[ $# -gt 0 && "$1" == --* ]]; do
+    [[ "$1" == --deps || "$1" == --device || "$1" == --work ]] ||
+        bad_argument "unknown option \"$1\" (expected --deps, --device or --work)"
+    [[ $# -ge 2 ]] || bad_argument "$1: expected a value, found none"
     case "$1" in
-        --deps) deps="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-        --device) device="$2"; shift 2 ;;
-        --work) work="$2"; shift 2 ;;
-        *) usage ;;
+        --deps)
+            [[ -f "$2" ]] || bad_argument "--deps: expected an archive made by stage_deps.sh, found no file \"$2\""
+            deps="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")" ;;
+        --device) device="$2" ;;
+        --work) work="$2" ;;
     esac
+    shift 2
 done
-[[ $# -ge 1 ]] || usage
-[[ "$device" == cuda || "$device" == cpu ]] || usage
-out="$(mkdir -p "$1" && cd "$1" && pwd)"
+[[ $# -ge 1 ]] || bad_argument "expected OUT_DIR, found no arguments after the options"
+[[ "$device" == cuda || "$device" == cpu ]] || bad_argument "--device: expected cuda or cpu, found \"$device\""
+out="$(realpath -m "$1")"
+case "$(realpath -m "$work")" in
+    "$out" | "$out"/*) bad_argument "--work: expected a folder outside OUT_DIR, found \"$work\"" ;;
+esac
+mkdir -p "$out"
 shift
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-case "$work" in "$out" | "$out"/*) echo "--work must lie outside OUT_DIR" >&2; exit 2 ;; esac
 rm -rf "$work"
 mkdir -p "$work/logs" "$work/runs"
 build="$work/build"
@@ -101,7 +115,7 @@ if [[ -n "$deps" ]]; then
     # Debian's packages unpacked under work/deps: CMake finds their config files and OpenBLAS through the
     # prefix; libopenblas's own dependency (libgfortran) is found at run time through LD_LIBRARY_PATH.
     step unpack_deps 120 tar -xzf "$deps" -C "$(mkdir -p "$work/deps" && echo "$work/deps")" || { say "FAILED"; exit 1; }
-    cat "$work/deps/MANIFEST.txt" | sed 's/^/   deps: /' | tee -a "$summary"
+    sed 's/^/   deps: /' "$work/deps/MANIFEST.txt" | tee -a "$summary"
     multiarch="$(ls "$work/deps/usr/lib" | grep -m1 -- '-linux-gnu')"
     export LD_LIBRARY_PATH="$work/deps/usr/lib/$multiarch:$work/deps/usr/lib/$multiarch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     cmake_args+=("-DCMAKE_PREFIX_PATH=$work/deps/usr")

@@ -8,6 +8,7 @@
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
+    echo "stage_deps.sh: expected one argument, the archive to write, found $#" >&2
     echo "usage: $0 ARCHIVE.tar.gz" >&2
     exit 2
 fi

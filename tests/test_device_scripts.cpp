@@ -1,0 +1,54 @@
+// The GPU machine's scripts (tests/cuda/device_check.sh, stage_deps.sh) reject bad arguments before
+// doing anything: exit code 2 and a message naming what was expected and what was found. (Their real
+// work, a build on a GPU machine and apt downloads, is not run here.)
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "cli_test_util.h"
+
+namespace {
+
+// Runs `bash <script> <args>` from the source tree; the output and exit code.
+nl_test::CliRun run_script(const std::string& script, const std::string& args) {
+    const std::string dir = nl_test::make_temp_dir("device-scripts");
+    const std::string command = "cd " + nl_test::shell_arg(dir) + " && bash " +
+                                nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/tests/cuda/" + script) + " " +
+                                args + " 2>&1";
+    nl_test::CliRun run;
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
+    const int raw = pclose(pipe);
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("device_check.sh and stage_deps.sh reject bad arguments with what was expected and found",
+          "[device_scripts]") {
+    struct Case {
+        std::string script, args, message;
+    };
+    const Case cases[] = {
+        {"device_check.sh", "--device gpu out", "--device: expected cuda or cpu, found \"gpu\""},
+        {"device_check.sh", "--deps missing.tar.gz out",
+         "--deps: expected an archive made by stage_deps.sh, found no file \"missing.tar.gz\""},
+        {"device_check.sh", "--frob 1 out", "unknown option \"--frob\" (expected --deps, --device or --work)"},
+        {"device_check.sh", "--work", "--work: expected a value, found none"},
+        {"device_check.sh", "", "expected OUT_DIR, found no arguments after the options"},
+        {"device_check.sh", "--work out/build out", "--work: expected a folder outside OUT_DIR, found \"out/build\""},
+        {"stage_deps.sh", "", "expected one argument, the archive to write, found 0"},
+    };
+    for (const Case& c : cases) {
+        INFO(c.script << " " << c.args);
+        const nl_test::CliRun run = run_script(c.script, c.args);
+        INFO(run.output);
+        CHECK(run.status == 2);
+        CHECK_THAT(run.output, Catch::Contains(c.message) && Catch::Contains("usage:"));
+        CHECK_THAT(run.output, !Catch::Contains("== "));  // no step ran
+    }
+}
