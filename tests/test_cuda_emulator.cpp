@@ -2,7 +2,8 @@
 // second build is): a correct block reduction gives the right sum, and the misuses it promises to
 // report (a warp shuffle that not every lane reaches, a shuffle partner past the block, a launch past
 // 1024 threads, a copy whose pointers contradict its kind or leave their allocation) come back as
-// CUDA errors with the emulator's explanation. In other builds this file defines no tests.
+// CUDA errors with the emulator's explanation, and a bad NL_EMU_* setting stops the program with a
+// message. In other builds this file defines no tests.
 #include <catch2/catch.hpp>
 
 #ifdef NORMLAB_CUDA_EMULATOR
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "core/cuda/cuda_common.cuh"
 
 namespace {
@@ -99,6 +101,21 @@ TEST_CASE("cuda emulator: launch limits and copies are checked as on a GPU", "[c
     CHECK_THAT(std::string(cudaGetErrorString(cudaGetLastError())),
                Catch::Contains("not inside one device allocation"));
     REQUIRE(cudaFree(out) == cudaSuccess);
+}
+
+TEST_CASE("cuda emulator: a bad NL_EMU_DEVICES or NL_EMU_ORDER stops normlab with a message naming it",
+          "[cuda_emulator]") {
+    const std::string dir = nl_test::make_temp_dir("emulator-env");
+    const nl_test::CliRun order = nl_test::run_normlab_env(dir, "NL_EMU_ORDER=sideways ", "info");
+    CHECK(order.status == 2);
+    CHECK_THAT(order.output, Catch::Contains("NL_EMU_ORDER: expected forward or reverse, found \"sideways\""));
+    const nl_test::CliRun devices = nl_test::run_normlab_env(dir, "NL_EMU_DEVICES=two ", "info");
+    CHECK(devices.status == 2);
+    CHECK_THAT(devices.output,
+               Catch::Contains("NL_EMU_DEVICES: expected a number of GPUs from 0 to 16, found \"two\""));
+    const nl_test::CliRun good = nl_test::run_normlab_env(dir, "NL_EMU_DEVICES=2 NL_EMU_ORDER=reverse ", "info");
+    CHECK(good.status == 0);
+    CHECK_THAT(good.output, Catch::Contains("2 GPU(s)"));
 }
 
 #endif  // NORMLAB_CUDA_EMULATOR

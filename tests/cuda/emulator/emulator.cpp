@@ -1,7 +1,8 @@
 // The CPU emulator's runtime (see emulator.h): block scheduling on fibers, barriers and shuffles with
 // their misuse reported, device memory as checked host allocations, and cuBLAS's gemm.
-// Environment: NL_EMU_DEVICES (GPUs to pretend, default 1), NL_EMU_ORDER=reverse (run blocks, and the
-// threads between two barriers, last to first: a race between threads or blocks then changes results).
+// Environment: NL_EMU_DEVICES (GPUs to pretend, 0 to 16, default 1), NL_EMU_ORDER=forward|reverse
+// (reverse runs blocks, and the threads between two barriers, last to first: a race between threads
+// or blocks then changes results).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -43,21 +44,42 @@ cudaError_t fail(cudaError_t error, const std::string& why) {
     return error;
 }
 
-int device_count() {
-    static const int count = [] {
-        const char* env = std::getenv("NL_EMU_DEVICES");
-        return env ? std::max(0, std::atoi(env)) : 1;
-    }();
-    return count;
+// The environment's settings, read and checked once: a value the emulator does not understand ends
+// the program (exit code 2) with a message naming what was expected and found, rather than running
+// the tests on some default the caller did not ask for.
+struct Settings {
+    int devices = 1;
+    bool reverse = false;
+};
+
+[[noreturn]] void bad_setting(const char* name, const char* expected, const char* found) {
+    std::fprintf(stderr, "normlab CUDA emulator: %s: expected %s, found \"%s\"\n", name, expected, found);
+    std::exit(2);
 }
 
-bool reverse_order() {
-    static const bool reverse = [] {
-        const char* env = std::getenv("NL_EMU_ORDER");
-        return env != nullptr && std::string(env) == "reverse";
+const Settings& settings() {
+    static const Settings parsed = [] {
+        Settings s;
+        if (const char* devices = std::getenv("NL_EMU_DEVICES")) {
+            char* end = nullptr;
+            const long n = std::strtol(devices, &end, 10);
+            if (end == devices || *end != '\0' || n < 0 || n > 16)
+                bad_setting("NL_EMU_DEVICES", "a number of GPUs from 0 to 16", devices);
+            s.devices = static_cast<int>(n);
+        }
+        if (const char* order = std::getenv("NL_EMU_ORDER")) {
+            const std::string text = order;
+            if (text != "forward" && text != "reverse") bad_setting("NL_EMU_ORDER", "forward or reverse", order);
+            s.reverse = text == "reverse";
+        }
+        return s;
     }();
-    return reverse;
+    return parsed;
 }
+
+int device_count() { return settings().devices; }
+
+bool reverse_order() { return settings().reverse; }
 
 thread_local int current_device = 0;
 
