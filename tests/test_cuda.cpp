@@ -7,9 +7,17 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "autograd/autograd.h"
+#include "layers/linear.h"
+#include "layers/norms.h"
+#include "layers/transformer.h"
+#include "layers_test_util.h"
 
 #include "core/fused.h"
 #include "core/ops.h"
@@ -610,4 +618,101 @@ TEST_CASE("cuda: TF32 setting is off by default and can be switched", "[cuda]") 
     require_close(matmul(a, b), tf32, 2e-2, "tf32 matmul");
     require_close(matmul(a, b), matmul(gpu(a), gpu(b)), 1e-4, "exact f32 after switching back");
 #endif
+}
+
+// ---- layers ----
+
+namespace {
+
+// Builds one module from a fixed seed: called twice, it gives two modules with the same parameters.
+using ModuleFactory = std::function<std::shared_ptr<UnaryModule>(Generator&)>;
+
+// The module on the CPU and its copy moved to the GPU (Module::to) see the same input; loss =
+// sum(y * dy). y, dL/dx and every parameter's gradient must agree with the CPU's within `tol`.
+void require_layer_matches(const std::string& what, const ModuleFactory& make, const Shape& input_shape,
+                           double tol) {
+    Generator cpu_gen(40), gpu_gen(40);
+    std::shared_ptr<UnaryModule> cpu_module = make(cpu_gen), gpu_module = make(gpu_gen);
+    gpu_module->to(kGpu);
+    const Tensor x = random_normal(input_shape, 41);
+    Var x_cpu(x, true), x_gpu(gpu(x), true);
+    const Var y_cpu = cpu_module->forward(x_cpu), y_gpu = gpu_module->forward(x_gpu);
+    require_close(y_cpu.data(), y_gpu.data(), tol, what + ": y");
+    const Tensor dy = random_normal(y_cpu.shape(), 42);
+    sum(y_cpu * Var(dy)).backward();
+    sum(y_gpu * Var(gpu(dy))).backward();
+    REQUIRE(x_gpu.grad().defined());
+    require_close(x_cpu.grad().data(), x_gpu.grad().data(), tol, what + ": dL/dx");
+    const auto cpu_params = cpu_module->named_parameters(), gpu_params = gpu_module->named_parameters();
+    REQUIRE(cpu_params.size() == gpu_params.size());
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+        REQUIRE(gpu_params[i].second.device() == kGpu);
+        REQUIRE(gpu_params[i].second.grad().defined());
+        require_close(cpu_params[i].second.grad().data(), gpu_params[i].second.grad().data(), tol,
+                      what + ": grad of " + cpu_params[i].first);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: every layer's output, input gradient and parameter gradients match the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    // Gradients sum over the batch and (attention, blocks) over positions: f32 sums in another order.
+    const double tol = 1e-4;
+    require_layer_matches("Linear", [](Generator& g) {
+        LinearOptions o;
+        o.in_features = 16, o.out_features = 12, o.generator = &g;
+        return std::make_shared<Linear>(o);
+    }, {3, 5, 16}, tol);
+    for (const std::string& type : norm_types()) {
+        for (bool fused : {true, false}) {
+            require_layer_matches(type + (fused ? " fused" : " composed"), [&type, fused](Generator& g) {
+                NormOptions o;
+                o.type = type, o.dim = 16, o.fused = fused;
+                std::shared_ptr<Norm> norm = make_norm(o);
+                nl::test::randomize_parameters(*norm, g);  // not ones and zeros, which hide mistakes
+                return norm;
+            }, {3, 5, 16}, tol);
+        }
+    }
+    require_layer_matches("FeedForward (SwiGLU)", [](Generator& g) {
+        FeedForwardOptions o;
+        o.dim = 16, o.hidden_dim = 64, o.multiple_of = 8, o.generator = &g;
+        return std::make_shared<FeedForward>(o);
+    }, {3, 5, 16}, tol);
+    require_layer_matches("Attention (RoPE, grouped kv heads)", [](Generator& g) {
+        AttentionOptions o;
+        o.dim = 16, o.n_heads = 4, o.n_kv_heads = 2, o.max_seq_len = 8, o.generator = &g;
+        return std::make_shared<Attention>(o);
+    }, {2, 7, 16}, tol);
+    for (bool pre_norm : {true, false}) {
+        require_layer_matches(pre_norm ? "TransformerBlock pre-norm RMSNorm" : "TransformerBlock post-norm LayerNorm",
+                              [pre_norm](Generator& g) {
+            TransformerBlockOptions o;
+            o.dim = 16, o.n_heads = 4, o.multiple_of = 8, o.pre_norm = pre_norm, o.max_seq_len = 8, o.generator = &g;
+            o.norm.type = pre_norm ? "rmsnorm" : "layernorm";
+            return std::make_shared<TransformerBlock>(o);
+        }, {2, 7, 16}, tol);
+    }
+}
+
+TEST_CASE("cuda: Embedding's output and weight gradient match the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    Generator cpu_gen(43), gpu_gen(43);
+    EmbeddingOptions o;
+    o.num_embeddings = 11, o.embedding_dim = 16;
+    o.generator = &cpu_gen;
+    Embedding cpu_embedding(o);
+    o.generator = &gpu_gen;
+    Embedding gpu_embedding(o);
+    gpu_embedding.to(kGpu);
+    const Tensor ids = random_indices({4, 9}, 11, 44), dy = random_normal({4, 9, 16}, 45);
+    const Var y_cpu = cpu_embedding.forward(ids), y_gpu = gpu_embedding.forward(gpu(ids));
+    require_close(y_cpu.data(), y_gpu.data(), 0.0, "embedding rows");
+    sum(y_cpu * Var(dy)).backward();
+    sum(y_gpu * Var(gpu(dy))).backward();
+    // Repeated ids add their rows in order on both devices: the same bits.
+    REQUIRE(gpu_embedding.weight().grad().defined());
+    require_close(cpu_embedding.weight().grad().data(), gpu_embedding.weight().grad().data(), 0.0,
+                  "embedding weight grad");
 }
