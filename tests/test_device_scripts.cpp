@@ -1,6 +1,7 @@
 // The GPU machine's scripts (tests/cuda/device_check.sh, stage_deps.sh) reject bad arguments before
 // doing anything: exit code 2 and a message naming what was expected and what was found. (Their real
-// work, a build on a GPU machine and apt downloads, is not run here.)
+// work, a build on a GPU machine and apt downloads, is not run here.) And CMake refuses the CUDA
+// emulator together with the real CUDA backend.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -9,12 +10,10 @@
 
 namespace {
 
-// Runs `bash <script> <args>` from the source tree; the output and exit code.
-nl_test::CliRun run_script(const std::string& script, const std::string& args) {
+// Runs the shell command `command` in a fresh temporary folder; its output and exit code.
+nl_test::CliRun run_in_temp_dir(const std::string& command_text) {
     const std::string dir = nl_test::make_temp_dir("device-scripts");
-    const std::string command = "cd " + nl_test::shell_arg(dir) + " && bash " +
-                                nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/tests/cuda/" + script) + " " +
-                                args + " 2>&1";
+    const std::string command = "cd " + nl_test::shell_arg(dir) + " && " + command_text + " 2>&1";
     nl_test::CliRun run;
     FILE* pipe = popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
@@ -24,6 +23,11 @@ nl_test::CliRun run_script(const std::string& script, const std::string& args) {
     const int raw = pclose(pipe);
     run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
     return run;
+}
+
+nl_test::CliRun run_script(const std::string& script, const std::string& args) {
+    return run_in_temp_dir("bash " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/tests/cuda/" + script) +
+                           " " + args);
 }
 
 }  // namespace
@@ -51,4 +55,12 @@ TEST_CASE("device_check.sh and stage_deps.sh reject bad arguments with what was 
         CHECK_THAT(run.output, Catch::Contains(c.message) && Catch::Contains("usage:"));
         CHECK_THAT(run.output, !Catch::Contains("== "));  // no step ran
     }
+}
+
+TEST_CASE("cmake refuses NORMLAB_CUDA_EMULATOR=ON together with NORMLAB_CUDA=ON, naming both", "[device_scripts]") {
+    const nl_test::CliRun run = run_in_temp_dir("cmake -S " + nl_test::shell_arg(NORMLAB_SOURCE_DIR) +
+                                                " -B build -DNORMLAB_CUDA=ON -DNORMLAB_CUDA_EMULATOR=ON");
+    INFO(run.output);
+    CHECK(run.status != 0);
+    CHECK_THAT(run.output, Catch::Contains("NORMLAB_CUDA_EMULATOR=ON excludes NORMLAB_CUDA=ON"));
 }
