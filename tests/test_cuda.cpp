@@ -208,6 +208,18 @@ TEST_CASE("cuda: copies between two GPUs keep every dtype exactly, and each GPU 
 #endif
 }
 
+TEST_CASE("cuda: seeded random tensors on the GPU are the CPU's numbers", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    // Drawn on the host by the same Philox generator, then copied (there is no device RNG kernel).
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        Generator cpu_gen(46), gpu_gen(46);
+        require_close(randn({5, 7}, cpu_gen, dtype), randn({5, 7}, gpu_gen, dtype, kGpu), 0.0, "randn");
+        require_close(rand({9}, cpu_gen, dtype), rand({9}, gpu_gen, dtype, kGpu), 0.0, "rand");
+        require_close(uniform({3, 3}, -2.0, 5.0, cpu_gen, dtype), uniform({3, 3}, -2.0, 5.0, gpu_gen, dtype, kGpu),
+                      0.0, "uniform");
+    }
+}
+
 TEST_CASE("cuda: strided copies, broadcast copy_ and fill match the CPU", "[cuda]") {
     CUDA_TEST_OR_SKIP();
     const Tensor x = random_normal({4, 6, 5}, 2);
