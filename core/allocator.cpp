@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
+#include "core/cuda/nl_cuda_api.h"
 #endif
 
 namespace nl {

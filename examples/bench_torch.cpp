@@ -32,6 +32,7 @@
 #include "examples/bench_util.h"
 #include "examples/config.h"
 #include "examples/data.h"
+#include "examples/train.h"
 #include "layers/activation.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -67,71 +68,24 @@ struct ToySpec {
     std::string source;   // where the values came from, for the printout
 };
 
-// Reads `key` under the JSON pointer `at` when present, else keeps `value`.
-template <typename T>
-void read_if(const json& root, const std::string& at, T& value) {
-    const json::json_pointer p(at);
-    try {
-        if (root.contains(p) && !root.at(p).is_null()) value = root.at(p).get<T>();
-    } catch (const json::exception& e) {
-        throw Error(detail::concat(at, ": ", e.what()));
-    }
-}
-
-// The default training config's model, data and batch. The train job owns the config's validation;
-// this reads the few keys that decide the amount of work, with the train job's defaults.
+// The toy transformer, batch and optimizer settings of a train config, read by the train job's own
+// validated reader (read_train_config): the same keys, checks, defaults and error messages as
+// `normlab train`. The config's "device" is not used: --device decides where both sides run.
 ToySpec resolve_toy_spec(const std::string& path) {
+    TrainConfig config = read_train_config(load_json_file(path), path);
     ToySpec s;
-    s.model.norm.type = "rmsnorm";
-    s.batch = 64;
-    json root = json::object();
-    if (std::filesystem::exists(path)) {
-        root = load_json_file(path);
-        s.source = path;
-    } else {
-        s.source = path + " not found; built-in defaults";
-    }
-    TransformerOptions& m = s.model;
-    read_if(root, "/model/dim", m.dim);
-    read_if(root, "/model/n_layers", m.n_layers);
-    read_if(root, "/model/n_heads", m.n_heads);
-    read_if(root, "/model/n_kv_heads", m.n_kv_heads);
-    read_if(root, "/model/multiple_of", m.multiple_of);
-    read_if(root, "/model/ffn_hidden_dim", m.ffn_hidden_dim);
-    read_if(root, "/model/pre_norm", m.pre_norm);
-    read_if(root, "/model/rope_theta", m.rope_theta);
-    if (root.contains(json::json_pointer("/model/norm")) && root.at(json::json_pointer("/model/norm")).is_string())
-        read_if(root, "/model/norm", m.norm.type);
-    const bool norm_object = root.contains(json::json_pointer("/model/norm")) &&
-                             root.at(json::json_pointer("/model/norm")).is_object();
-    if (norm_object) read_if(root, "/model/norm/type", m.norm.type);
-    for (const char* at : {norm_object ? "/model/norm/eps" : "/model/norm_eps"}) {
-        double eps = -1;
-        read_if(root, at, eps);
-        if (eps >= 0) m.norm.eps = eps;
-    }
-    read_if(root, "/train/batch_size", s.batch);
-    read_if(root, "/train/lr", s.lr);
-    read_if(root, "/optim/lr", s.lr);
-    read_if(root, "/train/weight_decay", s.weight_decay);
-    read_if(root, "/optim/weight_decay", s.weight_decay);
-    read_if(root, "/train/grad_clip", s.grad_clip);
-    read_if(root, "/optim/grad_clip", s.grad_clip);
-
+    s.source = path;
+    s.model = config.model;
+    s.batch = config.train.batch_size;
+    s.lr = config.optim.lr;
+    s.weight_decay = config.optim.weight_decay;
+    s.grad_clip = config.optim.grad_clip;
     // The data decide the vocabulary and the sequence length.
-    DataOptions d;
-    read_if(root, "/data/source", d.source);
-    read_if(root, "/data/task", d.task);
-    read_if(root, "/data/length", d.length);
-    read_if(root, "/data/symbols", d.symbols);
-    read_if(root, "/data/path", d.path);
-    read_if(root, "/data/seq_len", d.seq_len);
-    d.eval_sequences = 1;  // only the sizes are needed here
-    std::unique_ptr<Dataset> data = make_dataset(d, path + ": /data");
-    m.vocab_size = data->vocab_size();
+    config.data.eval_sequences = 1;  // only the sizes are needed here
+    std::unique_ptr<Dataset> data = make_dataset(config.data, path + ": /data");
+    s.model.vocab_size = data->vocab_size();
     s.seq_len = data->seq_len();
-    m.max_seq_len = std::max(m.max_seq_len, s.seq_len);
-    m.validate();
+    s.model.validate();
     return s;
 }
 

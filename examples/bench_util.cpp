@@ -12,7 +12,7 @@
 #include <fmt/core.h>
 
 #ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
+#include "core/cuda/nl_cuda_api.h"
 #endif
 
 namespace nl::cli {

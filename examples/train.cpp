@@ -295,17 +295,9 @@ std::string format_cell(double value) { return std::isnan(value) ? "" : format_n
 
 // ---- the job ----
 
-struct TrainFlags {
-    std::string config_path;
-    std::vector<std::string> overrides;
-    std::string out;
-    bool force = false;
-    bool resume = false;
-    bool quiet = false;
-    int64_t stop_after = 0;
-};
+}  // namespace
 
-void run_train(const TrainFlags& flags) {
+nlohmann::json run_train(const TrainFlags& flags) {
     // Config: read, override, validate (before anything is written).
     nlohmann::json root = load_json_file(flags.config_path);
     for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
@@ -428,7 +420,7 @@ void run_train(const TrainFlags& flags) {
             if (!flags.quiet)
                 fmt::print(stderr, "train: stopped after step {} of {} (--stop-after); continue with --resume\n",
                            end_step, steps);
-            return;  // no summary: the run is not complete
+            return nullptr;  // no summary: the run is not complete
         }
         if (!evaluated) last_eval = evaluate(model, eval_set, data->has_accuracy(), autocast);  // resumed at the end
 
@@ -462,13 +454,12 @@ void run_train(const TrainFlags& flags) {
                        steps, train_loss, last_eval.loss, accuracy, summary["tokens_per_s"].get<double>(),
                        progress.elapsed_seconds(), run.dir());
         }
+        return summary;
     } catch (const std::exception& e) {
         run.write_error(e.what());
         throw;
     }
 }
-
-}  // namespace
 
 void register_train(CLI::App& app) {
     auto flags = std::make_shared<TrainFlags>();

@@ -1,10 +1,11 @@
-// The `normlab train` config: its schema (every key, its default and its check in one place,
-// read_train_config) and the pieces `normlab sample` shares with train (the model built from a
-// config, checkpoints found in a run directory).
+// The `normlab train` job: its config's schema (every key, its default and its check in one place,
+// read_train_config), its entry point (run_train, which the program and tests call) and the pieces
+// `normlab sample` and `bench torch` share with train (the config, checkpoints in a run directory).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,22 @@ struct TrainConfig {
 // Errors are nl::Error "<file>: /json/path: what was expected, what was found". Does not read
 // the text file (the dataset does).
 TrainConfig read_train_config(const nlohmann::json& root, const std::string& file);
+
+// The `normlab train` command line.
+struct TrainFlags {
+    std::string config_path;
+    std::vector<std::string> overrides;  // "a.b=value", applied in order before validation
+    std::string out;                     // run directory; "" for runs/<config name>-<timestamp>
+    bool force = false;
+    bool resume = false;
+    bool quiet = false;
+    int64_t stop_after = 0;  // > 0: stop after this step as if interrupted
+};
+
+// `normlab train`: reads and validates the config, trains, and writes the run directory (config.json,
+// metrics.csv, checkpoints, summary.json). Returns what summary.json holds, or null when stop_after
+// ended the run early. Errors are nl::Error (a user mistake) or std::exception.
+nlohmann::json run_train(const TrainFlags& flags);
 
 // The model input length the config's data needs (T).
 int64_t data_seq_len(const DataOptions& data);

@@ -13,7 +13,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "core/cuda/cuda_runtime.h"
+#include "core/cuda/nl_cuda_api.h"
 
 namespace nl_test {
 

@@ -23,7 +23,7 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/cuda_runtime.h"
+#include "core/cuda/nl_cuda_api.h"
 #endif
 
 using namespace nl;

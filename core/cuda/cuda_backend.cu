@@ -9,7 +9,7 @@
 
 #include "core/cuda/cuda_backend.cuh"
 #include "core/cuda/cuda_common.cuh"
-#include "core/cuda/cuda_runtime.h"
+#include "core/cuda/nl_cuda_api.h"
 
 namespace nl {
 

@@ -1,4 +1,4 @@
-// The CUDA backend: one instance per GPU (see cuda_backend(index) in cuda_runtime.h). Every kernel
+// The CUDA backend: one instance per GPU (see cuda_backend(index) in nl_cuda_api.h). Every kernel
 // runs on that GPU's legacy default stream; cuBLAS does the gemm. Methods take device pointers (copy
 // also accepts one host operand: see cuda_elementwise.cu).
 #pragma once

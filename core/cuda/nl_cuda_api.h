@@ -1,5 +1,6 @@
-// Entry points of the CUDA backend (core/cuda/*.cu), declared only when normlab is built with CUDA
-// so the CPU build never references them.
+// The CUDA backend's entry points (core/cuda/*.cu), declared only when normlab is built with CUDA so
+// the CPU build never references them. Named nl_cuda_api.h so that it is never taken for the CUDA
+// toolkit's <cuda_runtime.h>.
 #pragma once
 
 #ifdef NORMLAB_HAVE_CUDA

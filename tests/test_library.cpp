@@ -1,0 +1,169 @@
+// The program's jobs as a library (normlab_app): train and the config reader called directly, not
+// through the program; bench torch reads its config with train's reader; and normlab as a CMake
+// dependency of another project, through add_subdirectory and through an installed package.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "core/error.h"
+#include "examples/config.h"
+#include "examples/train.h"
+#include "test_util.h"
+
+namespace {
+
+using nl_test::CliRun;
+using nl_test::TempDir;
+
+std::string shipped_config(const std::string& name) { return std::string(NORMLAB_SOURCE_DIR) + "/configs/" + name; }
+
+void write_text(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+}
+
+// The column `name` of a CSV file as numbers (header removed).
+std::vector<double> csv_numbers(const std::string& path, const std::string& name) {
+    std::ifstream in(path);
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    std::vector<std::string> header;
+    for (size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+        comma = line.find(',', start);
+        header.push_back(line.substr(start, comma - start));
+    }
+    const auto column = static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+    REQUIRE(column < header.size());
+    std::vector<double> values;
+    while (std::getline(in, line)) {
+        size_t start = 0;
+        for (size_t i = 0; i < column; ++i) start = line.find(',', start) + 1;
+        values.push_back(std::stod(line.substr(start, line.find(',', start) - start)));
+    }
+    return values;
+}
+
+// Runs `command` through the shell in `dir`: its exit code and output (stdout and stderr).
+CliRun run_shell(const TempDir& dir, const std::string& command) {
+    const std::string line = "cd " + nl_test::shell_arg(dir.path.string()) + " && " + command + " 2>&1";
+    CliRun run;
+    FILE* pipe = popen(line.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
+    const int raw = pclose(pipe);
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("library: run_train trains the toy config in-process and returns the summary it wrote", "[library]") {
+    TempDir dir("library_train");
+    nl::cli::TrainFlags flags;
+    flags.config_path = shipped_config("toy_transformer.json");
+    flags.overrides = {"train.steps=30", "optim.warmup_steps=3", "train.eval_every=0", "train.batch_size=16",
+                       "data.eval_sequences=64", "train.checkpoint_every=0"};
+    flags.out = dir / "run";
+    flags.quiet = true;
+    const nlohmann::json summary = nl::cli::run_train(flags);
+
+    REQUIRE(summary.is_object());
+    CHECK(summary["steps"] == 30);
+    CHECK(summary["device"] == "cpu");
+    // The returned summary is the one written to the run directory.
+    std::ifstream file(dir / "run/summary.json");
+    CHECK(nlohmann::json::parse(file) == summary);
+    // The run trained: the recorded loss of the last step is the returned one, and below the first's.
+    const std::vector<double> losses = csv_numbers(dir / "run/metrics.csv", "train_loss");
+    REQUIRE(losses.size() == 30);
+    CHECK(summary["final_train_loss"].get<double>() == Approx(losses.back()).epsilon(1e-5));
+    CHECK(losses.back() < 0.9 * losses.front());
+
+    // Stopped early, there is no summary to return.
+    flags.out = dir / "stopped";
+    flags.stop_after = 5;
+    CHECK(nl::cli::run_train(flags).is_null());
+}
+
+TEST_CASE("library: read_train_config fills train's defaults and names the file and key of a mistake",
+          "[library]") {
+    const std::string path = shipped_config("toy_transformer.json");
+    nlohmann::json root = nl::load_json_file(path);
+    const nl::cli::TrainConfig config = nl::cli::read_train_config(root, path);
+    CHECK(config.model.dim == root["model"]["dim"].get<int64_t>());
+    CHECK(config.train.batch_size == root["train"]["batch_size"].get<int64_t>());
+    CHECK(config.optim.lr == root["optim"]["lr"].get<double>());
+    CHECK(config.resolved["optim"]["eps"] == 1e-8);  // absent from the file: the default, recorded
+
+    nl::apply_override(root, "model.dimm=32");
+    CHECK_THROWS_WITH(nl::cli::read_train_config(root, path),
+                      Catch::StartsWith(path + ": /model/dimm: unknown key (did you mean 'dim'?"));
+}
+
+TEST_CASE("bench torch reads its config with train's reader: a bad key is train's error, exit code 2",
+          "[library][bench_cli]") {
+    TempDir dir("library_bench_config");
+    nlohmann::json root = nl::load_json_file(shipped_config("toy_transformer.json"));
+    root["model"]["dimm"] = 32;      // train refuses unknown keys
+    root["train"]["lr"] = 0.01;      // (bench torch's own reader used to accept this one)
+    write_text(dir / "bad.json", root.dump(2));
+    const CliRun train = nl_test::run_normlab_in(dir.path.string(), "train bad.json --out run");
+    const CliRun bench = nl_test::run_normlab_in(dir.path.string(), "bench torch --config bad.json --quick --skip-torch");
+    INFO(train.output << "\n" << bench.output);
+    CHECK(train.status == 2);
+    CHECK(bench.status == 2);
+    CHECK_THAT(train.output, Catch::StartsWith("normlab: error: bad.json: /model/dimm: unknown key"));
+    CHECK(bench.output == train.output);
+
+    // A missing config is an error naming it, as for train (no silent built-in defaults).
+    const CliRun missing = nl_test::run_normlab_in(dir.path.string(), "bench torch --config none.json --quick --skip-torch");
+    CHECK(missing.status == 2);
+    CHECK_THAT(missing.output, Catch::Contains("none.json"));
+}
+
+TEST_CASE("library: a project adds normlab with add_subdirectory and gets normlab::normlab, without the program",
+          "[library][cmake]") {
+    TempDir dir("library_add_subdirectory");
+    const std::string source = NORMLAB_SOURCE_DIR;
+    const CliRun configure = run_shell(
+        dir, "cmake -S " + nl_test::shell_arg(source + "/examples/consumer") + " -B build -DNORMLAB_SOURCE_DIR=" +
+                 nl_test::shell_arg(source) + " -DNORMLAB_CUDA=OFF && cmake --build build --target help");
+    INFO(configure.output);
+    REQUIRE(configure.status == 0);
+    for (const char* target : {"scalenorm_mlp", "normlab_core", "normlab_layers", "normlab_optim"})
+        CHECK_THAT(configure.output, Catch::Contains(std::string("... ") + target));
+    for (const char* target : {"... normlab_app", "... normlab_tests", "... normlab\n"})
+        CHECK_THAT(configure.output, !Catch::Contains(target));
+}
+
+#ifdef NORMLAB_BUILD_DIR
+TEST_CASE("library: the installed package is found with find_package(normlab), its dependencies with it",
+          "[library][cmake]") {
+    TempDir dir("library_install");
+    const CliRun install = run_shell(dir, "cmake --install " + nl_test::shell_arg(NORMLAB_BUILD_DIR) + " --prefix prefix");
+    INFO(install.output);
+    REQUIRE(install.status == 0);
+    for (const char* file : {"prefix/include/normlab/core/tensor.h", "prefix/include/normlab/layers/norms.h",
+                             "prefix/lib/libnormlab_core.a", "prefix/lib/cmake/normlab/normlabConfig.cmake",
+                             "prefix/lib/cmake/normlab/normlab_openblas.cmake"})
+        CHECK(std::filesystem::exists(dir / file));
+    // Nothing of the tests is installed.
+    CHECK_FALSE(std::filesystem::exists(dir / "prefix/include/normlab/tests"));
+    const CliRun configure = run_shell(dir, "cmake -S " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/examples/consumer") +
+                                                " -B build -DCMAKE_PREFIX_PATH=" + nl_test::shell_arg((dir.path / "prefix").string()));
+    INFO(configure.output);
+    CHECK(configure.status == 0);
+    CHECK_THAT(configure.output, Catch::Contains("Generating done"));
+}
+#endif
