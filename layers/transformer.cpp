@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/grad_mode.h"
 #include "core/fused.h"
 #include "layers/autocast.h"
 #include "layers/norms.h"
@@ -152,38 +153,65 @@ RopeTables Attention::rope(int64_t seq_len, DType dtype) {
     return {rope_cache_.cos.narrow(0, 0, seq_len), rope_cache_.sin.narrow(0, 0, seq_len)};
 }
 
-Var Attention::forward(const Var& x) {
+Var Attention::forward(const Var& x) { return attend(x, nullptr); }
+
+Var Attention::forward_cached(const Var& x, const KVSlot& slot) {
+    NL_REQUIRE(!is_grad_enabled(), "Attention: the KV cache is for inference; run it under NoGradGuard");
+    return attend(x, &slot);
+}
+
+Var Attention::attend(const Var& x, const KVSlot* slot) {
     NL_REQUIRE(x.defined() && x.dim() == 3 && x.size(2) == options_.dim, "Attention: expected x of shape (B, T, ",
                options_.dim, "), found ", x.defined() ? shape_str(x.shape()) : "undefined");
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = options_.n_heads, KV = options_.n_kv_heads, hd = head_dim_;
-    NL_REQUIRE(T <= options_.max_seq_len, "Attention: sequence length ", T, " exceeds max_seq_len ",
+    // x holds positions start..start+T-1; the keys cover positions 0..L-1 (the cached ones first).
+    const int64_t start = slot ? slot->start : 0;
+    const int64_t L = start + T;
+    NL_REQUIRE(L <= options_.max_seq_len, "Attention: sequence length ", L, " exceeds max_seq_len ",
                options_.max_seq_len);
-    const RopeTables tables = rope(T, x.dtype());
+    if (slot) {
+        const Shape want = {B, slot->keys.defined() ? slot->keys.size(1) : 0, KV, hd};
+        NL_REQUIRE(slot->keys.defined() && slot->keys.shape() == want && slot->values.shape() == want,
+                   "Attention: KV cache buffers must be (", B, ", capacity, ", KV, ", ", hd, "), found ",
+                   slot->keys.defined() ? shape_str(slot->keys.shape()) : "undefined");
+        NL_REQUIRE(L <= want[1], "Attention: KV cache full: positions ", start, "..", L - 1,
+                   " do not fit its capacity ", want[1]);
+    }
+    const RopeTables all = rope(L, x.dtype());
+    const RopeTables tables = {all.cos.narrow(0, start, T), all.sin.narrow(0, start, T)};  // positions start..L-1
     const Var q = apply_rope(reshape(wq_->forward(x), {B, T, H, hd}), tables);   // (B, T, H, hd)
     Var k = apply_rope(reshape(wk_->forward(x), {B, T, KV, hd}), tables);        // (B, T, KV, hd)
     Var v = reshape(wv_->forward(x), {B, T, KV, hd});                            // (B, T, KV, hd)
+    if (slot) {
+        // Append, then read back every position so far: (B, L, KV, hd) views of the buffers.
+        slot->keys.narrow(1, start, T).copy_(k.data());
+        slot->values.narrow(1, start, T).copy_(v.data());
+        k = Var(slot->keys.narrow(1, 0, L));
+        v = Var(slot->values.narrow(1, 0, L));
+    }
     if (KV != H) {
         // repeat_kv: query head h reads kv head h / (H / KV).
         const int64_t rep = H / KV;
-        k = reshape(expand(unsqueeze(k, 3), {B, T, KV, rep, hd}), {B, T, H, hd});
-        v = reshape(expand(unsqueeze(v, 3), {B, T, KV, rep, hd}), {B, T, H, hd});
+        k = reshape(expand(unsqueeze(k, 3), {B, L, KV, rep, hd}), {B, L, H, hd});
+        v = reshape(expand(unsqueeze(v, 3), {B, L, KV, rep, hd}), {B, L, H, hd});
     }
     const Var qh = transpose(q, 1, 2);  // (B, H, T, hd)
-    const Var kh = transpose(k, 1, 2);
-    const Var vh = transpose(v, 1, 2);
+    const Var kh = transpose(k, 1, 2);  // (B, H, L, hd)
+    const Var vh = transpose(v, 1, 2);  // (B, H, L, hd)
     // Under autocast the two products take bf16 inputs (q, k, v already are: wq/wk/wv made them).
-    Var scores = autocast_matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, T)
-    // Causal mask: key position > query position is -inf (LLaMA adds a -inf upper triangle).
-    std::vector<double> future(static_cast<size_t>(T * T), 0.0);  // (T, T)
+    Var scores = autocast_matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, L)
+    // Causal mask: key position j > query position start + i is -inf (LLaMA adds a -inf upper
+    // triangle; with a cache, LLaMA's mask is hstack([zeros(T, start), triu(-inf)]), the same rule).
+    std::vector<double> future(static_cast<size_t>(T * L), 0.0);  // (T, L)
     for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = i + 1; j < T; ++j) future[i * T + j] = 1.0;
-    scores = masked_fill(scores, from_vector(future, {T, T}, scores.dtype()).to(x.device()),
+        for (int64_t j = start + i + 1; j < L; ++j) future[i * L + j] = 1.0;
+    scores = masked_fill(scores, from_vector(future, {T, L}, scores.dtype()).to(x.device()),
                          -std::numeric_limits<double>::infinity());
     // Softmax in f32 at least (LLaMA: F.softmax(scores.float(), dim=-1).type_as(xq)); xq is q,
     // whose dtype is x's, or the autocast dtype under autocast.
     const DType compute = scores.dtype() == DType::F64 ? DType::F64 : DType::F32;
-    const Var probs = nl::to(softmax(nl::to(scores, compute), 3), q.dtype());  // (B, H, T, T)
+    const Var probs = nl::to(softmax(nl::to(scores, compute), 3), q.dtype());  // (B, H, T, L)
     const Var out = autocast_matmul(probs, vh);                                // (B, H, T, hd)
     return wo_->forward(reshape(transpose(out, 1, 2), {B, T, H * hd}));
 }
@@ -249,12 +277,19 @@ Var residual_add(const Var& x, const Var& branch) {
 }
 }  // namespace
 
-Var TransformerBlock::forward(const Var& x) {
+Var TransformerBlock::forward(const Var& x) { return run(x, nullptr); }
+
+Var TransformerBlock::forward_cached(const Var& x, const KVSlot& slot) { return run(x, &slot); }
+
+Var TransformerBlock::run(const Var& x, const KVSlot* slot) {
+    auto attend = [&](const Var& in) {
+        return slot ? attention()->forward_cached(in, *slot) : attention()->forward(in);
+    };
     if (options_.pre_norm) {
-        const Var h = residual_add(x, attention()->forward(attention_norm()->forward(x)));
+        const Var h = residual_add(x, attend(attention_norm()->forward(x)));
         return residual_add(h, feed_forward()->forward(ffn_norm()->forward(h)));
     }
-    const Var h = attention_norm()->forward(residual_add(x, attention()->forward(x)));
+    const Var h = attention_norm()->forward(residual_add(x, attend(x)));
     return ffn_norm()->forward(residual_add(h, feed_forward()->forward(h)));
 }
 
@@ -329,7 +364,37 @@ std::shared_ptr<TransformerBlock> Transformer::layer(int64_t index) const {
     return typed_child<ModuleList>(*this, "layers")->at<TransformerBlock>(index);
 }
 
-Var Transformer::forward(const Tensor& ids) {
+Var Transformer::forward(const Tensor& ids) { return run(ids, nullptr); }
+
+KVCache Transformer::make_cache(int64_t batch, int64_t capacity) const {
+    NL_REQUIRE(batch > 0, "Transformer::make_cache: batch must be > 0, found ", batch);
+    NL_REQUIRE(capacity > 0 && capacity <= options_.max_seq_len, "Transformer::make_cache: capacity must be in [1, ",
+               options_.max_seq_len, "] (max_seq_len), found ", capacity);
+    const Tensor weight = parameters().front().data();  // tok_embeddings.weight: the model's dtype and device
+    const int64_t head_dim = options_.dim / options_.n_heads;
+    const Shape shape = {batch, capacity, options_.n_kv_heads, head_dim};  // (B, capacity, KV, hd)
+    KVCache cache;
+    cache.capacity = capacity;
+    for (int64_t i = 0; i < options_.n_layers; ++i)
+        cache.layers.push_back({zeros(shape, weight.dtype(), weight.device()),
+                                zeros(shape, weight.dtype(), weight.device()), 0});
+    return cache;
+}
+
+Var Transformer::forward_cached(const Tensor& ids, KVCache& cache) {
+    NL_REQUIRE(!is_grad_enabled(), "Transformer: the KV cache is for inference; run it under NoGradGuard");
+    NL_REQUIRE(static_cast<int64_t>(cache.layers.size()) == options_.n_layers, "Transformer: the KV cache has ",
+               cache.layers.size(), " layers, the model ", options_.n_layers, " (make it with make_cache)");
+    NL_REQUIRE(ids.defined() && ids.dim() == 2, "Transformer: expected ids of shape (B, T), found ",
+               ids.defined() ? shape_str(ids.shape()) : "undefined");
+    NL_REQUIRE(cache.length >= 0 && cache.length + ids.size(1) <= cache.capacity, "Transformer: KV cache full: ",
+               cache.length, " positions filled + ", ids.size(1), " new exceed its capacity ", cache.capacity);
+    Var logits = run(ids, &cache);
+    cache.length += ids.size(1);
+    return logits;
+}
+
+Var Transformer::run(const Tensor& ids, KVCache* cache) {
     NL_REQUIRE(ids.defined() && ids.dim() == 2, "Transformer: expected ids of shape (B, T), found ",
                ids.defined() ? shape_str(ids.shape()) : "undefined");
     NL_REQUIRE(ids.dtype() == DType::I64, "Transformer: expected i64 ids, found ", dtype_name(ids.dtype()));
@@ -337,7 +402,15 @@ Var Transformer::forward(const Tensor& ids) {
                " exceeds max_seq_len ", options_.max_seq_len);
     Var h = typed_child<Embedding>(*this, "tok_embeddings")->forward(ids);  // (B, T, dim)
     const auto layers = typed_child<ModuleList>(*this, "layers");
-    for (int64_t i = 0; i < layers->size(); ++i) h = layers->at<UnaryModule>(i)->forward(h);
+    for (int64_t i = 0; i < layers->size(); ++i) {
+        if (!cache) {
+            h = layers->at<UnaryModule>(i)->forward(h);
+            continue;
+        }
+        KVSlot& slot = cache->layers[static_cast<size_t>(i)];
+        slot.start = cache->length;
+        h = layers->at<TransformerBlock>(i)->forward_cached(h, slot);
+    }
     h = typed_child<UnaryModule>(*this, "norm")->forward(h);
     return typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
 }

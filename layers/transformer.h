@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "layers/linear.h"
@@ -63,6 +64,14 @@ Var apply_rope(const Var& x, const RopeTables& tables);
 
 // ---- attention ----
 
+// One layer's part of a KV cache (generation, no autograd): the keys (after RoPE) and values of the
+// positions 0..start-1 already seen, in buffers with room for `capacity` positions.
+struct KVSlot {
+    Tensor keys;        // (B, capacity, n_kv_heads, head_dim)
+    Tensor values;      // (B, capacity, n_kv_heads, head_dim)
+    int64_t start = 0;  // positions filled; the next input's first position
+};
+
 struct AttentionOptions {
     int64_t dim = 0;
     int64_t n_heads = 1;
@@ -83,6 +92,10 @@ public:
     std::string type_name() const override { return "Attention"; }
     std::string extra_repr() const override;
     Var forward(const Var& x) override;  // (B, T, dim) -> (B, T, dim)
+    // x (B, T, dim) at positions slot.start..slot.start+T-1, attending to the cached positions and
+    // itself (causally); its keys and values are appended to the slot (the caller advances start).
+    // The same computation as forward() on the whole sequence. Inference only (NoGradGuard).
+    Var forward_cached(const Var& x, const KVSlot& slot);
 
     int64_t head_dim() const { return head_dim_; }
     int64_t n_heads() const { return options_.n_heads; }
@@ -92,6 +105,8 @@ public:
     RopeTables rope(int64_t seq_len, DType dtype);
 
 private:
+    Var attend(const Var& x, const KVSlot* slot);  // slot null: no cache, positions from 0
+
     AttentionOptions options_;
     int64_t head_dim_;
     std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
@@ -123,6 +138,7 @@ public:
     std::string type_name() const override { return "TransformerBlock"; }
     std::string extra_repr() const override;
     Var forward(const Var& x) override;  // (B, T, dim) -> (B, T, dim)
+    Var forward_cached(const Var& x, const KVSlot& slot);  // see Attention::forward_cached
 
     std::shared_ptr<Attention> attention() const;
     std::shared_ptr<FeedForward> feed_forward() const;
@@ -133,10 +149,20 @@ public:
     const TransformerBlockOptions& options() const { return options_; }
 
 private:
+    Var run(const Var& x, const KVSlot* slot);
+
     TransformerBlockOptions options_;
 };
 
 // ---- the language model ----
+
+// Every layer's keys and values for generation (Transformer::make_cache): feed the prompt, then one
+// token at a time, each costing one position instead of the whole sequence.
+struct KVCache {
+    std::vector<KVSlot> layers;  // one per block; Transformer::forward_cached sets their start
+    int64_t capacity = 0;        // positions the buffers hold (<= the model's max_seq_len)
+    int64_t length = 0;          // positions filled; 0 forgets them all (the buffers are kept)
+};
 
 // LLaMA's ModelArgs, plus the norm and pre/post-norm choice.
 struct TransformerOptions {
@@ -174,12 +200,21 @@ public:
     // the residual stream and the norms stay in the model's dtype, and the logits come out bf16
     // (cast them to f32 for the loss, as torch.autocast's cross_entropy does).
     Var forward(const Tensor& ids);
+    // A cache for `batch` sequences of up to `capacity` positions (<= max_seq_len), on the model's
+    // device and in its dtype.
+    KVCache make_cache(int64_t batch, int64_t capacity) const;
+    // ids (B, T) at positions cache.length()..cache.length()+T-1 -> logits (B, T, vocab_size), the
+    // same as the last T positions of forward() on the whole sequence; advances the cache by T.
+    // Positions past the capacity are an error. Inference only (under NoGradGuard).
+    Var forward_cached(const Tensor& ids, KVCache& cache);
 
     const TransformerOptions& options() const { return options_; }
     std::shared_ptr<TransformerBlock> layer(int64_t index) const;
     int64_t n_layers() const { return options_.n_layers; }
 
 private:
+    Var run(const Tensor& ids, KVCache* cache);
+
     TransformerOptions options_;
 };
 
