@@ -6,6 +6,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/var.h"
+#include "core/profiler.h"
 
 namespace nl {
 
@@ -86,6 +87,7 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
                " but the output has dtype ", dtype_name(root.dtype()));
     retain_graph = retain_graph || create_graph;
     GradModeGuard mode(create_graph);  // record the backward pass only when asked
+    profiler::PhaseGuard phase(profiler::Phase::Backward);  // the profiler's table separates backward kernels
 
     // Where captured gradients go: leaves by their impl, non-leaves by their producing node.
     std::unordered_map<const VarImpl*, size_t> capture_leaf;

@@ -26,6 +26,7 @@
 #include "autograd/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/profiler.h"
 #include "examples/commands.h"
 #include "examples/config.h"
 #include "examples/run_dir.h"
@@ -293,6 +294,16 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
 
 std::string format_cell(double value) { return std::isnan(value) ? "" : format_number(value); }
 
+// --profile: the kernel table (core/profiler.h) on stdout and in the run directory (profile.txt,
+// profile.csv), over the steps this invocation ran.
+void write_profile(const RunDir& run, double seconds, int64_t steps, bool quiet) {
+    const std::vector<profiler::OpStats> rows = profiler::collected();
+    const std::string table = profiler::format_table(rows, seconds, steps);
+    run.write_text("profile.txt", table);
+    run.write_text("profile.csv", profiler::format_csv(rows, seconds, steps));
+    if (!quiet) fmt::print("{}", table);
+}
+
 // ---- the job ----
 
 }  // namespace
@@ -344,7 +355,8 @@ nlohmann::json run_train(const TrainFlags& flags) {
         fs::create_directories(run.path("checkpoints"));
         run.write_json("config.json", config.resolved);
 
-        std::map<std::string, std::string> metadata = {{"config", config.resolved.dump()}};
+        std::map<std::string, std::string> metadata = {{"config", config.resolved.dump()},
+                                                       {kTrainedSeqLenKey, std::to_string(data->seq_len())}};
         if (!data->vocab_metadata().is_null()) metadata["vocab"] = data->vocab_metadata().dump();
         auto save = [&](int64_t step) {
             save_checkpoint(checkpoint_path(run.dir(), step), model, &optimizer, &data_gen, step, metadata);
@@ -366,6 +378,9 @@ nlohmann::json run_train(const TrainFlags& flags) {
         const int64_t tokens_per_step = config.train.batch_size * data->seq_len();
         Progress progress(steps, flags.quiet, config.train.log_every);
         double train_seconds = 0.0;
+        double profiled_seconds = 0.0;  // the steps this invocation ran (a resumed run's earlier ones are not)
+        int64_t profiled_steps = 0;
+        if (flags.profile) profiler::reset();
         int64_t tokens_seen = 0;
         double train_loss = NAN;
         EvalResult last_eval;
@@ -373,18 +388,34 @@ nlohmann::json run_train(const TrainFlags& flags) {
         model.train();
         for (int64_t step = start_step + 1; step <= end_step; ++step) {
             auto t0 = std::chrono::steady_clock::now();
+            double grad_norm = 0.0;
+            {
+                profiler::EnableGuard profiling(flags.profile);  // --profile: time this step's kernels
+                const double lr = schedule.lr_at(step - 1);
+                optimizer.set_lr(lr);
+                Var loss;
+                {
+                    profiler::PhaseGuard forward(profiler::Phase::Forward);
+                    const Batch batch =
+                        batch_on(data->train_batch(config.train.batch_size, data_gen), config.device);
+                    Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
+                    loss = criterion.forward(logits, batch.targets);
+                }
+                optimizer.zero_grad();
+                loss.backward();  // the engine counts its kernels as backward
+                {
+                    profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
+                    grad_norm = config.optim.grad_clip > 0 ? clip_grad_norm_(params, config.optim.grad_clip)
+                                                           : nl::grad_norm(model.parameters());
+                    optimizer.step();
+                }
+                train_loss = loss.item();
+            }
+            const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            train_seconds += step_seconds;
+            profiled_seconds += step_seconds;
+            ++profiled_steps;
             const double lr = schedule.lr_at(step - 1);
-            optimizer.set_lr(lr);
-            const Batch batch = batch_on(data->train_batch(config.train.batch_size, data_gen), config.device);
-            Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
-            Var loss = criterion.forward(logits, batch.targets);
-            optimizer.zero_grad();
-            loss.backward();
-            const double grad_norm = config.optim.grad_clip > 0 ? clip_grad_norm_(params, config.optim.grad_clip)
-                                                                : nl::grad_norm(model.parameters());
-            optimizer.step();
-            train_loss = loss.item();
-            train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             tokens_seen += tokens_per_step;
             NL_REQUIRE(std::isfinite(train_loss), "train: the loss became ", train_loss, " at step ", step,
                        " (diverged; try a lower /optim/lr or /optim/grad_clip in ", config.file, ")");
@@ -415,6 +446,7 @@ nlohmann::json run_train(const TrainFlags& flags) {
             if (checkpoint_now) save(step);
         }
         progress.finish();
+        if (flags.profile) write_profile(run, profiled_seconds, profiled_steps, flags.quiet);
 
         if (end_step < steps) {
             if (!flags.quiet)
@@ -470,6 +502,10 @@ void register_train(CLI::App& app) {
     cmd->add_flag("--force", flags->force, "Overwrite an existing run directory");
     cmd->add_flag("--resume", flags->resume, "Continue the run in --out from its latest checkpoint");
     cmd->add_flag("--quiet", flags->quiet, "No progress line or report");
+    cmd->add_flag("--profile", flags->profile,
+                  "Time every kernel by op and phase (forward, backward, optimizer) and print the table "
+                  "(calls, ms/step, share of the step, GFLOP/s or GB/s); also written to the run directory "
+                  "as profile.txt and profile.csv (docs/profiling.md)");
     cmd->add_option("--stop-after", flags->stop_after,
                     "Stop after this step as if interrupted, leaving a checkpoint to --resume from");
     cmd->callback([flags] {

@@ -62,6 +62,7 @@ struct TrainFlags {
     bool resume = false;
     bool quiet = false;
     int64_t stop_after = 0;  // > 0: stop after this step as if interrupted
+    bool profile = false;    // time the steps' kernels (core/profiler.h): profile.txt/.csv in the run directory
 };
 
 // `normlab train`: reads and validates the config, trains, and writes the run directory (config.json,
@@ -71,6 +72,10 @@ nlohmann::json run_train(const TrainFlags& flags);
 
 // The model input length the config's data needs (T).
 int64_t data_seq_len(const DataOptions& data);
+
+// The checkpoint metadata key holding the sequence length the model was trained on (decimal):
+// `normlab sample` never feeds more positions than this.
+inline constexpr const char* kTrainedSeqLenKey = "trained_seq_len";
 
 // "<run dir>/checkpoints/step_00001500.safetensors".
 std::string checkpoint_path(const std::string& run_dir, int64_t step);

@@ -2,13 +2,14 @@
 #include "core/cpu/cpu_backend.h"
 
 #include "core/error.h"
+#include "core/profiler.h"
 #ifdef NORMLAB_HAVE_CUDA
 #include "core/cuda/nl_cuda_api.h"
 #endif
 
 namespace nl {
 
-Backend& backend_for(Device device) {
+static Backend& unprofiled_backend_for(Device device) {
     if (device.is_cpu()) {
         static CpuBackend cpu;
         return cpu;
@@ -18,6 +19,12 @@ Backend& backend_for(Device device) {
 #else
     throw Error("backend_for: normlab was built without CUDA (asked for " + device.str() + ")");
 #endif
+}
+
+Backend& backend_for(Device device) {
+    // The profiler's switch (core/profiler.h): one branch when it is off.
+    if (profiler::enabled()) return profiler::profiled(unprofiled_backend_for(device));
+    return unprofiled_backend_for(device);
 }
 
 }  // namespace nl

@@ -1,0 +1,349 @@
+// The profiler (core/profiler.h): a Backend that times each call of the backend it wraps, and the
+// table of what it collected.
+#include "core/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "core/backend.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+#ifdef NORMLAB_HAVE_CUDA
+#include "core/cuda/nl_cuda_api.h"
+#endif
+
+namespace nl::profiler {
+
+bool g_enabled = false;
+
+namespace {
+
+Phase g_phase = Phase::Other;
+std::map<std::pair<std::string, Phase>, OpStats> g_stats;
+
+const char* binary_name(BinaryOp op) {
+    switch (op) {
+        case BinaryOp::Add: return "add";
+        case BinaryOp::Sub: return "sub";
+        case BinaryOp::Mul: return "mul";
+        case BinaryOp::Div: return "div";
+        case BinaryOp::Pow: return "pow";
+        case BinaryOp::Maximum: return "maximum";
+        case BinaryOp::Minimum: return "minimum";
+        case BinaryOp::Eq: return "eq";
+        case BinaryOp::Ne: return "ne";
+        case BinaryOp::Lt: return "lt";
+        case BinaryOp::Le: return "le";
+        case BinaryOp::Gt: return "gt";
+        case BinaryOp::Ge: return "ge";
+        case BinaryOp::SiluBackward: return "silu_backward";
+    }
+    return "binary";
+}
+
+const char* unary_name(UnaryOp op) {
+    switch (op) {
+        case UnaryOp::Neg: return "neg";
+        case UnaryOp::Exp: return "exp";
+        case UnaryOp::Log: return "log";
+        case UnaryOp::Sqrt: return "sqrt";
+        case UnaryOp::Rsqrt: return "rsqrt";
+        case UnaryOp::Abs: return "abs";
+        case UnaryOp::Relu: return "relu";
+        case UnaryOp::Silu: return "silu";
+        case UnaryOp::Sigmoid: return "sigmoid";
+        case UnaryOp::Tanh: return "tanh";
+        case UnaryOp::Gelu: return "gelu";
+        case UnaryOp::Sign: return "sign";
+        case UnaryOp::Square: return "square";
+    }
+    return "unary";
+}
+
+const char* reduce_name(ReduceOp op) {
+    switch (op) {
+        case ReduceOp::Sum: return "sum";
+        case ReduceOp::Mean: return "mean";
+        case ReduceOp::Max: return "max";
+        case ReduceOp::Min: return "min";
+        case ReduceOp::Var: return "var";
+        case ReduceOp::ArgMax: return "argmax";
+    }
+    return "reduce";
+}
+
+double bytes_of(DType dtype, int64_t elements) {
+    return static_cast<double>(dtype_size(dtype)) * static_cast<double>(elements);
+}
+
+// Every method: time the inner call, then add it to its row.
+class ProfilingBackend final : public Backend {
+public:
+    explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
+    Device device() const override { return inner_.device(); }
+
+    void copy(const Shape& shape, const StridedArg& dst, const StridedArg& src) override {
+        const int64_t n = shape_numel(shape);
+        timed("copy", 0, bytes_of(dst.dtype, n) + bytes_of(src.dtype, n), [&] { inner_.copy(shape, dst, src); });
+    }
+    void fill(const Shape& shape, const StridedArg& dst, double value) override {
+        timed("fill", 0, bytes_of(dst.dtype, shape_numel(shape)), [&] { inner_.fill(shape, dst, value); });
+    }
+    void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
+                const StridedArg& b) override {
+        timed(binary_name(op), 0, 3 * bytes_of(out.dtype, shape_numel(shape)),
+              [&] { inner_.binary(op, shape, out, a, b); });
+    }
+    void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) override {
+        timed(unary_name(op), 0, 2 * bytes_of(out.dtype, shape_numel(shape)), [&] { inner_.unary(op, shape, out, in); });
+    }
+    void where(const Shape& shape, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
+               const StridedArg& b) override {
+        const int64_t n = shape_numel(shape);
+        timed("where", 0, 3 * bytes_of(out.dtype, n) + bytes_of(cond.dtype, n),
+              [&] { inner_.where(shape, out, cond, a, b); });
+    }
+    void reduce(ReduceOp op, DType dtype, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+                int64_t correction) override {
+        timed(reduce_name(op), 0, bytes_of(dtype, outer * len * inner + outer * inner),
+              [&] { inner_.reduce(op, dtype, in, out, outer, len, inner, correction); });
+    }
+    void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
+        timed(log ? "log_softmax" : "softmax", 0, 2 * bytes_of(dtype, rows * cols),
+              [&] { inner_.softmax_forward(dtype, x, y, rows, cols, log); });
+    }
+    void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols,
+                          bool log) override {
+        timed(log ? "log_softmax_backward" : "softmax_backward", 0, 3 * bytes_of(dtype, rows * cols),
+              [&] { inner_.softmax_backward(dtype, y, dy, dx, rows, cols, log); });
+    }
+    void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+              int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
+              int64_t ldc, int64_t stride_c, int64_t batch) override {
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                             static_cast<double>(batch);
+        timed("matmul", flops, 0, [&] {
+            inner_.gemm(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                        stride_c, batch);
+        });
+    }
+    void index_select(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
+                      int64_t src_size, int64_t inner, int64_t n) override {
+        timed("index_select", 0, 2 * bytes_of(dtype, outer * n * inner),
+              [&] { inner_.index_select(dtype, src, index, out, outer, src_size, inner, n); });
+    }
+    void index_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer, int64_t dst_size,
+                   int64_t inner, int64_t n) override {
+        timed("index_add", 0, 3 * bytes_of(dtype, outer * n * inner),
+              [&] { inner_.index_add(dtype, dst, index, src, outer, dst_size, inner, n); });
+    }
+    void gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer, int64_t src_size,
+                int64_t inner, int64_t n) override {
+        timed("gather", 0, 2 * bytes_of(dtype, outer * n * inner),
+              [&] { inner_.gather(dtype, src, index, out, outer, src_size, inner, n); });
+    }
+    void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer, int64_t dst_size,
+                     int64_t inner, int64_t n) override {
+        timed("scatter_add", 0, 3 * bytes_of(dtype, outer * n * inner),
+              [&] { inner_.scatter_add(dtype, dst, index, src, outer, dst_size, inner, n); });
+    }
+    void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y, void* mean,
+                      void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
+                      int64_t stat_count) override {
+        timed(subtract_mean ? "layer_norm" : "rms_norm", 0, 2 * bytes_of(dtype, rows * d), [&] {
+            inner_.norm_forward(dtype, x, weight, bias, y, mean, rstd, rows, d, eps, subtract_mean, stat_count);
+        });
+    }
+    void norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
+                       const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
+                       bool subtract_mean, int64_t stat_count) override {
+        timed(subtract_mean ? "layer_norm_backward" : "rms_norm_backward", 0, 3 * bytes_of(dtype, rows * d), [&] {
+            inner_.norm_backward(dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d, subtract_mean,
+                                 stat_count);
+        });
+    }
+    void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss, void* lse,
+                               int64_t rows, int64_t classes, int64_t ignore_index) override {
+        timed("cross_entropy", 0, bytes_of(dtype, rows * classes), [&] {
+            inner_.cross_entropy_forward(dtype, logits, targets, loss, lse, rows, classes, ignore_index);
+        });
+    }
+    void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, const void* lse,
+                                const void* dloss, double scale, void* dlogits, int64_t rows, int64_t classes,
+                                int64_t ignore_index) override {
+        timed("cross_entropy_backward", 0, 2 * bytes_of(dtype, rows * classes), [&] {
+            inner_.cross_entropy_backward(dtype, logits, targets, lse, dloss, scale, dlogits, rows, classes,
+                                          ignore_index);
+        });
+    }
+    void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
+                   int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                   bool decoupled) override {
+        // param, exp_avg, exp_avg_sq read and written, grad read (AMSGrad's max too).
+        const int64_t accesses = max_exp_avg_sq ? 9 : 7;
+        timed(decoupled ? "adamw" : "adam", 0, accesses * bytes_of(dtype, n), [&] {
+            inner_.adam_step(dtype, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, lr, beta1, beta2, eps,
+                             weight_decay, step, decoupled);
+        });
+    }
+    void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) override {
+        const int64_t accesses = momentum_buffer ? 5 : 3;
+        timed("sgd", 0, accesses * bytes_of(dtype, n), [&] {
+            inner_.sgd_step(dtype, param, grad, momentum_buffer, n, lr, momentum, dampening, weight_decay, nesterov,
+                            first_step);
+        });
+    }
+    void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
+              int64_t heads, int64_t head_dim, bool inverse) override {
+        timed(inverse ? "rope_backward" : "rope", 0, 2 * bytes_of(dtype, batch * seq * heads * head_dim),
+              [&] { inner_.rope(dtype, x, cos, sin, out, batch, seq, heads, head_dim, inverse); });
+    }
+
+private:
+    template <typename Call>
+    void timed(const char* kind, double flops, double bytes, const Call& call) {
+        const auto t0 = std::chrono::steady_clock::now();
+        call();
+#ifdef NORMLAB_HAVE_CUDA
+        if (!device().is_cpu()) cuda_synchronize(device().index);  // the kernel's time, not its launch's
+#endif
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        OpStats& row = g_stats[{kind, g_phase}];
+        if (row.calls == 0) {
+            row.kind = kind;
+            row.phase = g_phase;
+        }
+        ++row.calls;
+        row.seconds += seconds;
+        row.flops += flops;
+        row.bytes += bytes;
+    }
+
+    Backend& inner_;
+};
+
+std::string fixed(double value, int decimals) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+    return buf;
+}
+
+// A rate in G per second, or "-" when the kernel has no such figure.
+std::string rate(double amount, double seconds) {
+    return amount > 0 && seconds > 0 ? fixed(amount / seconds / 1e9, 1) : "-";
+}
+
+std::string pad(const std::string& s, size_t width, bool left) {
+    if (s.size() >= width) return s;
+    return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+    switch (phase) {
+        case Phase::Forward: return "forward";
+        case Phase::Backward: return "backward";
+        case Phase::Optimizer: return "optimizer";
+        case Phase::Other: return "other";
+    }
+    return "other";
+}
+
+void set_enabled(bool on) { g_enabled = on; }
+void reset() { g_stats.clear(); }
+Phase current_phase() { return g_phase; }
+
+PhaseGuard::PhaseGuard(Phase phase) : previous_(g_phase) { g_phase = phase; }
+PhaseGuard::~PhaseGuard() { g_phase = previous_; }
+
+std::vector<OpStats> collected() {
+    std::vector<OpStats> rows;
+    for (const auto& [key, row] : g_stats) rows.push_back(row);
+    std::stable_sort(rows.begin(), rows.end(), [](const OpStats& a, const OpStats& b) { return a.seconds > b.seconds; });
+    return rows;
+}
+
+std::string format_table(const std::vector<OpStats>& rows, double measured_seconds, int64_t steps) {
+    const double per_step = steps > 0 ? measured_seconds / static_cast<double>(steps) : 0.0;
+    auto share = [&](double seconds) { return measured_seconds > 0 ? fixed(100.0 * seconds / measured_seconds, 1) : "-"; };
+    const std::vector<std::pair<std::string, size_t>> columns = {
+        {"phase", 10}, {"op", 24}, {"calls", 8}, {"total ms", 11}, {"ms/step", 9},
+        {"% step", 7}, {"avg us", 9}, {"GFLOP/s", 9}, {"GB/s", 8}};
+    auto line = [&](const std::vector<std::string>& cells) {
+        std::string out;
+        for (size_t i = 0; i < cells.size(); ++i) out += pad(cells[i], columns[i].second, i < 2) + (i + 1 < cells.size() ? " " : "");
+        return out + "\n";
+    };
+    auto cells = [&](const std::string& phase, const std::string& op, int64_t calls, double seconds, double flops,
+                     double bytes) -> std::vector<std::string> {
+        return {phase,
+                op,
+                std::to_string(calls),
+                fixed(1e3 * seconds, 2),
+                steps > 0 ? fixed(1e3 * seconds / static_cast<double>(steps), 3) : "-",
+                share(seconds),
+                calls > 0 ? fixed(1e6 * seconds / static_cast<double>(calls), 1) : "-",
+                rate(flops, seconds),
+                rate(bytes, seconds)};
+    };
+    std::string out;
+    out += "profile: " + std::to_string(steps) + " steps, " + fixed(measured_seconds, 3) + " s measured (" +
+           fixed(1e3 * per_step, 2) + " ms/step); time per backend kernel, by phase and op\n";
+    std::vector<std::string> header;
+    for (const auto& [name, width] : columns) header.push_back(name);
+    const std::string head = line(header);
+    out += head + std::string(head.size() - 1, '-') + "\n";
+    double kernels = 0;
+    std::map<Phase, OpStats> by_phase;
+    for (const OpStats& row : rows) {
+        out += line(cells(phase_name(row.phase), row.kind, row.calls, row.seconds, row.flops, row.bytes));
+        OpStats& total = by_phase[row.phase];
+        total.calls += row.calls;
+        total.seconds += row.seconds;
+        total.flops += row.flops;
+        total.bytes += row.bytes;
+        kernels += row.seconds;
+    }
+    out += std::string(head.size() - 1, '-') + "\n";
+    int64_t all_calls = 0;
+    for (const auto& [phase, total] : by_phase) {
+        out += line(cells(phase_name(phase), "(all kernels)", total.calls, total.seconds, total.flops, 0));
+        all_calls += total.calls;
+    }
+    out += line(cells("all", "(all kernels)", all_calls, kernels, 0, 0));
+    out += line({"all", "(outside kernels)", "-", fixed(1e3 * (measured_seconds - kernels), 2),
+                 steps > 0 ? fixed(1e3 * (measured_seconds - kernels) / static_cast<double>(steps), 3) : "-",
+                 share(measured_seconds - kernels), "-", "-", "-"});
+    out += "(outside kernels: graph building, allocation, shape checks and the clock reads of the profiler itself)\n";
+    return out;
+}
+
+std::string format_csv(const std::vector<OpStats>& rows, double measured_seconds, int64_t steps) {
+    std::string out = "phase,op,calls,total_s,share_of_step,gflop_per_s,gb_per_s,steps,measured_s\n";
+    for (const OpStats& row : rows) {
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "%s,%s,%lld,%.9g,%.6g,%.6g,%.6g,%lld,%.9g\n", phase_name(row.phase),
+                      row.kind.c_str(), static_cast<long long>(row.calls), row.seconds,
+                      measured_seconds > 0 ? row.seconds / measured_seconds : 0.0,
+                      row.flops > 0 && row.seconds > 0 ? row.flops / row.seconds / 1e9 : 0.0,
+                      row.bytes > 0 && row.seconds > 0 ? row.bytes / row.seconds / 1e9 : 0.0,
+                      static_cast<long long>(steps), measured_seconds);
+        out += buf;
+    }
+    return out;
+}
+
+Backend& profiled(Backend& inner) {
+    static std::map<Backend*, std::unique_ptr<ProfilingBackend>> wrappers;
+    std::unique_ptr<ProfilingBackend>& wrapper = wrappers[&inner];
+    if (!wrapper) wrapper = std::make_unique<ProfilingBackend>(inner);
+    return *wrapper;
+}
+
+}  // namespace nl::profiler
