@@ -29,6 +29,7 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/profiler.h"
 #include "examples/bench_util.h"
 #include "examples/config.h"
 #include "examples/data.h"
@@ -57,6 +58,7 @@ struct TorchCommand {
     int64_t rounds = 3;    // normlab then PyTorch, this many times: a ratio per round, then their median
     bool quick = false;
     bool skip_torch = false;
+    bool profile = false;  // after the rounds, one more profiled pass of normlab's transformer steps
 };
 
 // The toy transformer and its training step, as resolved from the config (both sides use these).
@@ -139,8 +141,10 @@ Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_
 }
 
 // Seconds per transformer training step on random tokens (the batch is drawn and moved to `device`
-// before the clock starts).
-Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Device device) {
+// before the clock starts). With `profile_table`, the timed steps run under the profiler
+// (core/profiler.h) and its table is written there.
+Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Device device,
+                       std::string* profile_table = nullptr) {
     Transformer model(spec.model);
     model.to(device);  // before AdamW, so its moments are created on the device
     AdamOptions ao;
@@ -150,6 +154,7 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
     Generator gen(1);
     const int64_t vocab = spec.model.vocab_size, B = spec.batch, T = spec.seq_len;
     std::vector<double> times;
+    profiler::reset();
     for (int64_t step = 0; step < warmup + steps; ++step) {
         std::vector<int64_t> ids(static_cast<size_t>(B * (T + 1)));
         for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(vocab)));
@@ -158,13 +163,27 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
         Tensor targets = seq.narrow(1, 1, T).contiguous().to(device);  // (B, T)
         device_synchronize(device);
         const double start = now_s();
-        opt.zero_grad();
-        Var loss = cross_entropy_loss(model.forward(inputs), targets);
-        loss.backward();
-        if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
-        opt.step();
-        device_synchronize(device);
+        {
+            profiler::EnableGuard profiling(profile_table != nullptr && step >= warmup);
+            opt.zero_grad();
+            Var loss;
+            {
+                profiler::PhaseGuard forward(profiler::Phase::Forward);
+                loss = cross_entropy_loss(model.forward(inputs), targets);
+            }
+            loss.backward();
+            profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
+            if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
+            opt.step();
+            device_synchronize(device);
+        }
         if (step >= warmup) times.push_back(now_s() - start);
+    }
+    if (profile_table) {
+        double total = 0;
+        for (double t : times) total += t;
+        *profile_table = profiler::format_table(profiler::collected(), total, steps);
+        profiler::reset();
     }
     return summarize(times);
 }
@@ -360,6 +379,13 @@ void run_bench_torch(TorchCommand cmd) {
                "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
                cmd.rounds);
     if (!have_torch) fmt::print("PyTorch side skipped: {}\n", why);
+    if (cmd.profile) {
+        // After the timed rounds, so the profiler's clock reads never touch the figures above.
+        std::string table;
+        time_transformer(spec, cmd.steps, cmd.warmup, device, &table);
+        fmt::print("\nnormlab's transformer steps under --profile (one more pass of {} steps after {} warm-up):\n{}",
+                   cmd.steps, cmd.warmup, table);
+    }
 }
 
 }  // namespace
@@ -380,6 +406,9 @@ void register_bench_torch(CLI::App& bench) {
     sub->add_option("--rounds", cmd->rounds, "alternate normlab and PyTorch this many times")->capture_default_str();
     sub->add_flag("--quick", cmd->quick, "5 epochs, 3 steps: a smoke run, not a measurement");
     sub->add_flag("--skip-torch", cmd->skip_torch, "time normlab only");
+    sub->add_flag("--profile", cmd->profile,
+                  "after the rounds, profile one more pass of normlab's transformer steps: time per kernel by op "
+                  "and phase (docs/profiling.md)");
     sub->callback([cmd] { run_bench_torch(*cmd); });
 }
 

@@ -9,6 +9,8 @@
 // Exact resumes: a checkpoint holds the model, AdamW's moments and step, the data generator's state
 // (the only randomness in a step) and the step, so a run stopped at a checkpoint and resumed
 // computes the same batches, gradients and updates bit for bit as one that never stopped.
+//
+// --profile times the steps' kernels by op and phase (core/profiler.h, docs/profiling.md).
 #include "examples/train.h"
 
 #include <chrono>
