@@ -229,8 +229,9 @@ std::string last_line(const std::string& text) {
 }
 
 // The PyTorch results, or nullopt with `why` set.
+// `extra` is appended to the script's arguments.
 std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int threads, Device device,
-                              std::string& why) {
+                              std::string& why, const std::string& extra = "") {
     if (cmd.skip_torch) {
         why = "--skip-torch was given";
         return std::nullopt;
@@ -255,6 +256,7 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
         spec.seq_len, spec.batch, spec.lr, spec.weight_decay, spec.grad_clip);
     if (m.norm.eps) command += fmt::format(" --norm-eps {}", *m.norm.eps);
     if (!m.pre_norm) command += " --post-norm";
+    command += extra;
     fmt::print(stderr, "  running {}\n", command);
     Shell r = run_shell(command);
     if (r.status != 0) {
@@ -385,6 +387,14 @@ void run_bench_torch(TorchCommand cmd) {
         time_transformer(spec, cmd.steps, cmd.warmup, device, &table);
         fmt::print("\nnormlab's transformer steps under --profile (one more pass of {} steps after {} warm-up):\n{}",
                    cmd.steps, cmd.warmup, table);
+        if (have_torch) {
+            std::optional<json> torch = run_torch(cmd, spec, threads, device, why, " --skip-stability --profile");
+            if (torch && torch->at("transformer").contains("profile_table"))
+                fmt::print("\nPyTorch's transformer steps under torch.profiler (key_averages(), the same steps):\n{}\n",
+                           torch->at("transformer").at("profile_table").get<std::string>());
+            else
+                fmt::print("\nPyTorch's profile: not available ({})\n", torch ? "no profile_table in its output" : why);
+        }
     }
 }
 

@@ -16,6 +16,7 @@ then moved, like normlab) and each timed epoch/step is bracketed by torch.cuda.s
 time is the kernels', not their launches. CI never runs this script (it needs `pip install torch`).
 """
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -191,9 +192,15 @@ def bench_transformer(a, device):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     gen = torch.Generator().manual_seed(a.seed)
     times = []
+    # --profile: the timed steps under torch.profiler (normlab bench torch --profile prints its table
+    # beside normlab's); a no-op context otherwise.
+    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if a.profile
+                else contextlib.nullcontext())
     for step in range(a.warmup + a.steps):
         ids = torch.randint(0, a.vocab_size, (a.batch, a.seq_len + 1), generator=gen).to(device)
         synchronize(device)
+        if step == a.warmup:
+            profiler.__enter__()
         start = time.perf_counter()
         opt.zero_grad()
         logits = model(ids[:, :-1])
@@ -206,7 +213,10 @@ def bench_transformer(a, device):
         elapsed = time.perf_counter() - start
         if step >= a.warmup:
             times.append(elapsed)
+    profiler.__exit__(None, None, None)
     out = summarize(times)
+    if a.profile:
+        out["profile_table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     out["tokens_per_s"] = a.batch * a.seq_len / out["median_s"]
     out["parameters"] = sum(p.numel() for p in model.parameters())
     out["final_loss"] = loss.item()
@@ -241,6 +251,8 @@ def main():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=50, help="timed transformer training steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="run the timed transformer steps under torch.profiler and report key_averages()")
     a = p.parse_args()
 
     device = torch.device(a.device)
