@@ -5,6 +5,7 @@
 // vocab, so neither the config file nor the training text is needed. The model sees at most the
 // sequence length it was trained on, through a KV cache (examples/generate.h); the speed goes to stderr.
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -36,6 +37,7 @@ struct SampleFlags {
 
 // "sample: 200 tokens in 0.41 s, 487 tokens/s (KV cache, window 64)" on stderr.
 void report_speed(const GenerateStats& stats, const GenerateOptions& options) {
+    std::fflush(stdout);  // after the samples, also when both streams go to one pipe
     fmt::print(stderr, "sample: {} tokens in {:.3f} s, {:.0f} tokens/s ({}, window {})\n", stats.new_tokens,
                stats.seconds, stats.seconds > 0 ? static_cast<double>(stats.new_tokens) / stats.seconds : 0.0,
                options.kv_cache ? "KV cache" : "no cache: whole window per token", options.context);

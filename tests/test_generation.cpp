@@ -178,7 +178,8 @@ TEST_CASE("train records the trained sequence length in its checkpoints, and sam
     INFO(no_cache.output);
     REQUIRE(no_cache.status == 0);
     CHECK_THAT(no_cache.output, Catch::Contains("tokens/s (no cache: whole window per token, window 6)"));
-    // The same answers either way.
+    // The same answers either way: the lines before "k/3 correct" (the speed line comes after it).
     CHECK(no_cache.output.substr(0, no_cache.output.find("correct")) ==
           sample.output.substr(0, sample.output.find("correct")));
+    CHECK_THAT(sample.output, Catch::StartsWith("reverse "));
 }
