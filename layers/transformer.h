@@ -2,7 +2,8 @@
 // meta-llama/llama model.py): the SwiGLU FeedForward, causal multi-head self-attention with
 // grouped-query heads and rotary position embeddings (RoPE, Su et al. 2021, LLaMA's interleaved
 // complex-pair layout), the pre-norm LLaMA block and the post-norm block of the original
-// Transformer (Vaswani et al. 2017), and a decoder-only language model.
+// Transformer (Vaswani et al. 2017), and a decoder-only language model, with a KV cache for
+// generation (each new token computes one position).
 #pragma once
 
 #include <cstdint>
