@@ -35,7 +35,7 @@ struct SampleFlags {
     bool no_kv_cache = false;
 };
 
-// "sample: 200 tokens in 0.41 s, 487 tokens/s (KV cache, window 64)" on stderr.
+// "sample: N tokens in S s, R tokens/s (KV cache, window T)" on stderr.
 void report_speed(const GenerateStats& stats, const GenerateOptions& options) {
     std::fflush(stdout);  // after the samples, also when both streams go to one pipe
     fmt::print(stderr, "sample: {} tokens in {:.3f} s, {:.0f} tokens/s ({}, window {})\n", stats.new_tokens,

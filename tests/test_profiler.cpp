@@ -104,9 +104,10 @@ TEST_CASE("train --profile writes a kernel table that fits in the measured step 
     CHECK(gflops["forward/matmul"] > 0);
     CHECK(calls["optimizer/adamw"] > 0);
     CHECK(calls["forward/cross_entropy"] == 6);
-    // The kernels run inside the steps: their sum is part of the measured time, and a good share of it.
+    // The kernels run inside the steps: their sum is part of the measured time, and most of it here
+    // (the rest is graph building and allocation; 0.3 leaves room for a loaded machine).
     CHECK(kernels < measured);
-    CHECK(kernels > 0.1 * measured);
+    CHECK(kernels > 0.3 * measured);
 }
 
 TEST_CASE("train --help documents --profile, sample --help --no-kv-cache", "[profiler]") {
