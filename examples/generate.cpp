@@ -1,6 +1,7 @@
 // Windowed generation with a KV cache (the window rule is in generate.h).
 #include "examples/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
