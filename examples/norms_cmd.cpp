@@ -1,4 +1,5 @@
-// `normlab norms`: lists the norm registry (name, PyTorch class, default eps, parameters, formula);
+// `normlab norms`: lists the norm registry (name, PyTorch class, default eps, parameters, formula,
+// fused form);
 // `normlab norms --example` runs the RMSNorm explainer's worked example, x = [1, 2, 3, 4], through
 // normlab's LayerNorm and RMSNorm (weight 1, bias 0, default eps) and prints each step.
 #include "examples/commands.h"
@@ -39,8 +40,10 @@ void print_registry() {
     for (const NormType& t : norm_registry())
         fmt::print("{:<17} {:<16} {:>7g}  {}\n", t.name, t.class_name, t.default_eps, join(t.parameters));
     fmt::print("\n");
-    for (const NormType& t : norm_registry()) fmt::print("{:<17} {}\n{:<17} ({})\n", t.name, t.formula, "", t.reference);
-    fmt::print("\nEvery type has a fused form (the default) and a composed form (\"fused\": false). "
+    for (const NormType& t : norm_registry())
+        fmt::print("{:<17} {}\n{:<17} ({})\n{:<17} fused form: {}\n", t.name, t.formula, "", t.reference, "",
+                   t.fused_form);
+    fmt::print("\nEvery type also has a composed form (\"fused\": false: autograd ops, differentiable twice). "
                "`normlab norms --example` shows the explainer's worked example.\n");
 }
 

@@ -294,4 +294,5 @@ TEST_CASE("normlab norms lists every registered norm with its class, eps and par
     for (const NormType& type : norm_registry())
         CHECK(std::regex_search(run.output, std::regex("\\n" + type.name + " +" + type.class_name + " +1e-05  ")));
     CHECK_THAT(run.output, Catch::Contains("rms_norm.weight, layer_norm.weight, layer_norm.bias"));
+    for (const NormType& type : norm_registry()) CHECK_THAT(run.output, Catch::Contains("fused form: " + type.fused_form));
 }
