@@ -30,5 +30,7 @@ void register_stability(CLI::App& app);
 void register_gradcheck(CLI::App& app);
 // `normlab graph --layer NAME --dot out.dot`: a norm's autograd graph (examples/graph_cmd.cpp).
 void register_graph(CLI::App& app);
+// `normlab norms [--example]`: the norm registry, or the explainer's worked example (examples/norms_cmd.cpp).
+void register_norms(CLI::App& app);
 
 }  // namespace nl::cli

@@ -15,6 +15,7 @@
 #include "layers/activation.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
+#include "layers/norm_registry.h"
 #include "layers/norms.h"
 #include "layers/transformer.h"
 
@@ -85,35 +86,31 @@ std::vector<Check> all_checks() {
     std::vector<Check> checks;
     const int64_t d = 8;
 
-    // Every norm in both forms, through its module (first order).
-    for (const std::string& type : norm_types()) {
+    // Every norm of the registry in both forms, through its module (first order), and its composed
+    // form to second order through the registry's functional case (double backward).
+    for (const NormType& type : norm_registry()) {
         for (bool fused : {true, false}) {
-            checks.push_back({type, fused ? "fused" : "composed", "1st", [type, fused, d](const Tolerance& tol) {
+            checks.push_back({type.name, fused ? "fused" : "composed", "1st", [&type, fused, d](const Tolerance& tol) {
                                   NormOptions options;
-                                  options.type = type;
+                                  options.type = type.name;
                                   options.dim = d;
                                   options.fused = fused;
                                   options.dtype = DType::F64;
-                                  std::shared_ptr<Norm> norm = make_norm(options);
+                                  std::shared_ptr<Norm> norm = type.make(options);
                                   Var x = random_input({3, 4, d}, 1);
                                   return check_module(*norm, x, [norm](const Var& in) { return norm->forward(in); }, 2, tol);
                               }});
         }
     }
-    // The composed forms to second order, through the functional forms (double backward).
-    auto second = [&](const std::string& name, std::function<Var(const std::vector<Var>&)> fn, int n_params) {
-        checks.push_back({name, "composed", "2nd", [fn, n_params, d](const Tolerance& tol) {
+    for (const NormType& type : norm_registry()) {
+        checks.push_back({type.name, "composed", "2nd", [&type, d](const Tolerance& tol) {
                               std::vector<Var> inputs{random_input({3, d}, 3)};
-                              for (int i = 0; i < n_params; ++i) inputs.push_back(random_input({d}, 4 + i));
-                              return gradgradcheck(fn, inputs, 1e-6, tol.atol, tol.rtol);
+                              int64_t seed = 4;
+                              for (int64_t size : type.gradcheck_param_sizes)
+                                  inputs.push_back(random_input({size == 0 ? d : size}, seed++));
+                              return gradgradcheck(type.gradcheck_composed, inputs, 1e-6, tol.atol, tol.rtol);
                           }});
-    };
-    second("layernorm", [](const std::vector<Var>& v) { return layer_norm_composed(v[0], v[1], v[2], 1e-5); }, 2);
-    second("rmsnorm", [](const std::vector<Var>& v) { return rms_norm_composed(v[0], v[1], Var(), 1e-6); }, 1);
-    second("rmsnorm_bias", [](const std::vector<Var>& v) { return rms_norm_composed(v[0], v[1], v[2], 1e-6); }, 2);
-    second("prmsnorm", [](const std::vector<Var>& v) { return rms_norm_composed(v[0], v[1], Var(), 1e-6, 3); }, 1);
-    second("hybridnorm",
-           [](const std::vector<Var>& v) { return hybrid_norm(v[0], v[1], v[2], 0.3, 1e-5, false); }, 2);
+    }
 
     // Layers.
     checks.push_back({"linear", "-", "1st", [](const Tolerance& tol) {

@@ -15,6 +15,7 @@
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "examples/run_dir.h"
+#include "layers/norm_registry.h"
 #include "layers/norms.h"
 
 namespace nl::cli {
@@ -79,8 +80,7 @@ void run_graph(const Options& opt) {
 void register_graph(CLI::App& app) {
     auto opt = std::make_shared<Options>();
     CLI::App* cmd = app.add_subcommand("graph", "Show a norm's autograd graph: saved tensors and bytes, Graphviz DOT");
-    cmd->add_option("--layer", opt->layer, "norm type: layernorm, rmsnorm, rmsnorm_bias, prmsnorm, "
-                                           "adaptive_rmsnorm, hybridnorm")
+    cmd->add_option("--layer", opt->layer, "norm type: " + norm_type_choices())
         ->required();
     cmd->add_flag("--fused", opt->fused, "the fused form (one node, closed-form backward; the default)");
     cmd->add_flag("--composed", opt->composed, "the composed form (primitive ops)");

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     nl::cli::register_stability(app);
     nl::cli::register_gradcheck(app);
     nl::cli::register_graph(app);
+    nl::cli::register_norms(app);
     CLI::App* bench = app.add_subcommand("bench", "Benchmarks (ours vs a reference, in one run)");
     bench->require_subcommand(1);
     nl::cli::register_bench_core(*bench);

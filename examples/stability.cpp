@@ -97,7 +97,7 @@ StabilityConfig read_config(const std::string& path, const std::vector<std::stri
     c.device = read_device(r);
     require_device_available(c.device, r.where("device"));
     c.fused = r.get_bool("fused", true);
-    // A number, or "default" for each norm type's own default (1e-5 LayerNorm, 1e-6 RMSNorm family).
+    // A number, or "default" for each norm type's own default (the registry's: 1e-5, the article's).
     if (root.contains("norm_eps") && root["norm_eps"].is_number())
         c.norm_eps = r.get_double("norm_eps", 0.0, 0.0, 1.0);
     else

@@ -108,7 +108,7 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
     if (model.n_heads % model.n_kv_heads != 0)
         reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
                                               model.n_heads, model.n_kv_heads));
-    model.multiple_of = reader.get_int("multiple_of", 32, 1);
+    model.multiple_of = reader.get_int("multiple_of", model.multiple_of, 1);
     model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0);
     model.norm = read_norm(reader.child("norm"));
     model.pre_norm = reader.get_bool("pre_norm", true);

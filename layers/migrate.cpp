@@ -1,6 +1,7 @@
 // LayerNorm -> RMSNorm migration over a module tree, in place.
 #include "layers/migrate.h"
 
+#include "layers/monitor.h"
 #include "layers/norms.h"
 
 namespace nl {
@@ -15,6 +16,8 @@ MigrationReport migrate_layernorm_to_rmsnorm(Module& model) {
     };
     std::vector<Target> targets;
     for (auto& [path, module] : model.named_modules()) {
+        // A HybridNorm's layer_norm is a part of that norm, not a LayerNorm of the model.
+        if (dynamic_cast<Norm*>(module) != nullptr && dynamic_cast<NormMonitor*>(module) == nullptr) continue;
         for (auto& [name, child] : module->named_children()) {
             if (std::dynamic_pointer_cast<LayerNorm>(child)) targets.push_back({module, name, join_name(path, name)});
         }

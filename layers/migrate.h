@@ -17,7 +17,9 @@ struct MigrationReport {
 // RMSNorm has no bias and does not re-center, so LayerNorm biases are DROPPED (listed in the
 // report), and the migrated model computes a different function until it is fine-tuned; the weight
 // keeps its name ("ln1.weight") and values. LayerNorms inside a NormMonitor are replaced too (the
-// monitor keeps its buffers). Parameter Vars of the replaced norms are new: build optimizers after
+// monitor keeps its buffers); a HybridNorm's own layer_norm branch is left alone. This is the
+// article's migrate_layernorm_to_rmsnorm (6.3: RMSNorm(normalized_shape[0], eps=module.eps), the
+// weight copied) carried out in place. Parameter Vars of the replaced norms are new: build optimizers after
 // migrating.
 MigrationReport migrate_layernorm_to_rmsnorm(Module& model);
 

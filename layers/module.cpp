@@ -198,14 +198,22 @@ void Module::load_state_dict(const NamedTensors& entries, bool strict) {
         NL_REQUIRE(given.emplace(name, &tensor).second, "load_state_dict: key '", name, "' appears twice");
     }
     if (strict) {
+        // As PyTorch's strict load: every missing and every unexpected key, in one message.
         std::set<std::string> own_names;
         for (const auto& [name, t] : own) own_names.insert(name);
+        std::string missing, unexpected;
         for (const auto& [name, t] : own)
-            NL_REQUIRE(given.count(name), "load_state_dict: missing key '", name, "' (",
-                       type_name(), " expects ", shape_str(t.shape()), " ", dtype_name(t.dtype()), ")");
+            if (!given.count(name))
+                missing += detail::concat(missing.empty() ? "" : ", ", "'", name, "' (", shape_str(t.shape()), " ",
+                                          dtype_name(t.dtype()), ")");
         for (const auto& [name, t] : entries)
-            NL_REQUIRE(own_names.count(name), "load_state_dict: unexpected key '", name, "' (shape ",
-                       shape_str(t.shape()), "); ", type_name(), " has no such parameter or buffer");
+            if (!own_names.count(name))
+                unexpected += detail::concat(unexpected.empty() ? "" : ", ", "'", name, "' (", shape_str(t.shape()), ")");
+        std::string problems;
+        if (!missing.empty()) problems = "missing key(s) " + missing;
+        if (!unexpected.empty())
+            problems += (problems.empty() ? "" : "; ") + std::string("unexpected key(s) ") + unexpected;
+        NL_REQUIRE(problems.empty(), "load_state_dict: ", problems, " for ", type_name());
     }
     // Check everything before copying anything, so a failed load leaves the module untouched.
     for (const auto& [name, dst] : own) {

@@ -20,8 +20,7 @@ NormMonitor::NormMonitor(std::shared_ptr<Norm> norm, double momentum)
     NL_REQUIRE(std::dynamic_pointer_cast<NormMonitor>(norm) == nullptr, "NormMonitor: the norm is already monitored");
     NL_REQUIRE(momentum > 0.0 && momentum <= 1.0, "NormMonitor: expected momentum in (0, 1], found ", momentum);
     register_module("", std::move(norm));  // transparent: the wrapped norm keeps its names
-    register_buffer("running_rms", full({}, std::numeric_limits<double>::quiet_NaN(), DType::F32));
-    register_buffer("num_batches_tracked", zeros({}, DType::I64));
+    register_buffer("running_rms", ones({1}, options_.dtype));  // torch.ones(1)
 }
 
 std::shared_ptr<Norm> NormMonitor::inner() const {
@@ -35,21 +34,31 @@ std::string NormMonitor::extra_repr() const { return detail::concat("momentum=",
 bool NormMonitor::fused() const { return inner()->fused(); }
 void NormMonitor::set_fused(bool fused) { inner()->set_fused(fused); }
 
-double NormMonitor::running_rms() const { return buffer("running_rms").item(); }
-int64_t NormMonitor::num_batches_tracked() const { return static_cast<int64_t>(buffer("num_batches_tracked").item()); }
+double NormMonitor::running_rms() const { return buffer("running_rms").to(DType::F64).item(); }
+
+NormDebugInfo NormMonitor::debug_info() const {
+    NormDebugInfo info;
+    info.running_rms = running_rms();
+    info.weight_mean = info.weight_std = std::numeric_limits<double>::quiet_NaN();
+    std::shared_ptr<Norm> norm = inner();
+    if (norm->has_parameter("weight")) {
+        Tensor w = norm->parameter("weight").data().to(DType::F64);
+        info.weight_mean = mean(w).item();
+        info.weight_std = std::sqrt(var(w, {0}, 1, false).item());  // self.weight.std(): unbiased
+    }
+    return info;
+}
 
 Var NormMonitor::forward(const Var& x) {
-    if (is_training() && x.defined() && x.numel() > 0) {
+    // Every forward, as the article's DebuggableRMSNorm (it has no training-mode test).
+    if (x.defined() && x.numel() > 0) {
         NoGradGuard no_grad;
-        // rms(x) = sqrt(mean(x^2)) over the whole batch, in f64 so large activations cannot overflow
+        // current_rms = x.pow(2).mean().sqrt() over the whole tensor, in f64 so large activations
+        // cannot overflow
         const double rms = std::sqrt(mean(square(x.data().to(DType::F64))).item());
-        const int64_t n = num_batches_tracked();
-        const double old = running_rms();
-        const double updated = n == 0 ? rms : (1.0 - momentum_) * old + momentum_ * rms;
+        const double updated = (1.0 - momentum_) * running_rms() + momentum_ * rms;
         Tensor running = buffer("running_rms");  // shares the buffer's storage: updated in place
         running.fill_(updated);
-        Tensor count = buffer("num_batches_tracked");
-        count.fill_(static_cast<double>(n + 1));
     }
     return inner()->forward(x);
 }
@@ -58,7 +67,8 @@ int64_t attach_norm_monitors(Module& model, double momentum) {
     // Collect first, then replace, so the walk does not see the monitors it creates.
     std::vector<std::pair<Module*, std::string>> targets;
     for (auto& [path, module] : model.named_modules()) {
-        if (dynamic_cast<NormMonitor*>(module) != nullptr) continue;  // its child is already monitored
+        // A norm's children are parts of it (HybridNorm's branches, a monitor's wrapped norm).
+        if (dynamic_cast<Norm*>(module) != nullptr) continue;
         for (auto& [name, child] : module->named_children()) {
             if (std::dynamic_pointer_cast<Norm>(child) && !std::dynamic_pointer_cast<NormMonitor>(child))
                 targets.emplace_back(module, name);

@@ -1,5 +1,6 @@
 // NormMonitor: wraps any Norm and keeps a running RMS of the norm's input, to see after training
-// how large the activations entering each norm grew (the stability experiments' question).
+// how large the activations entering each norm grew (the stability experiments' question). A
+// monitored RMSNorm is the article's DebuggableRMSNorm (7.3): same state dict, same updates.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +13,19 @@
 
 namespace nl {
 
-// Forward is the wrapped norm's forward. In training mode it also updates, without recording
-// graph, running_rms = (1 - momentum) * running_rms + momentum * rms(x), where rms(x) =
-// sqrt(mean(x^2)) over every element of the batch (in f64); the first update sets running_rms =
-// rms(x). Buffers (saved in state_dict): "running_rms" (f32, []) and "num_batches_tracked" (i64, []),
-// as BatchNorm's. The wrapped norm is registered as a transparent child (name ""), so a monitored
+// Forward is the wrapped norm's forward. Every forward (training and eval, as the article's) also
+// updates, without recording graph,
+//   running_rms = (1 - momentum) * running_rms + momentum * sqrt(mean(x^2))
+// with the mean over every element of x (computed in f64). Buffer (saved in state_dict):
+// "running_rms", shape [1] in the norm's dtype, starting at 1 (register_buffer("running_rms",
+// torch.ones(1))). The wrapped norm is registered as a transparent child (name ""), so a monitored
 // norm keeps the wrapped norm's parameter names ("ln1.weight", not "ln1.norm.weight").
+struct NormDebugInfo {
+    double running_rms = 0.0;
+    double weight_mean = 0.0;  // of the wrapped norm's "weight"; NaN when it has none
+    double weight_std = 0.0;   // unbiased (torch.std's default); NaN when it has none
+};
+
 class NormMonitor : public Norm {
 public:
     explicit NormMonitor(std::shared_ptr<Norm> norm, double momentum = 0.1);
@@ -27,8 +35,8 @@ public:
 
     std::shared_ptr<Norm> inner() const;  // the wrapped norm (reads the child, so it sees replacements)
     double momentum() const { return momentum_; }
-    double running_rms() const;           // NaN before the first training-mode forward
-    int64_t num_batches_tracked() const;
+    double running_rms() const;           // 1 before the first forward
+    NormDebugInfo debug_info() const;     // the article's get_debug_info()
     bool fused() const override;
     void set_fused(bool fused) override;  // forwards to the wrapped norm
 

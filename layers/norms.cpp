@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/fused.h"
-#include "layers/monitor.h"
+#include "layers/norm_registry.h"
 
 namespace nl {
 
@@ -116,38 +116,29 @@ Var rms_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool 
 
 Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double eps, bool fused) {
     check_norm_args("adaptive_rms_norm", x, weight, Var());
-    NL_REQUIRE(alpha.defined() && alpha.numel() == 1 && alpha.dim() == 0, "adaptive_rms_norm: expected a scalar ([]) alpha, found ",
+    NL_REQUIRE(x.size(-1) >= 2, "adaptive_rms_norm: the unbiased std needs d >= 2, found an input ",
+               shape_str(x.shape()));
+    NL_REQUIRE(alpha.defined() && alpha.shape() == Shape{1}, "adaptive_rms_norm: expected alpha [1], found ",
                alpha.defined() ? shape_str(alpha.shape()) : std::string("an undefined Var"));
     NL_REQUIRE(alpha.dtype() == x.dtype(), "adaptive_rms_norm: alpha has dtype ", dtype_name(alpha.dtype()),
                " but the input has ", dtype_name(x.dtype()));
-    Var y = rms_norm(x, weight, Var(), eps, fused);                 // (..., d)
-    Var std_ = sqrt(var(to_compute(x), {-1}, 0, true) + eps);       // (..., 1), biased, eps inside
-    Var gate = sigmoid(to_compute(alpha) * std_);                    // (..., 1)
+    Var y = rms_norm(x, weight, Var(), eps, fused);               // (..., d): super().forward(x)
+    Var std_ = sqrt(var(to_compute(x), {-1}, 1, true));           // (..., 1): x.std(dim=-1, keepdim=True)
+    Var gate = sigmoid(to_compute(alpha) * std_);                 // (..., 1)
     return y * cast_back(gate, x.dtype());
 }
 
-Var hybrid_norm(const Var& x, const Var& weight, const Var& bias, double alpha, double eps, bool fused) {
-    check_norm_args("hybrid_norm", x, weight, bias);
-    Var r = rms_norm(x, Var(), Var(), eps, fused);     // (..., d), no affine of its own
-    Var l = layer_norm(x, Var(), Var(), eps, fused);   // (..., d), no affine of its own
-    return affine(r * alpha + l * (1.0 - alpha), weight, bias);
+Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const Var& ln_bias, double alpha,
+                double eps, bool fused) {
+    check_norm_args("hybrid_norm", x, rms_weight, Var());
+    Var r = rms_norm(x, rms_weight, Var(), eps, fused);           // (..., d): self.rms_norm(x)
+    Var l = layer_norm(x, ln_weight, ln_bias, eps, fused);        // (..., d): self.layer_norm(x)
+    return r * alpha + l * (1.0 - alpha);
 }
 
 // ---- options, base, factory ----
 
-const std::vector<std::string>& norm_types() {
-    static const std::vector<std::string> types = {"layernorm",  "rmsnorm",          "rmsnorm_bias",
-                                                   "prmsnorm",   "adaptive_rmsnorm", "hybridnorm"};
-    return types;
-}
-
 namespace {
-
-std::string type_choices() {
-    std::string out;
-    for (const auto& t : norm_types()) out += (out.empty() ? "" : ", ") + t;
-    return out;
-}
 
 NormOptions with_type(NormOptions options, const char* type) {
     options.type = type;
@@ -160,21 +151,18 @@ bool is_rms_type(const std::string& type) {
 
 }  // namespace
 
-double NormOptions::resolved_eps() const {
-    if (eps) return *eps;
-    return (type == "layernorm" || type == "hybridnorm") ? 1e-5 : 1e-6;
-}
+double NormOptions::resolved_eps() const { return eps ? *eps : find_norm_type(type).default_eps; }
 
 Norm::Norm(NormOptions options) : options_(std::move(options)) {
-    const auto& types = norm_types();
-    NL_REQUIRE(std::find(types.begin(), types.end(), options_.type) != types.end(), "norm: unknown norm type '",
-               options_.type, "' (choices: ", type_choices(), ")");
+    find_norm_type(options_.type);  // an unknown type is an error naming the choices
     NL_REQUIRE(options_.dim > 0, options_.type, ": expected dim > 0, found ", options_.dim);
     NL_REQUIRE(options_.resolved_eps() >= 0.0 && std::isfinite(options_.resolved_eps()), options_.type,
                ": expected a finite eps >= 0, found ", options_.resolved_eps());
     NL_REQUIRE(is_floating(options_.dtype), options_.type, ": expected a floating dtype, found ",
                dtype_name(options_.dtype));
 }
+
+std::string Norm::type_name() const { return find_norm_type(options_.type).class_name; }
 
 std::string Norm::extra_repr() const {
     return detail::concat(options_.dim, ", eps=", eps(), ", elementwise_affine=",
@@ -187,23 +175,30 @@ void Norm::check_input(const Var& x) const {
 }
 
 std::shared_ptr<Norm> make_norm(const NormOptions& options) {
-    const std::string& type = options.type;
-    if (type == "layernorm") return std::make_shared<LayerNorm>(options);
-    if (is_rms_type(type)) return std::make_shared<RMSNorm>(options);
-    if (type == "adaptive_rmsnorm") return std::make_shared<AdaptiveRMSNorm>(options);
-    if (type == "hybridnorm") return std::make_shared<HybridNorm>(options);
-    throw Error(detail::concat("make_norm: unknown norm type '", type, "' (choices: ", type_choices(), ")"));
+    try {
+        return find_norm_type(options.type).make(options);
+    } catch (const Error& e) {
+        throw Error(detail::concat("make_norm: ", e.what()));
+    }
 }
+
+namespace {
+
+// Depth first; a norm is set as a whole (it sets its own parts) and its children are not visited.
+void set_fused_below(Module& module, bool fused, int64_t& count) {
+    if (auto* norm = dynamic_cast<Norm*>(&module)) {
+        norm->set_fused(fused);
+        ++count;
+        return;
+    }
+    for (auto& [name, child] : module.named_children()) set_fused_below(*child, fused, count);
+}
+
+}  // namespace
 
 int64_t set_norms_fused(Module& model, bool fused) {
     int64_t count = 0;
-    for (auto& [name, module] : model.named_modules()) {
-        // A monitor forwards set_fused to the norm it wraps, which this walk also visits.
-        auto* norm = dynamic_cast<Norm*>(module);
-        if (norm == nullptr || dynamic_cast<NormMonitor*>(module) != nullptr) continue;
-        norm->set_fused(fused);
-        ++count;
-    }
+    set_fused_below(model, fused, count);
     return count;
 }
 
@@ -241,12 +236,6 @@ RMSNorm::RMSNorm(const NormOptions& options) : Norm(options) {
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : RMSNorm(NormOptions{.type = "rmsnorm", .dim = dim, .eps = eps}) {}
 
-std::string RMSNorm::type_name() const {
-    if (options_.type == "rmsnorm_bias") return "RMSNormBias";
-    if (options_.type == "prmsnorm") return "PRMSNorm";
-    return "RMSNorm";
-}
-
 Var RMSNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
 Var RMSNorm::bias() const { return has_parameter("bias") ? parameter("bias") : Var(); }
 
@@ -262,8 +251,9 @@ Var RMSNorm::forward(const Var& x) {
 // ---- AdaptiveRMSNorm ----
 
 AdaptiveRMSNorm::AdaptiveRMSNorm(const NormOptions& options) : Norm(with_type(options, "adaptive_rmsnorm")) {
+    NL_REQUIRE(options_.dim >= 2, "AdaptiveRMSNorm: the unbiased std needs dim >= 2, found ", options_.dim);
     if (options_.elementwise_affine) register_parameter("weight", Var(ones({options_.dim}, options_.dtype)));
-    register_parameter("alpha", Var(ones({}, options_.dtype)));
+    register_parameter("alpha", Var(ones({1}, options_.dtype)));  // nn.Parameter(torch.ones(1))
 }
 
 Var AdaptiveRMSNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
@@ -278,20 +268,40 @@ Var AdaptiveRMSNorm::forward(const Var& x) {
 HybridNorm::HybridNorm(const NormOptions& options) : Norm(with_type(options, "hybridnorm")) {
     NL_REQUIRE(options_.alpha >= 0.0 && options_.alpha <= 1.0, "HybridNorm: expected alpha in [0, 1], found ",
                options_.alpha);
-    if (options_.elementwise_affine) {
-        register_parameter("weight", Var(ones({options_.dim}, options_.dtype)));
-        if (options_.bias) register_parameter("bias", Var(zeros({options_.dim}, options_.dtype)));
-    }
+    NormOptions part = options_;
+    part.eps = eps();  // RMSNorm(dim, eps) and nn.LayerNorm(dim, eps): both get this norm's eps
+    register_module("rms_norm", std::make_shared<RMSNorm>(with_type(part, "rmsnorm")));
+    register_module("layer_norm", std::make_shared<LayerNorm>(with_type(part, "layernorm")));
 }
 
 std::string HybridNorm::extra_repr() const { return Norm::extra_repr() + detail::concat(", alpha=", alpha()); }
 
-Var HybridNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
-Var HybridNorm::bias() const { return has_parameter("bias") ? parameter("bias") : Var(); }
+std::shared_ptr<RMSNorm> HybridNorm::rms_norm() const {
+    auto norm = std::dynamic_pointer_cast<RMSNorm>(child("rms_norm"));
+    NL_REQUIRE(norm != nullptr, "HybridNorm: its rms_norm child is a ", child("rms_norm")->type_name(),
+               ", not an RMSNorm");
+    return norm;
+}
+
+std::shared_ptr<LayerNorm> HybridNorm::layer_norm() const {
+    auto norm = std::dynamic_pointer_cast<LayerNorm>(child("layer_norm"));
+    NL_REQUIRE(norm != nullptr, "HybridNorm: its layer_norm child is a ", child("layer_norm")->type_name(),
+               ", not a LayerNorm");
+    return norm;
+}
+
+void HybridNorm::set_fused(bool fused) {
+    Norm::set_fused(fused);
+    rms_norm()->set_fused(fused);
+    layer_norm()->set_fused(fused);
+}
 
 Var HybridNorm::forward(const Var& x) {
     check_input(x);
-    return hybrid_norm(x, weight(), bias(), alpha(), eps(), fused());
+    auto rms = rms_norm();
+    auto ln = layer_norm();
+    // The functional form, so both branches run in this norm's form (the children's flags follow it).
+    return hybrid_norm(x, rms->weight(), ln->weight(), ln->bias(), alpha(), eps(), fused());
 }
 
 }  // namespace nl

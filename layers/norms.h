@@ -39,20 +39,22 @@ Var rms_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps,
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused);
 Var rms_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused,
              int64_t stat_count = -1);
-// AdaptiveRMSNorm (see the class below): rms_norm(x, weight) * sigmoid(alpha * sqrt(var(x) + eps)),
-// alpha a scalar ([]) Var of x's dtype.
+// AdaptiveRMSNorm (see the class below): rms_norm(x, weight) * sigmoid(alpha * std(x)), std the
+// unbiased standard deviation over the last dim without eps; alpha a [1] Var of x's dtype.
 Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double eps, bool fused);
-// HybridNorm (see the class below): (alpha * rmsnorm(x) + (1 - alpha) * layernorm(x)) * w + b.
-Var hybrid_norm(const Var& x, const Var& weight, const Var& bias, double alpha, double eps, bool fused);
+// HybridNorm (see the class below): alpha * rms_norm(x, rms_weight) + (1 - alpha) *
+// layer_norm(x, ln_weight, ln_bias), each branch with its own affine parameters.
+Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const Var& ln_bias, double alpha,
+                double eps, bool fused);
 
 // ---- options and the factory ----
 
 struct NormOptions {
-    // "layernorm", "rmsnorm", "rmsnorm_bias", "prmsnorm", "adaptive_rmsnorm", "hybridnorm"
+    // A name from the norm registry (layers/norm_registry.h): "layernorm", "rmsnorm", ...
     std::string type = "rmsnorm";
     int64_t dim = 0;
-    // Unset: 1e-5 for layernorm and hybridnorm (nn.LayerNorm's default), 1e-6 for the RMSNorm
-    // family (the default of LLaMA's RMSNorm class; LLaMA-2's configs pass norm_eps=1e-5).
+    // Unset: the type's default from the registry, the article's classes' 1e-5 for every type
+    // (nn.LayerNorm's default too). LLaMA's configs pass norm_eps explicitly.
     std::optional<double> eps = std::nullopt;
     bool fused = true;
     bool elementwise_affine = true;  // learnable weight (and bias where the norm has one)
@@ -64,13 +66,15 @@ struct NormOptions {
     double resolved_eps() const;     // eps, or the type's default
 };
 
-// The accepted NormOptions::type values, in the order listed above.
+// The accepted NormOptions::type values, in the registry's order.
 const std::vector<std::string>& norm_types();
 
 // Every norm: a one-input module over the last dim with a fused/composed switch.
 class Norm : public UnaryModule {
 public:
     explicit Norm(NormOptions options);
+    // The registry's PyTorch class name of options().type ("RMSNorm", "RMSNormWithBias", ...).
+    std::string type_name() const override;
     const NormOptions& options() const { return options_; }
     int64_t dim() const { return options_.dim; }
     double eps() const { return options_.resolved_eps(); }
@@ -84,11 +88,12 @@ protected:
     NormOptions options_;
 };
 
-// Builds the norm named by options.type; an unknown type is an nl::Error listing the choices.
+// Builds the norm named by options.type through the registry; an unknown type is an nl::Error
+// listing the choices.
 std::shared_ptr<Norm> make_norm(const NormOptions& options);
 
 // Switches every norm in `model` (at any depth) to the fused or composed form; returns how many
-// norms it set (a monitored norm counts once).
+// norms it set. A norm made of norms (HybridNorm, a monitored norm) counts once: it sets its parts.
 int64_t set_norms_fused(Module& model, bool fused);
 
 // nn.LayerNorm(dim, eps, elementwise_affine, bias): weight ones, bias zeros.
@@ -96,55 +101,54 @@ class LayerNorm : public Norm {
 public:
     explicit LayerNorm(const NormOptions& options);
     explicit LayerNorm(int64_t dim, double eps = 1e-5);
-    std::string type_name() const override { return "LayerNorm"; }
     Var forward(const Var& x) override;
     Var weight() const;  // undefined without elementwise_affine
     Var bias() const;    // undefined without elementwise_affine or bias
 };
 
-// LLaMA's RMSNorm (type "rmsnorm"), with a bias (type "rmsnorm_bias": y = norm(x) * w + b, bias
-// zeros), or partial (type "prmsnorm": the RMS over the first partial_stat_count(d, p) elements of
-// each row, the paper's pRMSNorm, normalizing all d). Weight ones.
+// LLaMA's RMSNorm as the article writes it (type "rmsnorm", RMSNorm(dim, eps=1e-5)), with a bias
+// (type "rmsnorm_bias", the article's RMSNormWithBias: y = RMSNorm(x) + b, bias zeros), or partial
+// (type "prmsnorm": the RMS over the first partial_stat_count(d, p) elements of each row, the
+// paper's pRMSNorm, normalizing all d). Weight ones. The article's StableRMSNorm (x * rsqrt(mean(x^2)
+// + eps) * weight, without the f32 upcast) is this same function for f32 and f64 inputs.
 class RMSNorm : public Norm {
 public:
     explicit RMSNorm(const NormOptions& options);
-    explicit RMSNorm(int64_t dim, double eps = 1e-6);
-    std::string type_name() const override;  // "RMSNorm", "RMSNormBias", "PRMSNorm"
+    explicit RMSNorm(int64_t dim, double eps = 1e-5);
     Var forward(const Var& x) override;
     Var weight() const;
     Var bias() const;                 // defined for rmsnorm_bias only
     int64_t stat_count() const;       // d, or ceil(p * d) for prmsnorm
 };
 
-// AdaptiveRMSNorm: y = RMSNorm(x) * sigmoid(alpha * std(x)), with std per row over the last dim,
-// BIASED (divide by d, like the norms' own statistics) and with eps inside the root,
-// std = sqrt(var(x) + eps), so a constant row has a finite gradient. alpha is a learnable scalar
-// parameter ("alpha", shape [], initialised to 1) next to the RMSNorm weight ("weight").
-// Fused form: the fused RMSNorm node times the gate, which stays composed from autograd ops (the
-// gate is a per-row scalar, so it adds only row-sized saved tensors plus its own use of x).
+// The article's AdaptiveRMSNorm (section 8.2): y = RMSNorm(x) * sigmoid(alpha * x.std(dim=-1,
+// keepdim=True)), std PyTorch's default: UNBIASED (divide by d - 1) and without eps, so it needs
+// d >= 2, and a constant row has an infinite gate gradient, as in PyTorch. alpha is a learnable
+// parameter ("alpha", shape [1], initialised to 1, as nn.Parameter(torch.ones(1))) next to the
+// RMSNorm weight ("weight"). Fused form: the fused RMSNorm node times the gate, which stays composed
+// from autograd ops (a per-row scalar: it adds only row-sized saved tensors plus its own use of x).
 class AdaptiveRMSNorm : public Norm {
 public:
     explicit AdaptiveRMSNorm(const NormOptions& options);
-    std::string type_name() const override { return "AdaptiveRMSNorm"; }
     Var forward(const Var& x) override;
     Var weight() const;
     Var alpha() const { return parameter("alpha"); }
 };
 
-// HybridNorm: y = (alpha * rmsnorm(x) + (1 - alpha) * layernorm(x)) * weight + bias, where both
-// branches are unscaled (no affine of their own) and share one weight (ones) and bias (zeros,
-// when options.bias), so it has nn.LayerNorm's parameters. alpha is FIXED (options.alpha, in
-// [0, 1], not learned) so the blend is a controlled experimental knob. Fused form: the two fused
-// norm nodes (without weight) blended and scaled with autograd ops.
+// The article's HybridNorm (section 6.3): y = alpha * rms_norm(x) + (1 - alpha) * layer_norm(x),
+// two child modules with their own parameters: "rms_norm" (an RMSNorm: rms_norm.weight) and
+// "layer_norm" (a LayerNorm: layer_norm.weight, layer_norm.bias when options.bias), both with
+// this norm's eps. alpha is a plain float (options.alpha in [0, 1], not learned), as the article's.
+// The children follow this norm's fused/composed form (set_fused sets both).
 class HybridNorm : public Norm {
 public:
     explicit HybridNorm(const NormOptions& options);
-    std::string type_name() const override { return "HybridNorm"; }
     std::string extra_repr() const override;
     Var forward(const Var& x) override;
+    void set_fused(bool fused) override;
     double alpha() const { return options_.alpha; }
-    Var weight() const;
-    Var bias() const;
+    std::shared_ptr<RMSNorm> rms_norm() const;       // read through child(), so replacements are seen
+    std::shared_ptr<LayerNorm> layer_norm() const;
 };
 
 }  // namespace nl

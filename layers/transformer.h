@@ -27,7 +27,7 @@ int64_t swiglu_hidden_dim(int64_t hidden_dim, int64_t multiple_of);
 struct FeedForwardOptions {
     int64_t dim = 0;
     int64_t hidden_dim = 0;   // the argument before the 2/3 rule (LLaMA passes 4 * dim)
-    int64_t multiple_of = 1;
+    int64_t multiple_of = 256;  // the article's LLaMAFeedForward(dim, hidden_dim, multiple_of=256)
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
 };
@@ -121,8 +121,8 @@ struct TransformerBlockOptions {
     int64_t n_heads = 1;
     int64_t n_kv_heads = 0;      // 0: n_heads
     int64_t ffn_hidden_dim = 0;  // the FeedForward argument before the 2/3 rule; 0: 4 * dim (LLaMA)
-    int64_t multiple_of = 256;   // LLaMA's default
-    NormOptions norm;            // any norm type (norm.dim is set to dim)
+    int64_t multiple_of = 256;   // the article's LLaMATransformerBlock(..., multiple_of=256, norm_eps=1e-5)
+    NormOptions norm;            // any norm type (norm.dim is set to dim); eps unset: the type's 1e-5
     bool pre_norm = true;
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;
@@ -172,9 +172,10 @@ struct TransformerOptions {
     int64_t n_layers = 2;
     int64_t n_heads = 4;
     int64_t n_kv_heads = 0;      // 0: n_heads
-    int64_t multiple_of = 32;    // SwiGLU hidden rounding (LLaMA: 256)
+    int64_t multiple_of = 256;   // SwiGLU hidden rounding (LLaMA's ModelArgs and the article: 256)
     int64_t ffn_hidden_dim = 0;  // 0: 4 * dim before the 2/3 rule (LLaMA)
-    NormOptions norm;            // every block's norms and the final norm (norm.dim is set to dim)
+    NormOptions norm;            // every block's norms and the final norm (norm.dim is set to dim); eps
+                                 // unset: the type's default, 1e-5 (ModelArgs.norm_eps)
     bool pre_norm = true;
     double rope_theta = 10000.0;
     int64_t max_seq_len = 256;

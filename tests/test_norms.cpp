@@ -20,8 +20,7 @@ using nl::test::randomize_parameters;
 
 namespace {
 
-const std::vector<std::string> kTypes = {"layernorm", "rmsnorm", "rmsnorm_bias", "prmsnorm", "adaptive_rmsnorm",
-                                         "hybridnorm"};
+const std::vector<std::string>& kTypes = norm_types();  // every type of the registry
 
 NormOptions options_for(const std::string& type, int64_t dim, bool fused, DType dtype) {
     NormOptions o;
@@ -38,10 +37,15 @@ NormOptions options_for(const std::string& type, int64_t dim, bool fused, DType 
 std::vector<double> reference_norm(const Norm& norm, const std::vector<double>& x, int64_t rows, int64_t d) {
     const std::string& type = norm.options().type;
     const double eps = norm.eps();
-    auto param = [&](const char* name, double fallback) {
-        return norm.has_parameter(name) ? norm.parameter(name).data().to_vector() : std::vector<double>(d, fallback);
+    NamedVars params = norm.named_parameters();  // dotted: HybridNorm's live in its two children
+    auto param = [&](const std::string& name, double fallback) {
+        for (const auto& [n, p] : params)
+            if (n == name) return p.data().to_vector();
+        return std::vector<double>(d, fallback);
     };
     std::vector<double> w = param("weight", 1.0), b = param("bias", 0.0);
+    std::vector<double> rms_w = param("rms_norm.weight", 1.0), ln_w = param("layer_norm.weight", 1.0),
+                        ln_b = param("layer_norm.bias", 0.0);
     const double alpha = norm.has_parameter("alpha") ? norm.parameter("alpha").item() : 0.0;
     const int64_t k = type == "prmsnorm" ? partial_stat_count(d, norm.options().p) : d;
     std::vector<double> out(x.size());
@@ -51,6 +55,7 @@ std::vector<double> reference_norm(const Norm& norm, const std::vector<double>& 
         for (int64_t j = 0; j < d; ++j) mu += xr[j] / d;
         for (int64_t j = 0; j < k; ++j) ms += xr[j] * xr[j] / k;
         for (int64_t j = 0; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu) / d;
+        const double std_unbiased = std::sqrt(var * d / (d - 1));  // x.std(dim=-1): PyTorch's default
         for (int64_t j = 0; j < d; ++j) {
             const double rms_hat = xr[j] / std::sqrt(ms + eps);
             const double ln_hat = (xr[j] - mu) / std::sqrt(var + eps);
@@ -58,33 +63,36 @@ std::vector<double> reference_norm(const Norm& norm, const std::vector<double>& 
             if (type == "layernorm") y = ln_hat * w[j] + b[j];
             else if (type == "rmsnorm" || type == "prmsnorm") y = rms_hat * w[j];
             else if (type == "rmsnorm_bias") y = rms_hat * w[j] + b[j];
-            else if (type == "adaptive_rmsnorm") y = rms_hat * w[j] / (1 + std::exp(-alpha * std::sqrt(var + eps)));
-            else if (type == "hybridnorm") y = (0.3 * rms_hat + 0.7 * ln_hat) * w[j] + b[j];
+            else if (type == "adaptive_rmsnorm") y = rms_hat * w[j] / (1 + std::exp(-alpha * std_unbiased));
+            else if (type == "hybridnorm") y = 0.3 * rms_hat * rms_w[j] + 0.7 * (ln_hat * ln_w[j] + ln_b[j]);
             out[r * d + j] = y;
         }
     }
     return out;
 }
 
-// The functional form of each norm over gradcheck inputs {x, weight, [bias | alpha]}.
+// The functional form of each norm over gradcheck inputs {x, weight, [bias | alpha]}; hybridnorm:
+// {x, rms weight, ln weight, ln bias}.
 std::vector<Var> functional_inputs(const std::string& type, int64_t rows, int64_t d, Generator& gen) {
     auto leaf = [&](const Shape& s, double scale, double shift) {
         return Var(randn(s, gen, DType::F64) * scale + shift, true);
     };
     std::vector<Var> in = {leaf({rows, d}, 1.5, 0.3), leaf({d}, 0.5, 1.0)};
+    if (type == "hybridnorm") in.push_back(leaf({d}, 0.5, 1.0));
     if (type == "layernorm" || type == "rmsnorm_bias" || type == "hybridnorm") in.push_back(leaf({d}, 0.5, 0.0));
-    if (type == "adaptive_rmsnorm") in.push_back(Var(full({}, 0.7, DType::F64), true));
+    if (type == "adaptive_rmsnorm") in.push_back(Var(full({1}, 0.7, DType::F64), true));
     return in;
 }
 
 Var apply_functional(const std::string& type, const std::vector<Var>& in, bool fused) {
     const int64_t d = in[0].size(-1);
     if (type == "layernorm") return layer_norm(in[0], in[1], in[2], 1e-5, fused);
-    if (type == "rmsnorm") return rms_norm(in[0], in[1], Var(), 1e-6, fused);
-    if (type == "rmsnorm_bias") return rms_norm(in[0], in[1], in[2], 1e-6, fused);
-    if (type == "prmsnorm") return rms_norm(in[0], in[1], Var(), 1e-6, fused, partial_stat_count(d, 0.3));
-    if (type == "adaptive_rmsnorm") return adaptive_rms_norm(in[0], in[1], in[2], 1e-6, fused);
-    return hybrid_norm(in[0], in[1], in[2], 0.3, 1e-5, fused);
+    if (type == "rmsnorm") return rms_norm(in[0], in[1], Var(), 1e-5, fused);
+    if (type == "rmsnorm_bias") return rms_norm(in[0], in[1], in[2], 1e-5, fused);
+    if (type == "prmsnorm") return rms_norm(in[0], in[1], Var(), 1e-5, fused, partial_stat_count(d, 0.3));
+    if (type == "adaptive_rmsnorm") return adaptive_rms_norm(in[0], in[1], in[2], 1e-5, fused);
+    REQUIRE(type == "hybridnorm");  // a new registry type needs its functional form here
+    return hybrid_norm(in[0], in[1], in[2], in[3], 0.3, 1e-5, fused);
 }
 
 }  // namespace
@@ -263,17 +271,18 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
     std::map<std::string, std::vector<std::string>> expected_names = {
         {"layernorm", {"weight", "bias"}},      {"rmsnorm", {"weight"}},
         {"rmsnorm_bias", {"weight", "bias"}},   {"prmsnorm", {"weight"}},
-        {"adaptive_rmsnorm", {"weight", "alpha"}}, {"hybridnorm", {"weight", "bias"}}};
+        {"adaptive_rmsnorm", {"weight", "alpha"}},
+        {"hybridnorm", {"rms_norm.weight", "layer_norm.weight", "layer_norm.bias"}}};
     for (const auto& type : kTypes) {
         INFO(type);
         auto norm = make_norm(NormOptions{.type = type, .dim = 8});
         std::vector<std::string> names;
         for (auto& [name, p] : norm->named_parameters()) names.push_back(name);
         CHECK(names == expected_names[type]);
-        CHECK(norm->eps() == ((type == "layernorm" || type == "hybridnorm") ? 1e-5 : 1e-6));
+        CHECK(norm->eps() == 1e-5);  // the article's classes' default, for every type
         // weights start at one, biases at zero, alpha at one
         for (auto& [name, p] : norm->named_parameters())
-            CHECK(p.data().to_vector() == std::vector<double>(p.numel(), name == "bias" ? 0.0 : 1.0));
+            CHECK(p.data().to_vector() == std::vector<double>(p.numel(), name.find("bias") != std::string::npos ? 0.0 : 1.0));
     }
     CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .eps = 1e-3})->eps() == 1e-3);
     CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .bias = false})->named_parameters().size() == 1);
@@ -293,7 +302,7 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
     REQUIRE_THROWS_WITH(norm->forward(Var(zeros({2, 7}))), Catch::Contains("expected input (..., 8), found [2, 7]"));
     REQUIRE_THROWS_WITH(norm->forward(Var(zeros({2, 8}, DType::F64))),
                         Catch::Contains("weight has dtype f32 but the input has f64"));
-    CHECK(norm->str() == "RMSNorm(8, eps=1e-06, elementwise_affine=true, fused=true)");
+    CHECK(norm->str() == "RMSNorm(8, eps=1e-05, elementwise_affine=true, fused=true)");
 }
 
 TEST_CASE("norms: set_fused switches the form and keeps the result", "[norms]") {
@@ -307,19 +316,25 @@ TEST_CASE("norms: set_fused switches the form and keeps the result", "[norms]") 
     Var b = norm->forward(x);
     check_close(b, a.data(), 1e-12, 1e-12, "composed vs fused");
 
-    // Model-wide switch: every norm, a monitored one counted once.
+    // Model-wide switch: every norm, a monitored one and a HybridNorm (two norms inside) counted once.
     struct Model : Module {
         Model() {
             register_module("a", make_norm(NormOptions{.type = "rmsnorm", .dim = 4}));
             register_module("b", std::make_shared<NormMonitor>(make_norm(NormOptions{.type = "layernorm", .dim = 4})));
+            register_module("c", make_norm(NormOptions{.type = "hybridnorm", .dim = 4}));
         }
     };
     Model model;
-    CHECK(set_norms_fused(model, false) == 2);
+    auto hybrid = std::dynamic_pointer_cast<HybridNorm>(model.child("c"));
+    CHECK(set_norms_fused(model, false) == 3);
     CHECK_FALSE(std::dynamic_pointer_cast<Norm>(model.child("a"))->fused());
     CHECK_FALSE(std::dynamic_pointer_cast<NormMonitor>(model.child("b"))->inner()->fused());
-    CHECK(set_norms_fused(model, true) == 2);
+    CHECK_FALSE(hybrid->fused());
+    CHECK_FALSE(hybrid->rms_norm()->fused());
+    CHECK_FALSE(hybrid->layer_norm()->fused());
+    CHECK(set_norms_fused(model, true) == 3);
     CHECK(std::dynamic_pointer_cast<NormMonitor>(model.child("b"))->inner()->fused());
+    CHECK(hybrid->layer_norm()->fused());
 }
 
 TEST_CASE("norms: empty batch and a single row", "[norms]") {
@@ -336,35 +351,46 @@ TEST_CASE("norms: empty batch and a single row", "[norms]") {
 
 // ---- monitor ----
 
-TEST_CASE("monitor: running RMS with momentum 0.1, training only, no graph", "[norms]") {
+TEST_CASE("monitor: running RMS from 1 with momentum 0.1 on every forward, no graph", "[norms]") {
     Generator gen(20);
     auto inner = make_norm(NormOptions{.type = "rmsnorm", .dim = 8});
     auto monitor = std::make_shared<NormMonitor>(inner);
-    CHECK(std::isnan(monitor->running_rms()));
+    CHECK(monitor->running_rms() == 1.0);  // the article's torch.ones(1)
     Tensor x1 = randn({4, 8}, gen) * 2.0, x2 = randn({4, 8}, gen) * 5.0;
     auto rms = [](const Tensor& t) { return std::sqrt(mean(square(t.to(DType::F64))).item()); };
 
     Var xv(x1, true);
     Var y = monitor->forward(xv);
-    CHECK(monitor->running_rms() == Approx(rms(x1)).epsilon(1e-6));  // the first call initialises
-    CHECK(monitor->num_batches_tracked() == 1);
+    const double after_x1 = 0.9 * 1.0 + 0.1 * rms(x1);
+    CHECK(monitor->running_rms() == Approx(after_x1).epsilon(1e-6));
     // The output and its graph are exactly the wrapped norm's.
     check_close(y, inner->forward(Var(x1)).data(), 0, 0, "monitored output");
     CHECK(graph_nodes(y).size() == 1);
     monitor->forward(Var(x2));
-    CHECK(monitor->running_rms() == Approx(0.9 * rms(x1) + 0.1 * rms(x2)).epsilon(1e-6));
+    const double after_x2 = 0.9 * after_x1 + 0.1 * rms(x2);
+    CHECK(monitor->running_rms() == Approx(after_x2).epsilon(1e-6));
 
     monitor->eval();
     CHECK_FALSE(inner->is_training());
-    monitor->forward(Var(x1 * 100.0));
-    CHECK(monitor->num_batches_tracked() == 2);  // eval does not update
-    CHECK(monitor->running_rms() == Approx(0.9 * rms(x1) + 0.1 * rms(x2)).epsilon(1e-6));
+    monitor->forward(Var(x1 * 100.0));  // the article's module updates in eval mode too
+    CHECK(monitor->running_rms() == Approx(0.9 * after_x2 + 0.1 * 100.0 * rms(x1)).epsilon(1e-6));
 
-    // The wrapped norm keeps its names; the buffers join the state_dict.
+    // The wrapped norm keeps its names; the buffer joins the state_dict, shape [1].
     std::vector<std::string> names;
     for (auto& [name, t] : monitor->state_dict()) names.push_back(name);
-    CHECK(names == std::vector<std::string>{"running_rms", "num_batches_tracked", "weight"});
+    CHECK(names == std::vector<std::string>{"running_rms", "weight"});
+    CHECK(monitor->buffer("running_rms").shape() == Shape{1});
     REQUIRE_THROWS_WITH(NormMonitor(monitor), Catch::Contains("already monitored"));
+
+    // get_debug_info(): the weight's mean and unbiased std.
+    {
+        NoGradGuard no_grad;
+        inner->parameter("weight").data().copy_(from_vector(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}, {8}));
+    }
+    const NormDebugInfo info = monitor->debug_info();
+    CHECK(info.running_rms == monitor->running_rms());
+    CHECK(info.weight_mean == Approx(4.5));
+    CHECK(info.weight_std == Approx(std::sqrt(6.0)));  // sum((w - 4.5)^2) = 42, / (8 - 1)
 }
 
 TEST_CASE("monitor: attach to every norm of a model, read after training, names preserved", "[norms]") {
@@ -393,8 +419,8 @@ TEST_CASE("monitor: attach to every norm of a model, read after training, names 
     REQUIRE(readings.size() == 2);
     CHECK(readings[0].first == "ln1");
     CHECK(readings[1].first == "ln2");
-    CHECK(readings[0].second > 0);
-    CHECK(readings[1].second > 2.0);  // ln1's output (RMS ~1) times 3
+    CHECK(readings[0].second > 0.9);  // 0.9 * 1 + 0.1 * rms(fc1's output)
+    CHECK(readings[1].second == Approx(0.9 + 0.1 * 3.0).epsilon(1e-4));  // ln1's output (RMS 1) times 3
     // The state_dict carries the monitors' buffers under the norms' names.
     bool found = false;
     for (auto& [name, t] : net.state_dict()) found = found || name == "ln2.running_rms";
@@ -458,4 +484,20 @@ TEST_CASE("migrate: a monitored LayerNorm is replaced inside its monitor", "[nor
     CHECK(monitor->inner()->type_name() == "RMSNorm");
     Var y = monitor->forward(Var(from_vector(std::vector<double>{1, 1, 1, 1}, {1, 4})));
     CHECK(y.data().to_vector()[0] == Approx(1.0 / std::sqrt(1.0 + 1e-5)));  // RMSNorm: no centering
+}
+
+TEST_CASE("migrate and monitors treat a HybridNorm as one norm: its layer_norm branch stays", "[norms]") {
+    struct Model : Module {
+        Model() {
+            register_module("ln", std::make_shared<LayerNorm>(4));
+            register_module("hybrid", make_norm(NormOptions{.type = "hybridnorm", .dim = 4}));
+        }
+    };
+    Model model;
+    CHECK(attach_norm_monitors(model) == 2);  // ln and hybrid, not hybrid's two branches
+    MigrationReport report = migrate_layernorm_to_rmsnorm(model);
+    CHECK(report.replaced == std::vector<std::string>{"ln"});
+    auto hybrid = std::dynamic_pointer_cast<HybridNorm>(std::dynamic_pointer_cast<NormMonitor>(model.child("hybrid"))->inner());
+    REQUIRE(hybrid != nullptr);
+    CHECK(hybrid->layer_norm()->type_name() == "LayerNorm");
 }

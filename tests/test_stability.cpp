@@ -1,7 +1,9 @@
-// `normlab stability`: the seed article's experiment replayed from PyTorch's own data and initial
-// weights must give PyTorch's loss curve (f64: every epoch within 1e-6 relative; f32: the first 30
-// epochs within 1e-4, the run being chaotic later), and the job's outputs, divergence handling,
-// determinism and bad-input errors. Runs the built binary in a temporary directory.
+// `normlab stability`: the seed article's experiment (5.2) replayed from PyTorch's own data and
+// initial weights, built with the article's classes at their default eps (tests/reference/article.py),
+// must give PyTorch's loss curve for every norm the article defines (f64: every epoch within 1e-6
+// relative, fused and composed; f32: the first 30 epochs within 1e-4, the run being chaotic later),
+// and the job's outputs, divergence handling, determinism and bad-input errors. Runs the built
+// binary in a temporary directory.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -74,6 +76,15 @@ std::vector<double> fixture_losses(const std::string& norm, const std::string& d
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
 
+// The norms the stability job offers that the article defines (one fixture set each).
+const std::vector<std::string> kArticleNorms{"layernorm", "rmsnorm", "rmsnorm_bias", "adaptive_rmsnorm", "hybridnorm"};
+
+std::string norms_list(const std::vector<std::string>& norms) {
+    std::string out;
+    for (const std::string& norm : norms) out += (out.empty() ? "" : ", ") + ("\"" + norm + "\"");
+    return "norms=[" + out + "]";
+}
+
 // The default config replaying PyTorch's data and initial weights (one init file per norm).
 std::vector<std::string> replay_sets(const std::string& dtype, int epochs, double perturb) {
     return {"dtype=" + dtype,
@@ -107,10 +118,11 @@ void check_curve(const StabilityRun& run, const std::string& norm, const std::st
 
 }  // namespace
 
-TEST_CASE("stability: f64 replay of PyTorch's run matches its loss curve within 1e-6 at all 100 epochs",
+TEST_CASE("stability: the default config's f64 replay matches the article's run within 1e-6 at all 100 epochs",
           "[stability]") {
-    // With the sensitivity copy on: its curve must match PyTorch's perturbed run as well, which
-    // checks that the probe perturbs what PyTorch's does (and that the chaos is the model's, not ours).
+    // The default settings (rmsnorm and layernorm, fused, each norm type's default eps) with the
+    // sensitivity copy on: its curve must match PyTorch's perturbed run as well, which checks that
+    // the probe perturbs what PyTorch's does (and that the chaos is the model's, not ours).
     StabilityRun run = stability(kSource + "/configs/stability.json", replay_sets("f64", 100, 1e-6));
     INFO(run.cli.output);
     REQUIRE(run.cli.status == 0);
@@ -120,12 +132,34 @@ TEST_CASE("stability: f64 replay of PyTorch's run matches its loss curve within 
     }
 }
 
-TEST_CASE("stability: f32 replay of PyTorch's run matches its loss curve within 1e-4 over 30 epochs",
-          "[stability]") {
-    StabilityRun run = stability(kSource + "/configs/stability.json", replay_sets("f32", 30, 0.0));
+TEST_CASE("stability: f64 replay of the article's other norms, fused, within 1e-6 at all 100 epochs", "[stability]") {
+    const std::vector<std::string> norms{"rmsnorm_bias", "adaptive_rmsnorm", "hybridnorm"};
+    std::vector<std::string> sets = replay_sets("f64", 100, 0.0);
+    sets.push_back(norms_list(norms));
+    StabilityRun run = stability(kSource + "/configs/stability.json", sets);
     INFO(run.cli.output);
     REQUIRE(run.cli.status == 0);
-    for (const std::string norm : {"rmsnorm", "layernorm"}) check_curve(run, norm, "f32", 30, 1e-4);
+    for (const std::string& norm : norms) check_curve(run, norm, "f64", 100, 1e-6);
+}
+
+TEST_CASE("stability: f64 replay of every article norm, composed, within 1e-6 at all 100 epochs", "[stability]") {
+    std::vector<std::string> sets = replay_sets("f64", 100, 0.0);
+    sets.push_back(norms_list(kArticleNorms));
+    sets.push_back("fused=false");
+    StabilityRun run = stability(kSource + "/configs/stability.json", sets);
+    INFO(run.cli.output);
+    REQUIRE(run.cli.status == 0);
+    for (const std::string& norm : kArticleNorms) check_curve(run, norm, "f64", 100, 1e-6);
+}
+
+TEST_CASE("stability: f32 replay of every article norm matches PyTorch's within 1e-4 over 30 epochs",
+          "[stability]") {
+    std::vector<std::string> sets = replay_sets("f32", 30, 0.0);
+    sets.push_back(norms_list(kArticleNorms));
+    StabilityRun run = stability(kSource + "/configs/stability.json", sets);
+    INFO(run.cli.output);
+    REQUIRE(run.cli.status == 0);
+    for (const std::string& norm : kArticleNorms) check_curve(run, norm, "f32", 30, 1e-4);
 }
 
 TEST_CASE("stability: the default config writes the resolved config, curves, runs.csv, plots and summary",
@@ -273,7 +307,7 @@ TEST_CASE("stability: bad input is one error line, exit code 2, and no run direc
         {"init_from of the wrong norm",
          "stability " + shell_arg(config) + " --set norms=layernorm --set " +
              shell_arg("init_from=" + kFixtures + "stability_init_rmsnorm.safetensors"),
-         "missing key 'norm1.bias'"},
+         "missing key(s) 'norm1.bias' ([256] f32), 'norm2.bias' ([256] f32)"},
         {"init_from of the wrong shape",
          "stability " + shell_arg(config) + " --set hidden=128 --set " +
              shell_arg("init_from=" + kFixtures + "stability_init_{norm}.safetensors"),

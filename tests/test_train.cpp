@@ -105,7 +105,7 @@ TEST_CASE("train runs the default config and writes a complete run directory", "
     // The resolved config has the overrides and the defaults filled in.
     auto resolved = nlohmann::json::parse(read_text(dir / "run/config.json"));
     CHECK(resolved["train"]["steps"] == 12);
-    CHECK(resolved["model"]["norm"]["eps"] == 1e-6);  // the rmsnorm default, written out
+    CHECK(resolved["model"]["norm"]["eps"] == 1e-6);  // the shipped config's explicit eps, kept
     CHECK(resolved["data"]["task"] == "reverse");
 
     auto rows = read_csv(dir / "run/metrics.csv");

@@ -18,9 +18,13 @@ torch version and its hyper-parameters in its safetensors __metadata__.
 The modules below follow Meta's LLaMA reference code (facebookresearch/llama, llama/model.py):
 RMSNorm, FeedForward (SwiGLU), Attention with complex-pair RoPE and grouped-query heads, and
 TransformerBlock (pre-norm). They are written out here so the fixtures do not depend on any
-model library.
+model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
+HybridNorm, StableRMSNorm, DebuggableRMSNorm, LLaMAFeedForward, migrate_layernorm_to_rmsnorm and
+the stability experiment's SimpleModel) are in article.py, copied from the article's code; the
+article_* and stability_* fixtures are made with them.
 """
 
+import copy
 import json
 import math
 import os
@@ -32,6 +36,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import article  # noqa: E402  (the article's modules, copied from its code)
+
 FIXTURES = os.path.join(HERE, "fixtures")
 README = os.path.join(HERE, "README.md")
 MARKER = "<!-- GENERATED BELOW BY make_fixtures.py: do not edit by hand -->"
@@ -45,8 +52,8 @@ MARKER = "<!-- GENERATED BELOW BY make_fixtures.py: do not edit by hand -->"
 class RMSNorm(nn.Module):
     """LLaMA's RMSNorm: x * rsqrt(mean(x^2, -1) + eps), computed in f32, cast back, times weight.
 
-    LLaMA writes x.float(); here f64 inputs stay f64 (issue 4: "computed in at least f32, f64 stays
-    f64"). For f32/bf16/f16 inputs this is exactly LLaMA's computation.
+    LLaMA writes x.float(); here f64 inputs stay f64 (computed in at least f32, f64 stays f64).
+    For f32/bf16/f16 inputs this is exactly LLaMA's computation.
     """
 
     def __init__(self, dim, eps=1e-6):
@@ -465,42 +472,151 @@ def fixture_optimizer(filename, opt_name, weight_decay):
 
 
 # ---------------------------------------------------------------------------------------------
-# The stability experiment (issue 5): SimpleModel, MSE, Adam lr 1e-3, 100 full-batch epochs.
+# The article's modules, one fixture each, in f32 and in f64 (article.py)
+# ---------------------------------------------------------------------------------------------
+
+ARTICLE_DIM = 8
+
+
+def randomize_affine(module):
+    """Weights 1 + 0.5 N(0,1), biases 0.2 N(0,1), alpha 1 + 0.5 N(0,1): ones and zeros hide mistakes."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape))
+            else:
+                p.copy_(1 + 0.5 * torch.randn(p.shape))
+
+
+def fixture_article_norm(filename, seed, module, description, warmup=0, **metadata):
+    """The module (parameters randomized) in f32 and in f64: its state dict as the article's class
+    writes it, one forward and backward on a (3, 4, 8) input; `warmup` forwards first (moves
+    DebuggableRMSNorm's running_rms off its initial 1 before the state is taken)."""
+    torch.manual_seed(seed)
+    randomize_affine(module)
+    warm = [torch.randn(3, 4, ARTICLE_DIM) for _ in range(warmup)]
+    x = torch.randn(3, 4, ARTICLE_DIM) * 2 + 0.5
+    grad_output = torch.randn(3, 4, ARTICLE_DIM)
+    fx = Fixture(filename, description + " Both dtypes: `f32.*` is the module in f32, `f64.*` the same "
+                 "module converted with `.double()` (the same parameter and input values).",
+                 dim=ARTICLE_DIM, **metadata)
+    for dtype, dname in ((torch.float32, "f32"), (torch.float64, "f64")):
+        m = copy.deepcopy(module).to(dtype)
+        for w in warm:
+            m(w.to(dtype))
+        for name, t in m.state_dict().items():
+            fx.add(f"{dname}.state.{name}", t, "the module's state_dict entry (load it strictly)")
+        xi = x.to(dtype).detach().clone().requires_grad_(True)
+        out = m(xi)
+        out.backward(grad_output.to(dtype))
+        fx.add(f"{dname}.input", xi, "input")
+        fx.add(f"{dname}.output", out, "output")
+        fx.add(f"{dname}.grad_output", grad_output.to(dtype), "upstream gradient fed to backward (random)")
+        fx.add(f"{dname}.grad_input", xi.grad, "d(sum(output * grad_output)) / d(input)")
+        for name, p in m.named_parameters():
+            fx.add(f"{dname}.grad.{name}", p.grad, f"d(sum(output * grad_output)) / d({name})")
+        if isinstance(m, article.DebuggableRMSNorm):
+            fx.add(f"{dname}.after.running_rms", m.running_rms, "running_rms after the forward")
+            info = m.get_debug_info()
+            fx.add(f"{dname}.debug_info", torch.tensor([info["running_rms"], info["weight_mean"], info["weight_std"]],
+                                                       dtype=torch.float64),
+                   "get_debug_info() after the forward: running_rms, weight_mean, weight_std (Python floats)")
+    return fx
+
+
+def fixtures_article():
+    A = article
+    d = ARTICLE_DIM
+    src = "input N(0,1) * 2 + 0.5; parameters randomized (weights 1 + 0.5 N(0,1), biases 0.2 N(0,1), alpha 1 + 0.5 N(0,1))."
+    out = [
+        fixture_article_norm("article_rmsnorm.safetensors", 21, A.RMSNorm(d),
+                             f"The article's `RMSNorm({d})` (4.2, default eps 1e-5): `x * rsqrt(mean(x^2) + eps)`, "
+                             f"`type_as(x)`, times `weight`; {src}", eps=1e-5),
+        fixture_article_norm("article_stable_rmsnorm.safetensors", 22, A.StableRMSNorm(d),
+                             f"The article's `StableRMSNorm({d})` (7.1, eps 1e-5): `weight * (x * rsqrt(mean(x^2) + eps))`, "
+                             f"without the upcast; {src}", eps=1e-5),
+        fixture_article_norm("article_rmsnorm_with_bias.safetensors", 23, A.RMSNormWithBias(d),
+                             f"The article's `RMSNormWithBias({d})` (8.2, eps 1e-5): `RMSNorm(x) + bias`; {src}", eps=1e-5),
+        fixture_article_norm("article_adaptive_rmsnorm.safetensors", 24, A.AdaptiveRMSNorm(d),
+                             f"The article's `AdaptiveRMSNorm({d})` (8.2, eps 1e-5): `RMSNorm(x) * sigmoid(alpha * "
+                             f"x.std(dim=-1, keepdim=True))` (unbiased std, no eps), alpha shape [1]; {src}", eps=1e-5),
+        fixture_article_norm("article_hybridnorm.safetensors", 25, A.HybridNorm(d, alpha=0.3),
+                             f"The article's `HybridNorm({d}, alpha=0.3)` (6.3, eps 1e-5): `alpha * rms_norm(x) + "
+                             f"(1 - alpha) * layer_norm(x)`, `rms_norm` an RMSNorm and `layer_norm` an nn.LayerNorm, "
+                             f"each with its own parameters; alpha a plain float; {src}", eps=1e-5, alpha=0.3),
+        fixture_article_norm("article_debuggable_rmsnorm.safetensors", 26, A.DebuggableRMSNorm(d),
+                             f"The article's `DebuggableRMSNorm({d})` (7.3, eps 1e-5, momentum 0.1) after 2 warm-up "
+                             "forwards on N(0,1) inputs (so `running_rms` starts the fixture's forward away from 1); "
+                             f"{src}", warmup=2, eps=1e-5, momentum=0.1, warmup_forwards=2),
+    ]
+    out.append(fixture_article_migrate())
+    out.append(fixture_article_feedforward())
+    return out
+
+
+class LayerNormModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(ARTICLE_DIM, eps=1e-4)
+
+
+def fixture_article_migrate():
+    torch.manual_seed(27)
+    model = LayerNormModel()
+    randomize_affine(model)
+    replacements = article.migrate_layernorm_to_rmsnorm(model)
+    assert [name for name, _ in replacements] == ["ln"]
+    rms = replacements[0][1]
+    x = torch.randn(3, ARTICLE_DIM) * 2 + 0.5
+    fx = Fixture("article_migrate.safetensors",
+                 f"The article's `migrate_layernorm_to_rmsnorm` (6.3) on a model whose child `ln` is "
+                 f"`nn.LayerNorm({ARTICLE_DIM}, eps=1e-4)` with random weight and bias: it builds "
+                 "`RMSNorm(normalized_shape[0], eps=module.eps)` and copies the weight only.",
+                 dim=ARTICLE_DIM, eps=rms.eps, replaced="ln")
+    for name, t in model.state_dict().items():
+        fx.add(f"before.{name}", t, "the LayerNorm model's state_dict")
+    for name, t in rms.state_dict().items():
+        fx.add(f"after.ln.{name}", t, "the replacing RMSNorm's state_dict, under the LayerNorm's name")
+    fx.add("input", x, "input")
+    fx.add("output", rms(x), "the replacing RMSNorm's output")
+    return fx
+
+
+def fixture_article_feedforward():
+    torch.manual_seed(28)
+    dim, hidden_arg = ARTICLE_DIM, 4 * ARTICLE_DIM
+    layer = article.LLaMAFeedForward(dim, hidden_arg)
+    hidden = layer.w1.out_features
+    fx = Fixture("article_llama_feedforward.safetensors",
+                 f"The article's `LLaMAFeedForward({dim}, 4 * {dim})` (4.3) with its default multiple_of=256: "
+                 f"hidden = 256 * ceil(int(2 * {hidden_arg} / 3) / 256) = {hidden}; `w2(silu(w1(x)) * w3(x))`, "
+                 "PyTorch default Linear init.",
+                 dim=dim, hidden_dim_arg=hidden_arg, multiple_of=256, hidden=hidden)
+    run_layer(fx, layer, torch.randn(2, 3, dim))
+    return fx
+
+
+# ---------------------------------------------------------------------------------------------
+# The stability experiment (the article's 5.2): SimpleModel, MSE, Adam lr 1e-3, 100 full-batch
+# epochs, with the article's classes at their default eps (1e-5 for every one of them).
 # ---------------------------------------------------------------------------------------------
 
 STABILITY_SEED = 42
-STABILITY_RMS_EPS = 1e-6   # LLaMA RMSNorm's default
-STABILITY_LN_EPS = 1e-5    # nn.LayerNorm's default
 STABILITY_EPOCHS = 100
 STABILITY_LR = 1e-3
 
 
-class SimpleModel(nn.Module):
-    """fc1 Linear(100, 256) -> norm1 -> ReLU -> fc2 Linear(256, 256) -> norm2 -> ReLU -> fc3 Linear(256, 10)."""
-
-    def __init__(self, norm):
-        super().__init__()
-        make_norm = {"rmsnorm": lambda: RMSNorm(256, eps=STABILITY_RMS_EPS),
-                     "layernorm": lambda: nn.LayerNorm(256, eps=STABILITY_LN_EPS)}[norm]
-        self.fc1 = nn.Linear(100, 256)
-        self.norm1 = make_norm()
-        self.fc2 = nn.Linear(256, 256)
-        self.norm2 = make_norm()
-        self.fc3 = nn.Linear(256, 10)
-
-    def forward(self, x):
-        x = F.relu(self.norm1(self.fc1(x)))
-        x = F.relu(self.norm2(self.fc2(x)))
-        return self.fc3(x)
-
-
 def stability_setup(norm):
-    """Data then model, drawn in f32 from one seed; both norms get identical fc weights (norm
-    init draws nothing)."""
+    """Data then model, drawn in f32 from one seed: the article's SimpleModel, whose norm1 and norm2
+    are the article's class for `norm` (SimpleModel builds RMSNorm or nn.LayerNorm itself; the other
+    norms replace them). Every norm gets identical fc weights: norm inits draw nothing."""
     torch.manual_seed(STABILITY_SEED)
     x = torch.randn(1000, 100)
     y = torch.randn(1000, 10)
-    model = SimpleModel(norm)
+    model = article.SimpleModel(100, 256, 10, use_rmsnorm=(norm != "layernorm"))
+    if norm not in ("rmsnorm", "layernorm"):
+        model.norm1 = article.STABILITY_NORMS[norm](256)
+        model.norm2 = article.STABILITY_NORMS[norm](256)
     return x, y, model
 
 
@@ -515,7 +631,7 @@ def stability_run(norm, dtype, perturb=0.0):
     losses = []
     for _ in range(STABILITY_EPOCHS):
         opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
+        loss = nn.MSELoss()(model(x), y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -532,28 +648,29 @@ def fixtures_stability():
     data.add("x", x, "inputs, N(0, 1)")
     data.add("y", y, "targets, N(0, 1)")
     out.append(data)
-    for norm in ("rmsnorm", "layernorm"):
+    for norm in article.STABILITY_NORMS:
         _, _, model = stability_setup(norm)
-        eps = STABILITY_RMS_EPS if norm == "rmsnorm" else STABILITY_LN_EPS
+        cls = type(model.norm1)
+        eps = model.norm1.eps if hasattr(model.norm1, "eps") else model.norm1.rms_norm.eps
         init = Fixture(f"stability_init_{norm}.safetensors",
-                       f"Initial SimpleModel state_dict with {'LLaMA RMSNorm' if norm == 'rmsnorm' else 'nn.LayerNorm'} "
+                       f"Initial SimpleModel state_dict with the article's `{cls.__name__}(256)` as norm1 and norm2 "
                        f"(eps {eps}): drawn in f32 right after the data from the same seed, PyTorch default init "
-                       "(Linear: kaiming-uniform a=sqrt(5), bias U(+-1/sqrt(fan_in)); norms: weight 1"
-                       f"{', bias 0' if norm == 'layernorm' else ''}). Loadable as `init_from` with strict names; "
-                       "the fc weights are identical in both init files.",
+                       "(Linear: kaiming-uniform a=sqrt(5), bias U(+-1/sqrt(fan_in)); norm weights and alpha 1, "
+                       "biases 0). Loadable as `init_from` with strict names; the fc weights are identical in "
+                       "every init file.",
                        norm=norm, eps=eps, seed=STABILITY_SEED)
-        for n, p in model.named_parameters():
-            init.add(n, p, "initial parameter")
+        for n, t in model.state_dict().items():
+            init.add(n, t, "initial parameter")
         out.append(init)
         for dtype, dname in ((torch.float64, "f64"), (torch.float32, "f32")):
             losses = stability_run(norm, dtype)
             perturbed = stability_run(norm, dtype, perturb=1e-6)
             run = Fixture(f"stability_{norm}_{dname}.safetensors",
-                          f"Loss curve of SimpleModel with {norm} (eps {eps}) trained in {dname}: init from "
+                          f"Loss curve of SimpleModel with {cls.__name__} (eps {eps}) trained in {dname}: init from "
                           f"`stability_init_{norm}.safetensors` and data from `stability_data.safetensors` "
                           f"(both converted to {dname}), `torch.optim.Adam(lr={STABILITY_LR})` (betas 0.9/0.999, "
                           f"eps 1e-8, no weight decay), {STABILITY_EPOCHS} full-batch epochs of zero_grad, "
-                          "`mse_loss(model(x), y)` (mean), backward, step. `losses[i]` is epoch i+1's loss before "
+                          "`nn.MSELoss()(model(x), y)`, backward, step. `losses[i]` is epoch i+1's loss before "
                           "its update (losses[0] is the loss at the initial weights).",
                           norm=norm, eps=eps, dtype=dname, lr=STABILITY_LR, epochs=STABILITY_EPOCHS,
                           seed=STABILITY_SEED, init_from=f"stability_init_{norm}.safetensors",
@@ -561,7 +678,7 @@ def fixtures_stability():
             run.add("losses", losses, f"per-epoch loss ({dname})")
             run.add("losses_perturbed", perturbed,
                     "the same run with fc1.weight scaled by (1 + 1e-6) before training: the sensitivity probe "
-                    "of issue 5 (late epochs diverge from `losses`; the run is chaotic)")
+                    "(late epochs leave `losses`; the run is chaotic)")
             out.append(run)
     return out
 
@@ -608,6 +725,7 @@ def main():
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
                 fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
+    fixtures += fixtures_article()
     fixtures += fixtures_stability()
     for fx in fixtures:
         fx.write(FIXTURES)
