@@ -87,6 +87,7 @@ ToySpec resolve_toy_spec(const std::string& path) {
     json root = json::object();
     if (std::filesystem::exists(path)) {
         root = load_json_file(path);
+        resolve_paths_beside_config(root, path, {"/data/path"});
         s.source = path;
     } else {
         s.source = path + " not found; built-in defaults";
