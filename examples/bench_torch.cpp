@@ -7,7 +7,7 @@
 // ratios. Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the
 // model, data and optimizer state live there and every timed epoch/step ends with a device
 // synchronize, so the time is the kernels', not their launches.
-// Target (issue 5): normlab at least as fast as PyTorch on both, i.e. every "torch / normlab" >= 1.
+// Target: normlab at least as fast as PyTorch on both, i.e. every "torch / normlab" >= 1.
 #include "examples/commands.h"
 
 #include <cblas.h>
@@ -402,7 +402,7 @@ void run_bench_torch(TorchCommand cmd) {
             fmt::print("{:<30} {:<34}\n", "  (normlab composed norm)", cell(ours_composed[i], 1e3, "ms"));
     }
     fmt::print("torch/ours = PyTorch time / normlab time, per round (for tokens/s: ours / theirs); >= 1 means normlab "
-               "is at least as fast (the issue's target).\n");
+               "is at least as fast (the target).\n");
     fmt::print("each cell: the median over {} rounds of a round's median over its timed epochs/steps, [min, max] over "
                "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
                cmd.rounds);

@@ -45,8 +45,8 @@ MARKER = "<!-- GENERATED BELOW BY make_fixtures.py: do not edit by hand -->"
 class RMSNorm(nn.Module):
     """LLaMA's RMSNorm: x * rsqrt(mean(x^2, -1) + eps), computed in f32, cast back, times weight.
 
-    LLaMA writes x.float(); here f64 inputs stay f64 (issue 4: "computed in at least f32, f64 stays
-    f64"). For f32/bf16/f16 inputs this is exactly LLaMA's computation.
+    LLaMA writes x.float(); here f64 inputs stay f64 (normlab computes norms in at least f32 and keeps
+    f64 in f64). For f32/bf16/f16 inputs this is exactly LLaMA's computation.
     """
 
     def __init__(self, dim, eps=1e-6):
@@ -465,7 +465,7 @@ def fixture_optimizer(filename, opt_name, weight_decay):
 
 
 # ---------------------------------------------------------------------------------------------
-# The stability experiment (issue 5): SimpleModel, MSE, Adam lr 1e-3, 100 full-batch epochs.
+# The stability experiment (the seed article's): SimpleModel, MSE, Adam lr 1e-3, 100 full-batch epochs.
 # ---------------------------------------------------------------------------------------------
 
 STABILITY_SEED = 42
@@ -560,8 +560,8 @@ def fixtures_stability():
                           data_from="stability_data.safetensors")
             run.add("losses", losses, f"per-epoch loss ({dname})")
             run.add("losses_perturbed", perturbed,
-                    "the same run with fc1.weight scaled by (1 + 1e-6) before training: the sensitivity probe "
-                    "of issue 5 (late epochs diverge from `losses`; the run is chaotic)")
+                    "the same run with fc1.weight scaled by (1 + 1e-6) before training: the stability experiment's "
+                    "sensitivity probe (late epochs diverge from `losses`; the run is chaotic)")
             out.append(run)
     return out
 
