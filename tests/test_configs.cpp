@@ -147,13 +147,13 @@ TEST_CASE("every shipped train config trains for 3 steps as shipped and writes i
     }
 }
 
-TEST_CASE("every shipped stability config runs 2 epochs as shipped and writes every run's curve", "[configs]") {
+TEST_CASE("every shipped stability config runs one epoch as shipped and writes every run's curve", "[configs]") {
     const std::vector<fs::path> configs = shipped_configs_of("stability");
     REQUIRE(configs.size() >= 2);
     for (const fs::path& config_path : configs) {
         DYNAMIC_SECTION(config_path.filename().string()) {
             ShippedRun shipped;
-            run_shipped(shipped, "stability", config_path, "--quiet --set epochs=2");
+            run_shipped(shipped, "stability", config_path, "--quiet --set epochs=1");
             const fs::path run = shipped.run();
             const json config = read_json(config_path);
             const size_t runs = list_size(config, "norms", 2) * list_size(config, "depths", 1) *
