@@ -5,19 +5,19 @@
 # `normlab bench torch` (normlab vs PyTorch eager on the same GPU), the whole test suite and
 # `normlab stability`, all on the GPU, most telling first, so that a run cut short still reports them.
 #
-# The device machine reaches no package registry: give it the Debian packages normlab builds against as
-# an archive made here by tests/cuda/stage_deps.sh (--deps). Its output folder brings back at most 8 files,
-# so the build and the runs live in a work folder outside it, and OUT_DIR gets only two files, rewritten
-# after every step: summary.txt (each step's command, exit status, time and last lines) and results.tar.gz
-# (every step's full log and the runs' CSV/JSON outputs, without checkpoints).
+# A GPU machine may have a CUDA toolkit but no package registry: give it the Debian packages normlab
+# builds against as an archive made by tests/cuda/stage_deps.sh (--deps). The build and the runs live in
+# a work folder, and OUT_DIR gets only two files, rewritten after every step (so a caller that fetches a
+# few files gets everything): summary.txt (each step's command, exit status, time and last lines) and
+# results.tar.gz (every step's full log and the runs' CSV/JSON outputs, without checkpoints).
 #
 #   usage: tests/cuda/device_check.sh [--deps ARCHIVE] [--device cuda|cpu] [--work DIR] OUT_DIR [cmake args...]
 #   --deps ARCHIVE  unpack ARCHIVE (from stage_deps.sh) and build and run against it
 #   --device cpu    run every step on the CPU instead, without the CUDA backend: checks this script's
 #                   plumbing on a machine without a GPU (the benchmark figures then mean nothing)
 #   --work DIR      build and run folder (default /tmp/normlab-device-check; emptied first)
-# On the device machine, from the repository root (the `run` tool, carry [".devdeps"]):
-#   tests/cuda/device_check.sh --deps .devdeps/normlab-deps.tar.gz "$OUT"
+# On the GPU machine, from the repository root, with the archive copied there:
+#   tests/cuda/device_check.sh --deps .devdeps/normlab-deps.tar.gz OUT_DIR
 # Exit status: non-zero when any step failed.
 set -uo pipefail
 
