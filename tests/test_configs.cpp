@@ -186,8 +186,8 @@ TEST_CASE("every shipped bench norms config runs one rep per case as shipped and
     }
 }
 
-TEST_CASE("a relative path in a config file is read beside the config; one given with --set, from the working "
-          "directory", "[configs]") {
+TEST_CASE("a relative path in a config file is read beside the config, and one given with --set from the "
+          "working directory", "[configs]") {
     TempDir dir("config_paths");
     const fs::path configs = dir.path / "configs";
     const fs::path cwd = dir.path / "elsewhere";  // where the program runs: not the config's folder

@@ -3,7 +3,7 @@
 // tracker issues by number, or stamps figures with commit hashes (git log holds the history,
 // CHANGELOG.md the user-visible changes). The files are those `git ls-files` lists in
 // NORMLAB_SOURCE_DIR; the scanners are checked on small texts first, so a scanner that finds
-// nothing cannot pass for a clean repository.
+// nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -239,4 +239,17 @@ TEST_CASE("no tracked file names a development machine's path, a numbered issue,
     INFO(scanned << " tracked files scanned; findings:\n" << describe(findings));
     CHECK(scanned > 10);
     CHECK(findings.empty());
+}
+
+// CMake reads a test name as a list, so catch_discover_tests cuts a name at its first ';', and Catch,
+// given the cut name, matches no test case, runs nothing and exits 0: CTest would report a test that
+// never ran as passed.
+TEST_CASE("no test case name contains a semicolon, which would make CTest run nothing and pass", "[repository]") {
+    const std::vector<Catch::TestCase>& tests = Catch::getRegistryHub().getTestCaseRegistry().getAllTests();
+    REQUIRE(tests.size() > 100);  // the whole suite is registered in this binary
+    std::string offending;
+    for (const Catch::TestCase& test : tests)
+        if (test.getTestCaseInfo().name.find(';') != std::string::npos) offending += test.getTestCaseInfo().name + "\n";
+    INFO("test cases whose names contain ';':\n" << offending);
+    CHECK(offending.empty());
 }
