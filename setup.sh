@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # Needed to build and test. (nvcc is not here: the CUDA backend is built only where a CUDA toolkit
-# is already installed; see README.)
+# is already installed; see docs/cuda.md.)
 # libopenblas-openmp-dev: OpenBLAS built on OpenMP, so its gemms share normlab's OpenMP threads (see
 # CMakeLists.txt); it installs beside Debian's default pthreads build without replacing it.
 REQUIRED_PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev nlohmann-json3-dev catch2

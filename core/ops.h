@@ -1,5 +1,5 @@
 // Tensor operations (no autograd): shape and dtype checks, broadcasting, output allocation, then one
-// backend kernel. bf16/f16 inputs are computed in f32 and the result cast back (DESIGN: Tensors).
+// backend kernel. bf16/f16 inputs are computed in f32 and the result cast back (docs/architecture.md).
 // Every user mistake throws nl::Error naming the op and what was found, e.g.
 // "matmul: cannot multiply [2, 3] by [4, 5] (3 != 4)".
 #pragma once

@@ -74,7 +74,9 @@ struct ToySpec {
 // validated reader (read_train_config): the same keys, checks, defaults and error messages as
 // `normlab train`. The config's "device" is not used: --device decides where both sides run.
 ToySpec resolve_toy_spec(const std::string& path) {
-    TrainConfig config = read_train_config(load_json_file(path), path);
+    json root = load_json_file(path);
+    resolve_paths_beside_config(root, path, {"/data/path"});  // as train does
+    TrainConfig config = read_train_config(root, path);
     ToySpec s;
     s.source = path;
     s.model = config.model;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -51,6 +52,18 @@ void apply_override(json& root, const std::string& assignment) {
         node = &next;
     }
     (*node)[keys.back()] = value;
+}
+
+void resolve_paths_beside_config(json& root, const std::string& config_file,
+                                 const std::vector<std::string>& pointers) {
+    const std::filesystem::path folder = std::filesystem::path(config_file).parent_path();
+    for (const std::string& pointer : pointers) {
+        const json::json_pointer at(pointer);
+        if (!root.is_object() || !root.contains(at) || !root.at(at).is_string()) continue;
+        const std::filesystem::path path = root.at(at).get<std::string>();
+        if (path.empty() || path.is_absolute()) continue;
+        root.at(at) = (folder / path).lexically_normal().string();
+    }
 }
 
 int64_t edit_distance(const std::string& a, const std::string& b) {

@@ -25,6 +25,15 @@ json load_json_file(const std::string& path);
 // (numbers, true/false, [..]) and taken as a string otherwise. Intermediate objects are created.
 void apply_override(json& root, const std::string& assignment);
 
+// A relative path written in a config file names a file beside that config, wherever the program
+// runs from: each string at `pointers` ("/data/path") that is a relative path becomes
+// "<config file's folder>/<path>" (lexically normalized). Call it after load_json_file and before
+// the --set overrides: a path typed on the command line is relative to the working directory, as
+// the shell that completed it assumed. Absolute and empty paths, and absent keys, are left alone
+// (the job's reader reports a wrong type).
+void resolve_paths_beside_config(json& root, const std::string& config_file,
+                                 const std::vector<std::string>& pointers);
+
 // One JSON object being read. Child readers share the file name and the set of resolved values.
 class ConfigReader {
 public:

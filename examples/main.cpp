@@ -1,5 +1,5 @@
 // The `normlab` program: builds the command line from each job's register function (examples/commands.h)
-// and turns any exception into one line on stderr and a non-zero exit (DESIGN: Errors).
+// and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors).
 #include <cstdio>
 #include <exception>
 
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     // gemms share normlab's OpenMP thread pool and follow OMP_NUM_THREADS. With the pthreads build,
     // OpenBLAS's own pool and the OpenMP pool would both claim every core, and OpenBLAS's idle workers
     // spin (sched_yield) between calls, starving the OpenMP workers that run the elementwise and norm
-    // kernels (measured: a toy-transformer step ~30x slower on a loaded 2-core machine); there BLAS
+    // kernels (a toy-transformer step runs some 30x slower on a loaded 2-core machine); there BLAS
     // runs on the calling thread unless OPENBLAS_NUM_THREADS asks for more.
     // openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP.
     if (openblas_get_parallel() == 1 && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);

@@ -75,6 +75,7 @@ void require_distinct(const ConfigReader& reader, const std::string& key, const 
 
 StabilityConfig read_config(const std::string& path, const std::vector<std::string>& overrides) {
     json root = load_json_file(path);
+    resolve_paths_beside_config(root, path, {"/init_from", "/data_from"});
     for (const std::string& assignment : overrides) apply_override(root, assignment);
     NL_REQUIRE(root.is_object(), path, ": expected a JSON object at the top level, got ", root.type_name());
     ConfigReader r(root, path);

@@ -313,6 +313,7 @@ void write_profile(const RunDir& run, double seconds, int64_t steps, bool quiet)
 nlohmann::json run_train(const TrainFlags& flags) {
     // Config: read, override, validate (before anything is written).
     nlohmann::json root = load_json_file(flags.config_path);
+    resolve_paths_beside_config(root, flags.config_path, {"/data/path"});
     for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
     TrainConfig config = read_train_config(root, flags.config_path);
     require_device_available(config.device, flags.config_path + ": /device");

@@ -31,7 +31,7 @@ TEST_CASE("autograd: leaf gets .grad, non-leaf only with retain_grad", "[autogra
     REQUIRE_FALSE(z.grad().defined());  // not retained
 }
 
-TEST_CASE("autograd: gradients accumulate across two backward calls; zero_grad clears", "[autograd]") {
+TEST_CASE("autograd: gradients accumulate across two backward calls, zero_grad clears", "[autograd]") {
     Var x(rnd({2, 3}, 1), true);
     Var w(rnd({3}, 2), true);
     sum(x * w).backward();
@@ -97,7 +97,7 @@ TEST_CASE("autograd: NoGradGuard records nothing", "[autograd]") {
     REQUIRE((x * w).requires_grad());
 }
 
-TEST_CASE("autograd: detach cuts the graph; constants get no grad", "[autograd]") {
+TEST_CASE("autograd: detach cuts the graph, constants get no grad", "[autograd]") {
     Var x(rnd({3}, 7), true);
     Var c(rnd({3}, 8));  // requires_grad false
     Var y = x.detach() * x + c * x;
@@ -140,7 +140,7 @@ TEST_CASE("autograd: after backward the saved tensors are freed (allocator curre
     REQUIRE(cpu_bytes() - before == grads);
 }
 
-TEST_CASE("autograd: retain_graph allows a second backward; without it the graph is freed", "[autograd]") {
+TEST_CASE("autograd: retain_graph allows a second backward, without it the graph is freed", "[autograd]") {
     Var x(rnd({5, 4}, 12), true);
     Var loss = sum(exp(x) * x);
     loss.backward(Var(), /*retain_graph=*/true);
@@ -215,7 +215,7 @@ TEST_CASE("autograd: make_result builds a fused node with named saved tensors", 
     REQUIRE(z.requires_grad());
 }
 
-TEST_CASE("autograd: create_graph gives Hessian-vector products; gradients() leaves .grad alone", "[autograd]") {
+TEST_CASE("autograd: create_graph gives Hessian-vector products, gradients() leaves .grad alone", "[autograd]") {
     Var x(from_vector(std::vector<double>{0.5, -1.0, 2.0}, {3}, DType::F64), true);
     Var y = sum(x * x * x);  // dy/dx = 3x^2, d2y/dx2 = 6x
     std::vector<Var> g = gradients(y, {x}, Var(), false, /*create_graph=*/true);

@@ -1,5 +1,5 @@
 // gradcheck (central differences in f64) for every differentiable Var op, with broadcasting, views,
-// non-contiguous inputs and size-0 dims; gradgradcheck for the ops issue 3 names and more.
+// non-contiguous inputs and size-0 dims; gradgradcheck for every op with a second derivative that training or the composed norms use.
 #include <catch2/catch.hpp>
 
 #include <functional>

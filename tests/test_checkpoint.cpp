@@ -57,7 +57,7 @@ void require_same_params(const Module& a, const Module& b) {
 
 }  // namespace
 
-TEST_CASE("checkpoint round trip: model, optimizer, rng, step and metadata; training resumes exactly",
+TEST_CASE("checkpoint round trip: model, optimizer, rng, step and metadata, training resumes exactly",
           "[checkpoint]") {
     TempDir tmp("ckpt_roundtrip");
     const std::string path = tmp.file("ckpt.safetensors");

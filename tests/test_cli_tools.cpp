@@ -46,7 +46,7 @@ TEST_CASE("normlab gradcheck passes every norm (both forms, composed to 2nd orde
     CHECK_THAT(run.output, !Catch::Contains("FAILED"));
 }
 
-TEST_CASE("normlab gradcheck --filter runs only the matching checks; no match is an error", "[cli-tools]") {
+TEST_CASE("normlab gradcheck --filter runs only the matching checks, no match is an error", "[cli-tools]") {
     const std::string dir = make_temp_dir("gradcheck");
     CliRun run = run_normlab_in(dir, "gradcheck --filter layernorm");
     INFO(run.output);

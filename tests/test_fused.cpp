@@ -324,7 +324,7 @@ TEST_CASE("norm_backward gives the same bits for 1 and 2 threads", "[fused]") {
     }
 }
 
-TEST_CASE("streaming stores give the same bits as plain stores; the cache size is one L3 instance", "[fused]") {
+TEST_CASE("streaming stores give the same bits as plain stores, the cache size is one L3 instance", "[fused]") {
     // Outputs larger than the last-level cache are written with non-temporal stores. A threshold of 0
     // sends these small shapes down that path: d = 4096 rows are 64-byte aligned, d = 1001 rows are not
     // (the plain-copy fallback) and leave a tail; the two paths must not differ in a single bit.
@@ -698,7 +698,7 @@ TEST_CASE("optimizer steps reject mismatched state and invalid hyperparameters",
                         Catch::Contains("nesterov momentum requires a momentum and zero dampening"));
 }
 
-TEST_CASE("rope_rotate matches the f64 complex-product reference; inverse undoes it; errors name shapes",
+TEST_CASE("rope_rotate matches the f64 complex-product reference, inverse undoes it, errors name shapes",
           "[fused]") {
     // (B, T, H, hd) = (4, 64, 9, 16): 36864 elements, the threaded path; (2, 3, 1, 2): the smallest.
     for (const Shape& shape : {Shape{4, 64, 9, 16}, Shape{2, 3, 1, 2}}) {

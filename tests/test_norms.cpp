@@ -429,7 +429,7 @@ TEST_CASE("monitor: attach to every norm of a model, read after training, names 
 
 // ---- migration ----
 
-TEST_CASE("migrate: LayerNorm -> RMSNorm keeps size, eps, weights and names; drops biases", "[norms]") {
+TEST_CASE("migrate: LayerNorm -> RMSNorm keeps size, eps, weights and names, drops biases", "[norms]") {
     struct Block : Module {
         Block() {
             register_module("fc", std::make_shared<Linear>(8, 8));

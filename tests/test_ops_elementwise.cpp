@@ -365,7 +365,7 @@ TEST_CASE("unary ops are stable at large |x| and keep NaN", "[elementwise]") {
     REQUIRE(std::isnan(sign(n).to_vector()[0]));
 }
 
-TEST_CASE("comparisons accept i64; other i64 math is an error", "[elementwise]") {
+TEST_CASE("comparisons accept i64, other i64 math is an error", "[elementwise]") {
     const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});
     const Tensor other = from_vector(std::vector<int64_t>{1, 0, 3, 5}, {4});
     const Tensor e = eq(ids, other);
@@ -390,7 +390,7 @@ TEST_CASE("binary op errors name the op, the shapes and the dtypes", "[elementwi
     REQUIRE_THROWS_WITH(relu(Tensor()), Catch::Contains("relu: operand is an undefined tensor"));
 }
 
-TEST_CASE("where selects with broadcasting on any dtype; masked_fill; tril", "[elementwise]") {
+TEST_CASE("where selects with broadcasting on any dtype, masked_fill, tril", "[elementwise]") {
     Generator gen(17);
     const Tensor cond = from_vector(std::vector<double>{1, 0, 0, 2}, {4});   // [4]
     const Tensor a = randn({3, 1}, gen), b = randn({3, 4}, gen).t().t();   // [3, 1], [3, 4]

@@ -1,10 +1,10 @@
-// PyTorch reference tests for the layers owned by issue 4's layer/norm part: Linear, LayerNorm,
+// PyTorch reference tests for the single layers: Linear, LayerNorm,
 // RMSNorm (f32 and bf16), CrossEntropy and MSE, against fixtures written by
 // tests/reference/make_fixtures.py (see tests/reference/README.md). Each fixture holds the input,
 // the parameters, the output, a random upstream gradient and every gradient. Tolerance:
-// |a - b| <= atol + rtol * |ref| with f32 atol 1e-5, rtol 1e-4 (issue 4); bf16 uses a few bf16 ulps
-// (rtol 2e-2), as the README advises, because PyTorch rounds every bf16 op of its autograd while
-// the fused kernel computes in f32 and rounds once.
+// |a - b| <= atol + rtol * |ref| with f32 atol 1e-5, rtol 1e-4 (f32 rounding of a few ops); bf16
+// uses a few bf16 ulps (rtol 2e-2), as the fixtures' README advises, because PyTorch rounds every
+// bf16 op of its autograd while the fused kernel computes in f32 and rounds once.
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -1,7 +1,7 @@
 // The transformer parts and the optimizers against PyTorch-made fixtures (tests/reference/README.md):
 // SwiGLU, attention with RoPE and grouped-query heads, the pre-norm LLaMA block, and 10-step
 // Adam / AdamW / Adam+L2 trajectories. Tolerance: |a - b| <= atol + rtol * |ref|, f32 atol 1e-5,
-// rtol 1e-4 (issue 4), unless a case says why it needs more.
+// rtol 1e-4, unless a case says why it needs more.
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -259,7 +259,7 @@ TEST_CASE("stability: a diverging run is recorded with its epoch, not a crash", 
     CHECK_THAT(run.cli.output, Catch::Contains("1/1 (100%)"));
 }
 
-TEST_CASE("stability: the same config and seed give bit-identical curves; f64 starts from f32's point",
+TEST_CASE("stability: the same config and seed give bit-identical curves, f64 starts from f32's point",
           "[stability]") {
     const std::vector<std::string> sets{"epochs=5", "samples=128", "hidden=32", "seeds=[3, 4]", "plots=false"};
     StabilityRun a = stability(kSource + "/configs/stability.json", sets);

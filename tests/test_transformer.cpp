@@ -190,7 +190,7 @@ TEST_CASE("FeedForward computes w2(silu(w1 x) * w3 x)", "[transformer]") {
     check_close(y, from_vector(expected, {3, 2, 5}, DType::F64), 1e-12, 1e-12, "swiglu");
 }
 
-TEST_CASE("RoPE rotates interleaved pairs; scores depend only on relative position", "[transformer]") {
+TEST_CASE("RoPE rotates interleaved pairs, scores depend only on relative position", "[transformer]") {
     Generator gen(3);
     const int64_t B = 2, T = 5, H = 3, hd = 6;
     SECTION("against an f64 loop, on a non-contiguous input") {

@@ -5,8 +5,8 @@
 // and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations),
 // the mean summed as x - x[0] and applied as a hi + lo pair, as on the CPU.
 // A thread reads its part of a row in tiles of kTileItems elements, all loads of a tile issued before
-// the first use: one load in flight per thread cannot cover device memory's latency (the previous
-// version's loops compiled to one load per iteration). A block has up to 1024 threads, so rows up to
+// the first use: one load in flight per thread cannot cover device memory's latency, and a loop that
+// reads one element per iteration compiles to exactly that. A block has up to 1024 threads, so rows up to
 // 8192 (f32 and bf16 alike) are one tile: the row stays in registers between the passes and device
 // memory is read once. Wider rows re-read each tile per pass (from L1/L2 for the most part).
 // dweight/dbias are reduced without atomics in two stages: the rows are cut into a number of chunks

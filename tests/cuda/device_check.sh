@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# GPU machine check for the CUDA backend (issue 6): builds normlab from scratch with the CUDA backend
+# GPU machine check for the CUDA backend: builds normlab from scratch with the CUDA backend
 # required, runs every CUDA kernel's test against the CPU (none may be skipped there), the norm benchmark
-# with the issue's 8192x4096 shape in f32 and bf16, the default `normlab train` (f32 and bf16 autocast),
+# with the 8192x4096 target shape in f32 and bf16, the default `normlab train` (f32 and bf16 autocast),
 # `normlab bench torch` (normlab vs PyTorch eager on the same GPU), the whole test suite and
 # `normlab stability`, all on the GPU, most telling first, so that a run cut short still reports them.
 #
-# The device machine reaches no package registry: give it the Debian packages normlab builds against as
-# an archive made here by tests/cuda/stage_deps.sh (--deps). Its output folder brings back at most 8 files,
-# so the build and the runs live in a work folder outside it, and OUT_DIR gets only two files, rewritten
-# after every step: summary.txt (each step's command, exit status, time and last lines) and results.tar.gz
-# (every step's full log and the runs' CSV/JSON outputs, without checkpoints).
+# A GPU machine may have a CUDA toolkit but no package registry: give it the Debian packages normlab
+# builds against as an archive made by tests/cuda/stage_deps.sh (--deps). The build and the runs live in
+# a work folder, and OUT_DIR gets only two files, rewritten after every step (so a caller that fetches a
+# few files gets everything): summary.txt (each step's command, exit status, time and last lines) and
+# results.tar.gz (every step's full log and the runs' CSV/JSON outputs, without checkpoints).
 #
 #   usage: tests/cuda/device_check.sh [--deps ARCHIVE] [--device cuda|cpu] [--work DIR] OUT_DIR [cmake args...]
 #   --deps ARCHIVE  unpack ARCHIVE (from stage_deps.sh) and build and run against it
 #   --device cpu    run every step on the CPU instead, without the CUDA backend: checks this script's
 #                   plumbing on a machine without a GPU (the benchmark figures then mean nothing)
 #   --work DIR      build and run folder (default /tmp/normlab-device-check; emptied first)
-# On the device machine, from the repository root (the `run` tool, carry [".devdeps"]):
-#   tests/cuda/device_check.sh --deps .devdeps/normlab-deps.tar.gz "$OUT"
+# On the GPU machine, from the repository root, with the archive copied there:
+#   tests/cuda/device_check.sh --deps .devdeps/normlab-deps.tar.gz OUT_DIR
 # Exit status: non-zero when any step failed.
 set -uo pipefail
 
@@ -135,14 +135,14 @@ if [[ "$device" == cuda ]]; then
         status=1
     fi
 fi
-# The issue's bandwidth targets at 8192x4096: forward >= 0.85 of a device-to-device copy, fwd+bwd >= 0.7.
+# The bandwidth targets at 8192x4096 (docs/cuda.md): forward >= 0.85 of a device-to-device copy, fwd+bwd >= 0.7.
 step bench_norms 300 "$build/normlab" bench norms "${set_device[@]}" --set 'hidden=[1024,4096]' --set 'batch=[64]' \
     --set 'large_shapes=["8192x4096","16384x4096"]' --set 'dtypes=["f32","bf16"]' --set reps=30 \
     --out "$runs/bench_norms" --force
 step train 300 "$build/normlab" train "$root/configs/toy_transformer.json" "${set_device[@]}" --out "$runs/train" --force
 step train_bf16 300 "$build/normlab" train "$root/configs/toy_transformer.json" "${set_device[@]}" \
     --set train.autocast=bf16 --out "$runs/train_bf16" --force
-# The toy transformer's step time against PyTorch eager on the same device (the issue asks for the ratio).
+# The toy transformer's step time against PyTorch eager on the same device (the torch/ours ratio).
 step bench_torch 400 "$build/normlab" bench torch --device "$device" --threads 0 \
     --config "$root/configs/toy_transformer.json" --script "$root/examples/torch_bench.py"
 if grep -q "PyTorch side skipped" "$logs/bench_torch.log"; then

@@ -1,5 +1,5 @@
 // A CPU emulator of the small part of CUDA that core/cuda/*.cu uses, so their kernels run and are tested
-// on a machine without a GPU (-DNORMLAB_CUDA_EMULATOR=ON; see README "CUDA"). Not a GPU model: it runs
+// on a machine without a GPU (-DNORMLAB_CUDA_EMULATOR=ON; see docs/cuda.md). Not a GPU model: it runs
 // each block's threads as cooperative fibers on one host thread, one block after another, and checks
 // what a GPU would not forgive (a __syncthreads or full-mask shuffle that not every thread reaches, a
 // copy whose pointers contradict its kind, a launch past CUDA's limits). It says nothing about speed.
