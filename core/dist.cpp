@@ -7,6 +7,9 @@
 #include <cstring>
 
 #ifdef NORMLAB_HAVE_MPI
+// The C API only: OpenMPI's and MPICH's mpi.h otherwise pull in the removed C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 

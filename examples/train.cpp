@@ -16,6 +16,7 @@
 // computes the same batches, gradients and updates bit for bit as one that never stopped.
 #include "examples/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -315,6 +316,13 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
     write_file_atomic(path, kept);
 }
 
+double median_of(std::vector<double> values) {
+    if (values.empty()) return 0.0;
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 std::string format_cell(double value) { return std::isnan(value) ? "" : format_number(value); }
 
 // ---- the job ----
@@ -454,6 +462,7 @@ void run_train(const TrainFlags& flags) {
         const int64_t tokens_per_step = config.train.batch_size * data->seq_len();
         Progress progress(steps, quiet, config.train.log_every);
         double train_seconds = 0.0;
+        std::vector<double> step_seconds;  // (steps run,) each step's time, for the median
         int64_t tokens_seen = 0;
         double train_loss = NAN;
         EvalResult last_eval;
@@ -492,7 +501,8 @@ void run_train(const TrainFlags& flags) {
                                                                 : nl::grad_norm(model.parameters());
             optimizer.step();
             train_loss = loss_value;
-            train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            train_seconds += step_seconds.back();
             tokens_seen += tokens_per_step;
             // The loss is the same on every rank, so every rank stops here together.
             if (!std::isfinite(train_loss))
@@ -555,6 +565,7 @@ void run_train(const TrainFlags& flags) {
             {"world_size", world},
             {"grad_shards", plan.shards},
             {"comm_wait_seconds", data_parallel.comm_wait_seconds()},
+            {"median_step_seconds", median_of(step_seconds)},
         };
         if (data->has_accuracy()) {
             summary["val_accuracy"] = last_eval.accuracy;
