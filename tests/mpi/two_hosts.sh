@@ -37,18 +37,18 @@ for ns in "$a" "$b"; do
 done
 ip -n "$a" link set veth_nla up
 ip -n "$b" link set veth_nlb up
-ip netns exec "$a" ping -c 1 -W 2 10.77.0.2 >/dev/null
 
-# The launcher agent: called as `agent HOST COMMAND...` the way mpirun calls ssh.
+# The launcher agent: called as `agent HOST COMMAND...` the way mpirun calls ssh; the namespace's
+# hostname (host-a, host-b) makes the two look like two machines to MPI.
 cat >"$work/agent" <<AGENT
 #!/bin/sh
 host="\$1"; shift
 case "\$host" in
-    10.77.0.1) ns=$a ;;
-    10.77.0.2) ns=$b ;;
+    10.77.0.1) ns=$a name=host-a ;;
+    10.77.0.2) ns=$b name=host-b ;;
     *) echo "agent: unknown host \$host" >&2; exit 1 ;;
 esac
-exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$ns; \$*"
+exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
 AGENT
 chmod +x "$work/agent"
 
@@ -59,9 +59,27 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 mpi=(mpirun --allow-run-as-root -np 2 --host 10.77.0.1:1,10.77.0.2:1
      --mca plm_rsh_agent "$work/agent" --mca btl self,tcp
      --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
-     -x OMP_NUM_THREADS -x OMP_WAIT_POLICY
-     "$binary" "${args[@]}" --out "$work/two")
-timeout -k 10 120 ip netns exec "$a" unshare --uts sh -c "hostname $a; exec \"\$@\"" sh "${mpi[@]}"
+     -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+in_a() { timeout -k 10 120 ip netns exec "$a" unshare --uts sh -c "hostname host-a; exec \"\$@\"" sh "$@"; }
+# Each rank's host and network: rank 0 must be host-a at 10.77.0.1, rank 1 host-b at 10.77.0.2.
+where="$(in_a "${mpi[@]}" sh -c 'echo "rank $OMPI_COMM_WORLD_RANK $(hostname) $(ip -o -4 addr show | grep -o "10\.77\.0\.[0-9]")"' | sort)"
+echo "$where"
+if [[ "$where" != $'rank 0 host-a 10.77.0.1\nrank 1 host-b 10.77.0.2' ]]; then
+    echo "two_hosts.sh: expected rank 0 on host-a (10.77.0.1) and rank 1 on host-b (10.77.0.2), found the above" >&2
+    exit 1
+fi
+tx_bytes() { ip netns exec "$a" cat /sys/class/net/veth_nla/statistics/tx_bytes; }
+before="$(tx_bytes)"
+in_a "${mpi[@]}" "$binary" "${args[@]}" --out "$work/two"
+sent=$(($(tx_bytes) - before))
+echo "two_hosts.sh: host-a sent $sent bytes over the veth link during the 2-rank run"
+# 12 steps each send at least one copy of the gradient (4 bytes per parameter) to the other rank.
+parameters="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["parameters"])' "$work/two/summary.json" 2>/dev/null ||
+              grep -o '"parameters": *[0-9]*' "$work/two/summary.json" | grep -o '[0-9]*$')"
+if ((sent < 12 * 4 * parameters)); then
+    echo "two_hosts.sh: expected at least 12 x 4 x $parameters bytes over the link (one gradient per step), found $sent" >&2
+    exit 1
+fi
 
 if cmp -s "$work/one/checkpoints/step_00000012.safetensors" "$work/two/checkpoints/step_00000012.safetensors" &&
     diff <(cut -d, -f1-7 "$work/one/metrics.csv") <(cut -d, -f1-7 "$work/two/metrics.csv") >/dev/null; then
