@@ -5,12 +5,17 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 #ifdef NORMLAB_HAVE_MPI
 // The C API only: OpenMPI's and MPICH's mpi.h otherwise pull in the removed C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#endif
+#ifdef NORMLAB_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 #endif
 
 namespace nl::dist {
@@ -20,6 +25,10 @@ namespace {
 bool g_started = false;  // MPI_Init_thread was called (and MPI_Finalize is owed)
 int g_rank = 0;
 int g_size = 1;
+int g_local_rank = 0;    // among the ranks sharing this machine's memory
+#ifdef NORMLAB_HAVE_NCCL
+ncclComm_t g_nccl = nullptr;  // made by the first device_allreduce_sum
+#endif
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -83,6 +92,10 @@ void init(int* argc, char*** argv) {
     g_started = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MPI_Comm node;  // the ranks of this machine, ordered by world rank
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &g_local_rank);
+    MPI_Comm_free(&node);
 #else
     (void)argc;
     (void)argv;
@@ -90,6 +103,10 @@ void init(int* argc, char*** argv) {
 }
 
 void finalize() {
+#ifdef NORMLAB_HAVE_NCCL
+    if (g_nccl != nullptr) ncclCommDestroy(g_nccl);
+    g_nccl = nullptr;
+#endif
 #ifdef NORMLAB_HAVE_MPI
     if (g_started) MPI_Finalize();
     g_started = false;
@@ -97,6 +114,7 @@ void finalize() {
 }
 
 int rank() { return g_rank; }
+int local_rank() { return g_local_rank; }
 int world_size() { return g_size; }
 
 std::string describe() {
@@ -197,6 +215,39 @@ void run_on_every_rank(const std::function<void()>& step) {
     MPI_Bcast(message.data(), as_count(header[1]), MPI_BYTE, first, MPI_COMM_WORLD);
     throw JobError(first == 0 ? message : "rank " + std::to_string(first) + ": " + message,
                    static_cast<int>(header[0]));
+#endif
+}
+
+// ---- NCCL ----
+
+bool built_with_nccl() {
+#ifdef NORMLAB_HAVE_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
+void device_allreduce_sum(float* device_data, int64_t count) {
+    if (g_size == 1 || count == 0) return;
+#ifdef NORMLAB_HAVE_NCCL
+    auto check = [](ncclResult_t result, const char* what) {
+        if (result != ncclSuccess)
+            throw std::runtime_error(std::string("NCCL ") + what + " failed: " + ncclGetErrorString(result));
+    };
+    if (g_nccl == nullptr) {
+        ncclUniqueId id;
+        if (g_rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        check(ncclCommInitRank(&g_nccl, g_size, id, g_rank), "ncclCommInitRank");  // on the current device
+    }
+    // Stream 0 is the legacy default stream, where the gradients were computed.
+    check(ncclAllReduce(device_data, device_data, static_cast<size_t>(count), ncclFloat, ncclSum, g_nccl, 0),
+          "ncclAllReduce");
+#else
+    (void)device_data;
+    throw Error("summing gradients on GPUs over MPI ranks needs NCCL, and this normlab was built without it "
+                "(CMake finds nccl.h and libnccl beside the CUDA toolkit)");
 #endif
 }
 

@@ -45,6 +45,18 @@ void barrier();
 // Ends the whole job now (MPI_Abort: mpirun names this rank and stops the others).
 [[noreturn]] void abort(int exit_code);
 
+// ---- GPUs: NCCL (built only where MPI, CUDA and NCCL are all found; see docs/distributed.md) ----
+
+// True when this binary has the NCCL path.
+bool built_with_nccl();
+// This rank's index among the ranks on its machine (rank r there uses local GPU local_rank()); 0 alone.
+int local_rank();
+// Sum over ranks of `count` floats in GPU memory on the current device, in place, enqueued on the
+// legacy default stream after the kernels that wrote them (normlab's kernels all run there). The
+// NCCL communicator is made on the first call: rank 0's ncclUniqueId reaches the others by MPI_Bcast.
+// Not bit-deterministic across rank counts (NCCL picks its own reduction order). nl::Error without NCCL.
+void device_allreduce_sum(float* device_data, int64_t count);
+
 // An error every rank throws together (run_on_every_rank): the message of the lowest failing rank.
 // main prints it once (rank 0) and every rank exits with exit_code, without MPI_Abort.
 class JobError : public Error {

@@ -82,11 +82,14 @@ DataParallel::DataParallel(const NamedVars& params, int64_t local_shards, int64_
     // One process, one shard: plain backward (no copies; any device).
     passthrough_ = dist::world_size() == 1 && local_shards == 1;
     if (passthrough_) return;
+    on_device_ = !params.empty() && params.front().second.device().is_cuda();
+    NL_REQUIRE(!on_device_ || local_shards == 1, "data-parallel training on GPUs takes one shard per rank (",
+               "/train/grad_shards 0 or the number of ranks), found ", local_shards, " shards per rank");
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
         const Var& p = it->second;
-        NL_REQUIRE(p.dtype() == DType::F32 && p.device().is_cpu(), "data-parallel training: parameter ",
-                   it->first, " must be f32 on the CPU (MPI sums host buffers), found ", dtype_name(p.dtype()),
-                   " on ", p.device().str());
+        NL_REQUIRE(p.dtype() == DType::F32 && p.device() == params.front().second.device(),
+                   "data-parallel training: parameter ", it->first, " must be f32 on ", params.front().second.device().str(),
+                   ", found ", dtype_name(p.dtype()), " on ", p.device().str());
         index_of_[p.impl().get()] = params_.size();
         params_.push_back(p);
         offsets_.push_back(total_);
@@ -103,7 +106,8 @@ DataParallel::DataParallel(const NamedVars& params, int64_t local_shards, int64_
     }
     if (local_shards_ > 1)
         shard_grads_.assign(static_cast<size_t>(local_shards_), std::vector<float>(static_cast<size_t>(total_)));
-    reduced_.assign(static_cast<size_t>(total_), 0.0f);
+    if (on_device_) device_flat_ = Tensor::empty({total_}, DType::F32, params.front().second.device());
+    else reduced_.assign(static_cast<size_t>(total_), 0.0f);
     ready_.assign(params_.size(), false);
     has_grad_.assign(params_.size(), false);
 }
@@ -113,6 +117,18 @@ void DataParallel::mark_ready(size_t index) {
     if (ready_[index]) return;
     ready_[index] = true;
     const Var& p = params_[index];
+    if (on_device_) {  // a device-to-device copy on the default stream, ordered after backward's kernels
+        const Var grad = p.grad();
+        Tensor slot = device_flat_.narrow(0, offsets_[index], p.numel());
+        if (grad.defined()) {
+            has_grad_[index] = true;
+            slot.copy_(grad.data().reshape({p.numel()}));
+        } else {
+            slot.copy_(zeros({p.numel()}, DType::F32, p.device()));
+        }
+        ++buckets_[bucket_of_[index]].ready;
+        return;
+    }
     float* slot = (local_shards_ > 1 ? shard_grads_.back().data() : reduced_.data()) + offsets_[index];
     const Var grad = p.grad();
     if (grad.defined()) {
@@ -130,6 +146,11 @@ void DataParallel::launch_ready_buckets() {
     while (next_bucket_ < buckets_.size()) {
         Bucket& bucket = buckets_[next_bucket_];
         if (bucket.ready < bucket.end_param - bucket.first_param) break;
+        if (on_device_) {
+            dist::device_allreduce_sum(device_flat_.data<float>() + bucket.begin, bucket.end - bucket.begin);
+            ++next_bucket_;
+            continue;
+        }
         float* out = reduced_.data() + bucket.begin;
         if (local_shards_ > 1) {
             std::vector<const float*> shards;
@@ -189,6 +210,10 @@ void DataParallel::backward(const Var& loss, int64_t shard) {
         Var& p = params_[i];
         if (!has_grad_[i]) {
             p.zero_grad();
+            continue;
+        }
+        if (on_device_) {
+            p.set_grad(Var(device_flat_.narrow(0, offsets_[i], p.numel()).reshape(p.shape()).clone()));
             continue;
         }
         Tensor g = Tensor::empty(p.shape(), DType::F32);

@@ -42,9 +42,10 @@ double tree_sum(const std::vector<double>& values);
 
 class DataParallel {
 public:
-    // `params` (f32, on the CPU) in the model's order; buckets are filled in reverse order (the order
-    // backward finishes them) up to bucket_bytes each. With overlap off, every bucket is sent after
-    // backward (for measuring what the overlap hides).
+    // `params` (f32) in the model's order; buckets are filled in reverse order (the order backward
+    // finishes them) up to bucket_bytes each. With overlap off, every bucket is sent after backward (for
+    // measuring what the overlap hides). On the CPU the sums go through MPI on host buffers; on a GPU
+    // (one shard per rank) through NCCL on a device buffer (dist::device_allreduce_sum), untested on GPUs.
     DataParallel(const NamedVars& params, int64_t local_shards, int64_t bucket_bytes, bool overlap);
 
     // Backward of this rank's local shard `shard` (0 .. local_shards - 1), whose loss is already
@@ -77,6 +78,8 @@ private:
     bool passthrough_ = false;                      // one process, one shard: loss.backward() alone
     std::vector<std::vector<float>> shard_grads_;   // (local_shards, P) when local_shards > 1
     std::vector<float> reduced_;                    // (P,) the summed gradient, bucket order
+    bool on_device_ = false;                        // parameters on a GPU: NCCL on device_flat_
+    Tensor device_flat_;                            // (P,) on the GPU, bucket order
     std::vector<bool> ready_;                       // (params,) this step's gradient is final
     std::vector<bool> has_grad_;                    // (params,) some shard produced a gradient
     size_t next_bucket_ = 0;

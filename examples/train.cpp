@@ -378,9 +378,14 @@ void run_train(const TrainFlags& flags) {
         require_device_available(config.device, flags.config_path + ": /device");
         plan = plan_shards(config.train.batch_size, config.train.grad_shards, dist::world_size(), dist::rank(),
                            config.file + ": /train");
-        NL_REQUIRE(dist::world_size() == 1 || config.device.is_cpu(), config.file,
-                   ": /device: training over several MPI ranks sums gradients in host memory, so the model must "
-                   "be on the CPU, found \"", config.device.str(), "\"");
+        if (dist::world_size() > 1 && config.device.is_cuda()) {
+            // Rank r of a machine uses its r-th GPU; the gradients are summed by NCCL.
+            NL_REQUIRE(dist::built_with_nccl(), config.file, ": /device: \"", config.device.str(),
+                       "\" over ", dist::world_size(), " MPI ranks needs NCCL, and this normlab was built without it");
+            config.device = Device::cuda(dist::local_rank());
+            require_device_available(config.device, flags.config_path + ": /device (rank " +
+                                                        std::to_string(dist::rank()) + "'s local GPU)");
+        }
 
         // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
         data = make_dataset(config.data, config.file + ": /data");
@@ -396,8 +401,9 @@ void run_train(const TrainFlags& flags) {
     Transformer model(config.model);
     model.to(config.device);
     NamedVars params = model.named_parameters();
-    for (auto& [name, p] : params)  // the same seed gives the same weights; rank 0's are sent anyway
-        if (dist::world_size() > 1) dist::broadcast(p.data().data<float>(), p.numel() * 4);
+    // The same seed gives the same weights on every rank; on the CPU rank 0's are sent anyway.
+    if (dist::world_size() > 1 && config.device.is_cpu())
+        for (auto& [name, p] : params) dist::broadcast(p.data().data<float>(), p.numel() * 4);
     DataParallel data_parallel(params, plan.local_shards, config.train.bucket_kb * 1024, config.train.overlap_comm);
     AdamOptions adam;
     adam.lr = config.optim.lr;
