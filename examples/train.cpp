@@ -18,15 +18,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
-#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -223,10 +223,11 @@ struct EvalResult {
     double token_accuracy = 0.0;  // next-token argmax accuracy over scored tokens
 };
 
-// Teacher-forced: one forward per batch; over MPI ranks, rank r scores batches r, r + N, ... and the
-// per-batch sums are reduced, then added in batch order, so the result is the same bits for any N. For exact-sequence accuracy this equals greedy decoding:
+// Teacher-forced: one forward per batch. For exact-sequence accuracy this equals greedy decoding:
 // if every answer token is the argmax given the true prefix, greedy decoding produces exactly that
-// prefix at every step, and the first wrong argmax makes both fail.
+// prefix at every step, and the first wrong argmax makes both fail. Over MPI ranks, rank r scores
+// batches r, r + N, ...; the per-batch sums are reduced, then added in batch order, so the result is
+// the same bits for any N.
 EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool exact_sequences, bool autocast) {
     NoGradGuard no_grad;
     model.eval();
