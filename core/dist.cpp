@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #ifdef NORMLAB_HAVE_MPI
 // The C API only: OpenMPI's and MPICH's mpi.h otherwise pull in the removed C++ bindings.
@@ -333,8 +334,10 @@ void AllReduceQueue::progress() {
 
 void AllReduceQueue::wait_all() {
     const auto t0 = std::chrono::steady_clock::now();
+    // Polled with short sleeps rather than MPI_Waitall, whose busy wait would take the CPU the partner
+    // rank (or anything else on a shared machine) needs to finish its part.
     for (Sum* sum : in_flight_) {
-        advance(*sum, true);
+        while (!advance(*sum, false)) std::this_thread::sleep_for(std::chrono::microseconds(20));
         delete sum;
     }
     in_flight_.clear();
