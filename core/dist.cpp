@@ -159,6 +159,7 @@ std::string broadcast_string(const std::string& text, int root) {
 std::vector<std::string> gather(const std::string& bytes, int root) {
     if (!g_started || g_size == 1) return {bytes};
 #ifdef NORMLAB_HAVE_MPI
+    barrier();
     int length = as_count(static_cast<int64_t>(bytes.size()));
     std::vector<int> lengths(g_rank == root ? g_size : 0);  // (world,) bytes from each rank
     MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD);
@@ -181,7 +182,13 @@ std::vector<std::string> gather(const std::string& bytes, int root) {
 
 void barrier() {
 #ifdef NORMLAB_HAVE_MPI
-    if (g_started && g_size > 1) MPI_Barrier(MPI_COMM_WORLD);
+    if (!g_started || g_size == 1) return;
+    // Polled with short sleeps: a rank that arrives early (a sweep's rank with fewer runs) leaves the
+    // CPU to the ranks still working instead of spinning in MPI_Barrier.
+    MPI_Request request;
+    MPI_Ibarrier(MPI_COMM_WORLD, &request);
+    int done = 0;
+    while (MPI_Test(&request, &done, MPI_STATUS_IGNORE), !done) std::this_thread::sleep_for(std::chrono::microseconds(200));
 #endif
 }
 

@@ -39,8 +39,10 @@ void allreduce_sum(int64_t* data, int64_t count);
 void broadcast(void* data, int64_t bytes, int root = 0);
 // Root's string on every rank.
 std::string broadcast_string(const std::string& text, int root = 0);
-// Each rank's bytes; the root receives all of them (index = rank), other ranks an empty list.
+// Each rank's bytes; the root receives all of them (index = rank), other ranks an empty list. Starts
+// with barrier(), so ranks that finish early wait without spinning.
 std::vector<std::string> gather(const std::string& bytes, int root = 0);
+// Returns once every rank has called it; waits without spinning.
 void barrier();
 // Ends the whole job now (MPI_Abort: mpirun names this rank and stops the others).
 [[noreturn]] void abort(int exit_code);
