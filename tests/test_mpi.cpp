@@ -210,6 +210,18 @@ TEST_CASE("mpi: 2 ranks train bit-identically to 1 process with the same grad_sh
     CHECK(summary["grad_shards"] == 2);
 }
 
+TEST_CASE("mpi: 4 ranks end with 1 process's checkpoint bit for bit with grad_shards 4", "[mpi][mpirun]") {
+    TempDir dir("mpi_train");
+    const std::string args = "train " + config("toy_transformer.json") + kTrain + " --set train.grad_shards=4";
+    REQUIRE(run_ranks(dir, 0, args + " --out one").cli.status == 0);
+    Timed four = run_ranks(dir, 4, args + " --out four");
+    INFO(four.cli.output);
+    REQUIRE(four.cli.status == 0);
+    CHECK(column(dir / "one/metrics.csv", "train_loss") == column(dir / "four/metrics.csv", "train_loss"));
+    CHECK(read_text(dir / "one/checkpoints/step_00000020.safetensors") ==
+          read_text(dir / "four/checkpoints/step_00000020.safetensors"));
+}
+
 TEST_CASE("mpi: 2 ranks with one shard each follow 1 process within 1e-4 over 20 steps", "[mpi][mpirun]") {
     TempDir dir("mpi_train");
     const std::string args = "train " + config("toy_transformer.json") + kTrain;
