@@ -200,6 +200,9 @@ void abort(int exit_code) {
 }
 
 void run_on_every_rank(const std::function<void()>& step) {
+#ifndef NORMLAB_HAVE_MPI
+    step();
+#else
     if (g_size == 1) return step();
     std::string message;
     int exit_code = 0;
@@ -212,7 +215,6 @@ void run_on_every_rank(const std::function<void()>& step) {
         message = e.what();
         exit_code = 1;
     }
-#ifdef NORMLAB_HAVE_MPI
     // The lowest failing rank speaks for all (g_size when none failed).
     int first = exit_code != 0 ? g_rank : g_size;
     MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
