@@ -17,6 +17,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # CMakeLists.txt); it installs beside Debian's default pthreads build without replacing it.
 REQUIRED_PACKAGES=(build-essential cmake pkg-config libopenblas-openmp-dev nlohmann-json3-dev catch2
                    libfmt-dev libcli11-dev)
+# MPI (data-parallel train, distributed sweeps: docs/distributed.md); the build works without it.
+REQUIRED_PACKAGES+=(libopenmpi-dev openmpi-bin)
 # Nice to have: gnuplot draws a run's PNG plots, graphviz renders autograd graphs exported as DOT.
 # Installed when missing, but a failure to install them only warns: nothing in the build needs them.
 OPTIONAL_PACKAGES=(gnuplot-nox graphviz)

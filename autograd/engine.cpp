@@ -5,6 +5,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/grad_ready.h"
 #include "autograd/var.h"
 #include "core/profiler.h"
 
@@ -33,6 +34,8 @@ std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) {
 }
 
 namespace {
+
+thread_local GradReadyFn t_grad_ready;  // GradReadyGuard's hook; empty when none
 
 // The one accumulation path: checks the gradient against the shape and dtype it must have, then
 // adds it to what `slot` holds (as a Var op, so under create_graph the sum is recorded too).
@@ -115,11 +118,28 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
     }
 
     std::vector<std::shared_ptr<Node>> order = graph_nodes(root);
+
+    // GradReadyGuard: a leaf's .grad is final once every edge into it has been walked (or skipped),
+    // so count the edges first and call the hook when a leaf's count reaches zero.
+    const bool report_ready = t_grad_ready && !capture;
+    std::unordered_map<VarImpl*, int64_t> edges_left;  // leaf -> edges into it not yet walked
+    if (report_ready)
+        for (const std::shared_ptr<Node>& node : order)
+            for (const Edge& edge : node->inputs())
+                if (edge.leaf) ++edges_left[edge.leaf.get()];
+    auto edge_done = [&](VarImpl* leaf) {
+        if (report_ready && --edges_left[leaf] == 0 && leaf->grad) t_grad_ready(*leaf);
+    };
+
     std::unordered_map<const Node*, Var> grads;  // gradient w.r.t. each node's output, so far
     grads[root.grad_fn().get()] = grad;
     for (const std::shared_ptr<Node>& node : order) {
         auto it = grads.find(node.get());
-        if (it == grads.end()) continue;  // no gradient reached this node
+        if (it == grads.end()) {  // no gradient reached this node
+            for (const Edge& edge : node->inputs())
+                if (edge.leaf) edge_done(edge.leaf.get());
+            continue;
+        }
         Var g = std::move(it->second);
         grads.erase(it);
         if (capture) {
@@ -132,13 +152,17 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
         g = Var();
         for (size_t i = 0; i < input_grads.size(); ++i) {
             const Edge& edge = node->inputs()[i];
-            if (!edge.requires_grad() || !input_grads[i].defined()) continue;
+            if (!edge.requires_grad() || !input_grads[i].defined()) {
+                if (edge.leaf) edge_done(edge.leaf.get());
+                continue;
+            }
             if (edge.node) {
                 Var& slot = grads[edge.node.get()];
                 slot = add_grad(slot, input_grads[i], edge.shape, edge.dtype, *node, i);
             } else {
                 // Moved: when this was the gradient's last handle, the leaf takes it without a copy.
                 to_leaf(*edge.leaf, add_grad(Var(), std::move(input_grads[i]), edge.shape, edge.dtype, *node, i));
+                edge_done(edge.leaf.get());
             }
         }
         if (!retain_graph) node->release();  // free saved tensors as soon as they are used
@@ -149,6 +173,9 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
 }
 
 }  // namespace
+
+GradReadyGuard::GradReadyGuard(GradReadyFn fn) : previous_(std::move(t_grad_ready)) { t_grad_ready = std::move(fn); }
+GradReadyGuard::~GradReadyGuard() { t_grad_ready = std::move(previous_); }
 
 void Var::backward(const Var& grad, bool retain_graph, bool create_graph) const {
     run_backward(*this, grad, retain_graph, create_graph, nullptr);

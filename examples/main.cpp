@@ -1,5 +1,7 @@
 // The `normlab` program: builds the command line from each job's register function (examples/commands.h)
-// and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors).
+// and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors). Under mpirun
+// (core/dist.h) an error all ranks agree on is printed once, by rank 0; an error of one rank alone is
+// printed with its rank and ends the whole job (MPI_Abort), so no rank waits forever for it.
 #include <cstdio>
 #include <exception>
 
@@ -9,10 +11,24 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "core/dist.h"
 #include "core/error.h"
 #include "examples/commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// An error this process met alone: one line; over several ranks it names the rank and ends the job.
+int fail_alone(const std::exception& e, int exit_code) {
+    if (nl::dist::world_size() == 1) {
+        fmt::print(stderr, "normlab: error: {}\n", e.what());
+        return exit_code;
+    }
+    fmt::print(stderr, "normlab: rank {} of {}: error: {}\n", nl::dist::rank(), nl::dist::world_size(), e.what());
+    std::fflush(stderr);
+    nl::dist::abort(exit_code);
+}
+
+int run_program(int argc, char** argv) {
     // With OpenBLAS's OpenMP build (what CMake links when libopenblas-openmp-dev is installed) the
     // gemms share normlab's OpenMP thread pool and follow OMP_NUM_THREADS. With the pthreads build,
     // OpenBLAS's own pool and the OpenMP pool would both claim every core, and OpenBLAS's idle workers
@@ -43,13 +59,25 @@ int main(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);  // --help, --version, and command-line mistakes (CLI11's own messages)
+        // --help, --version, and command-line mistakes (CLI11's own messages): every rank parses the
+        // same arguments, rank 0 speaks.
+        return nl::dist::is_root() ? app.exit(e) : e.get_exit_code();
+    } catch (const nl::dist::JobError& e) {
+        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {}\n", e.what());
+        return e.exit_code;
     } catch (const nl::Error& e) {
-        fmt::print(stderr, "normlab: error: {}\n", e.what());  // a user mistake: bad shape, config, file
-        return 2;
+        return fail_alone(e, 2);  // a user mistake: bad shape, config, file
     } catch (const std::exception& e) {
-        fmt::print(stderr, "normlab: error: {}\n", e.what());  // a bug or a system failure
-        return 1;
+        return fail_alone(e, 1);  // a bug or a system failure
     }
     return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    nl::dist::init(&argc, &argv);
+    const int code = run_program(argc, argv);
+    nl::dist::finalize();
+    return code;
 }

@@ -6,6 +6,8 @@
 // chaotic, so the summary reports how much the final loss moves under that tiny perturbation next to
 // its spread over seeds, and nobody reads one seed's final loss as a verdict on a norm.
 // "device" runs every run on a GPU (data and weights are drawn on the host, then moved).
+// Under mpirun (core/dist.h) the runs are dealt out over the ranks (run i to rank i mod N); rank 0
+// gathers every curve and writes the same run directory, tables and plots as one process.
 // Reads top to bottom: config -> data and model -> train -> report.
 #include "examples/commands.h"
 
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -26,6 +29,7 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/dist.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "examples/config.h"
@@ -280,6 +284,7 @@ struct RunResult {
     RunSpec spec;
     Curve curve;
     std::optional<Curve> perturbed;  // the copy with fc1.weight scaled by (1 + perturb)
+    std::vector<std::string> layers; // the model's layer names (the curve file's grad-norm columns)
 
     // |final loss change| / final loss when both copies ran every epoch.
     std::optional<double> sensitivity() const {
@@ -287,6 +292,95 @@ struct RunResult {
         return std::fabs(perturbed->final_loss() - curve.final_loss()) / std::fabs(curve.final_loss());
     }
 };
+
+// ---------------------------------------------------------------------------------------------
+// gathering results from the ranks: a run's curves as raw bytes (doubles bit for bit, NaN included)
+// ---------------------------------------------------------------------------------------------
+
+struct Packer {
+    std::string bytes;
+    void put(double v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
+    void put_int(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
+    void put(const std::string& text) {
+        put_int(static_cast<int64_t>(text.size()));
+        bytes += text;
+    }
+    void put(const std::vector<double>& values) {
+        put_int(static_cast<int64_t>(values.size()));
+        for (double v : values) put(v);
+    }
+};
+
+struct Unpacker {
+    const std::string& bytes;
+    size_t at = 0;
+    template <typename T>
+    T raw() {
+        NL_CHECK(at + sizeof(T) <= bytes.size(), "gathered stability results are truncated");
+        T v;
+        std::memcpy(&v, bytes.data() + at, sizeof v);
+        at += sizeof v;
+        return v;
+    }
+    std::string text() {
+        const auto n = static_cast<size_t>(raw<int64_t>());
+        NL_CHECK(at + n <= bytes.size(), "gathered stability results are truncated");
+        std::string out = bytes.substr(at, n);
+        at += n;
+        return out;
+    }
+    std::vector<double> values() {
+        std::vector<double> out(static_cast<size_t>(raw<int64_t>()));
+        for (double& v : out) v = raw<double>();
+        return out;
+    }
+};
+
+void pack_curve(Packer& out, const Curve& curve) {
+    out.put(curve.losses);
+    out.put_int(static_cast<int64_t>(curve.grad_norms.size()));
+    for (const auto& row : curve.grad_norms) out.put(row);
+    out.put_int(curve.diverged_epoch);
+    out.put(curve.seconds);
+}
+
+Curve unpack_curve(Unpacker& in) {
+    Curve curve;
+    curve.losses = in.values();
+    curve.grad_norms.resize(static_cast<size_t>(in.raw<int64_t>()));
+    for (auto& row : curve.grad_norms) row = in.values();
+    curve.diverged_epoch = in.raw<int64_t>();
+    curve.seconds = in.raw<double>();
+    return curve;
+}
+
+// Rank 0 receives every rank's results, slotted by run index (each rank filled its own indices).
+void gather_results(std::vector<std::optional<RunResult>>& results, const std::vector<RunSpec>& specs) {
+    if (dist::world_size() == 1) return;
+    Packer out;
+    for (size_t i = 0; i < results.size(); ++i) {
+        if (!results[i]) continue;
+        const RunResult& r = *results[i];
+        out.put_int(static_cast<int64_t>(i));
+        pack_curve(out, r.curve);
+        out.put_int(r.perturbed ? 1 : 0);
+        if (r.perturbed) pack_curve(out, *r.perturbed);
+        out.put_int(static_cast<int64_t>(r.layers.size()));
+        for (const std::string& layer : r.layers) out.put(layer);
+    }
+    for (const std::string& bytes : dist::gather(out.bytes)) {
+        Unpacker in{bytes};
+        while (in.at < bytes.size()) {
+            const auto i = static_cast<size_t>(in.raw<int64_t>());
+            NL_CHECK(i < specs.size(), "gathered run index ", i, " out of range");
+            RunResult r{specs[i], unpack_curve(in), std::nullopt, {}};
+            if (in.raw<int64_t>() != 0) r.perturbed = unpack_curve(in);
+            r.layers.resize(static_cast<size_t>(in.raw<int64_t>()));
+            for (std::string& layer : r.layers) layer = in.text();
+            results[i] = std::move(r);
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // report
@@ -481,14 +575,22 @@ struct Options {
 };
 
 void run_stability(const Options& opt) {
+    const bool root_rank = dist::is_root();
+    const int world = dist::world_size();
     // 1. config, validated before any work; the init and data files are read and checked here too.
-    StabilityConfig c = read_config(opt.config, opt.overrides);
+    // On every rank; a mistake stops them all with one error (rank 0 alone creates the run directory).
+    StabilityConfig c;
     std::optional<Data> file_data;
-    if (!c.data_from.empty()) file_data = load_data(c);
     std::map<std::pair<std::string, int64_t>, NamedTensors> inits;
-    if (!c.init_from.empty())
-        for (const std::string& norm : c.norms)
-            for (int64_t depth : c.depths) inits[{norm, depth}] = load_init(c, norm, depth);
+    std::optional<RunDir> run_dir;
+    dist::run_on_every_rank([&] {
+        c = read_config(opt.config, opt.overrides);
+        if (!c.data_from.empty()) file_data = load_data(c);
+        if (!c.init_from.empty())
+            for (const std::string& norm : c.norms)
+                for (int64_t depth : c.depths) inits[{norm, depth}] = load_init(c, norm, depth);
+        if (root_rank) run_dir = RunDir::create(opt.config, opt.out, opt.force);
+    });
 
     std::vector<RunSpec> specs;
     for (const std::string& norm : c.norms)
@@ -498,25 +600,30 @@ void run_stability(const Options& opt) {
                     specs.push_back({norm, depth, lr, seed,
                                      fmt::format("{}_d{}_lr{}_s{}", norm, depth, format_lr(lr), seed)});
 
-    RunDir run = RunDir::create(opt.config, opt.out, opt.force);
     try {
-        run.write_json("config.json", c.resolved);
-        std::filesystem::create_directories(run.path("curves"));
-        fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{} -> {}\n",
-                   specs.size(), c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs,
-                   dtype_name(c.dtype), c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
-                   run.dir());
-        std::fflush(stdout);
+        if (root_rank) {
+            const RunDir& run = *run_dir;
+            run.write_json("config.json", c.resolved);
+            std::filesystem::create_directories(run.path("curves"));
+            fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{}{} -> {}\n",
+                       specs.size(), c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs,
+                       dtype_name(c.dtype), c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
+                       world > 1 ? fmt::format(", over {}", dist::describe()) : "", run.dir());
+            std::fflush(stdout);
+        }
 
-        CsvWriter runs_csv(run.path("runs.csv"), {"id", "norm", "depth", "lr", "seed", "epochs_run", "final_loss",
-                                                  "diverged_epoch", "final_loss_perturbed", "sensitivity", "seconds"});
+        // This rank's runs: i = rank, rank + N, ... (the progress line is rank 0's share).
+        std::vector<size_t> mine;
+        for (size_t i = static_cast<size_t>(dist::rank()); i < specs.size(); i += static_cast<size_t>(world))
+            mine.push_back(i);
         const int64_t copies = c.perturb > 0 ? 2 : 1;
-        Progress progress(static_cast<int64_t>(specs.size()) * copies * c.epochs, opt.quiet, c.epochs);
+        Progress progress(static_cast<int64_t>(mine.size()) * copies * c.epochs, opt.quiet || !root_rank, c.epochs);
         int64_t done = 0;
-        std::vector<RunResult> results;
+        std::vector<std::optional<RunResult>> slots(specs.size());
 
         // 2. each run: data and model from its seed (or the files), then train it and its copy.
-        for (const RunSpec& spec : specs) {
+        for (size_t index : mine) {
+            const RunSpec& spec = specs[index];
             Generator gen(static_cast<uint64_t>(spec.seed));
             // Drawn on the host, so every device starts from the same data and weights.
             Data data = file_data ? *file_data : make_data(c, gen);
@@ -528,7 +635,7 @@ void run_stability(const Options& opt) {
             NamedTensors initial;
             for (const auto& [name, tensor] : model.state_dict()) initial.emplace_back(name, tensor.clone());
 
-            RunResult result{spec, {}, std::nullopt};
+            RunResult result{spec, {}, std::nullopt, {}};
             auto train_copy = [&](SimpleModel& m, const std::string& label) {
                 const int64_t start = done;
                 Curve curve = train(m, data, spec.lr, c, [&](int64_t epoch, double loss) {
@@ -551,20 +658,34 @@ void run_stability(const Options& opt) {
                 result.perturbed = train_copy(copy, " (perturbed)");
             }
 
-            std::vector<std::string> layers;
-            for (const auto& [name, layer] : model.named_children()) layers.push_back(name);
-            write_curve_csv(run, result, layers);
+            for (const auto& [name, layer] : model.named_children()) result.layers.push_back(name);
+            slots[index] = std::move(result);
+        }
+        progress.finish();
+
+        // 3. rank 0 gathers every run, then writes the curves and runs.csv in run order.
+        gather_results(slots, specs);
+        if (!root_rank) return;
+        const RunDir& run = *run_dir;
+        std::vector<RunResult> results;
+        for (auto& slot : slots) {
+            NL_CHECK(slot.has_value(), "a run's result was not gathered");
+            results.push_back(std::move(*slot));
+        }
+        CsvWriter runs_csv(run.path("runs.csv"), {"id", "norm", "depth", "lr", "seed", "epochs_run", "final_loss",
+                                                  "diverged_epoch", "final_loss_perturbed", "sensitivity", "seconds"});
+        for (const RunResult& result : results) {
+            const RunSpec& spec = result.spec;
+            write_curve_csv(run, result, result.layers);
             auto s = result.sensitivity();
             runs_csv.row({spec.id, spec.norm, std::to_string(spec.depth), format_lr(spec.lr), std::to_string(spec.seed),
                           std::to_string(result.curve.losses.size()), format_number(result.curve.final_loss()),
                           result.curve.diverged() ? std::to_string(result.curve.diverged_epoch) : "",
                           result.perturbed ? format_number(result.perturbed->final_loss()) : "",
                           s ? format_number(*s) : "", format_number(result.curve.seconds)});
-            results.push_back(std::move(result));
         }
-        progress.finish();
 
-        // 3. report: the table (printed and in summary.json), plots, then summary.json last.
+        // 4. report: the table (printed and in summary.json), plots, then summary.json last.
         std::vector<Group> groups;
         for (const RunResult& r : results) {
             auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
@@ -598,10 +719,11 @@ void run_stability(const Options& opt) {
                      {"groups", group_rows},
                      {"runs", run_rows},
                      {"plots", plots},
-                     {"seconds", progress.elapsed_seconds()}};
+                     {"seconds", progress.elapsed_seconds()},
+                     {"world_size", world}};
         run.write_summary(summary);
     } catch (const std::exception& e) {
-        run.write_error(e.what());
+        if (run_dir) run_dir->write_error(e.what());
         throw;
     }
 }

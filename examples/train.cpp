@@ -6,6 +6,11 @@
 // "bf16" runs the forward under an AutocastGuard (layers/autocast.h): bf16 matmuls, f32 weights,
 // norms, softmax and loss.
 //
+// Data parallel (mpirun -np N normlab train CONFIG; examples/distributed.h): every rank draws the same
+// global batch from the same generator, computes its shards' gradients, and the gradients are summed over
+// ranks during backward; rank 0 alone writes the run directory. A checkpoint is the same whatever N, so a
+// run resumes on any number of ranks.
+//
 // Exact resumes: a checkpoint holds the model, AdamW's moments and step, the data generator's state
 // (the only randomness in a step) and the step, so a run stopped at a checkpoint and resumed
 // computes the same batches, gradients and updates bit for bit as one that never stopped.
@@ -13,24 +18,30 @@
 // --profile times the steps' kernels by op and phase (core/profiler.h, docs/profiling.md).
 #include "examples/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/dist.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/profiler.h"
 #include "examples/commands.h"
 #include "examples/config.h"
+#include "examples/distributed.h"
 #include "examples/run_dir.h"
 #include "layers/autocast.h"
 #include "layers/checkpoint.h"
@@ -141,6 +152,9 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
     loop.log_every = reader.get_int("log_every", loop.log_every, 1);
     loop.autocast = reader.get_string("autocast", loop.autocast, {"none", "bf16"});
+    loop.grad_shards = reader.get_int("grad_shards", loop.grad_shards, 0, 1 << 20);
+    loop.bucket_kb = reader.get_int("bucket_kb", loop.bucket_kb, 1, 1 << 20);
+    loop.overlap_comm = reader.get_bool("overlap_comm", loop.overlap_comm);
     reader.finish();
     return loop;
 }
@@ -214,15 +228,23 @@ struct EvalResult {
 
 // Teacher-forced: one forward per batch. For exact-sequence accuracy this equals greedy decoding:
 // if every answer token is the argmax given the true prefix, greedy decoding produces exactly that
-// prefix at every step, and the first wrong argmax makes both fail.
+// prefix at every step, and the first wrong argmax makes both fail. Over MPI ranks, rank r scores
+// batches r, r + N, ...; the per-batch sums are reduced, then added in batch order, so the result is
+// the same bits for any N.
 EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool exact_sequences, bool autocast) {
     NoGradGuard no_grad;
     model.eval();
-    double loss_sum = 0.0;
-    int64_t scored = 0, correct_tokens = 0, correct_sequences = 0, sequences = 0;
-    for (const Batch& batch : batches) {
+    std::vector<double> batch_loss(batches.size(), 0.0);  // (batches,) summed loss, zero where another rank scores
+    int64_t counts[4] = {0, 0, 0, 0};  // scored, correct_tokens, correct_sequences, sequences
+    int64_t& scored = counts[0];
+    int64_t& correct_tokens = counts[1];
+    int64_t& correct_sequences = counts[2];
+    int64_t& sequences = counts[3];
+    for (size_t index = static_cast<size_t>(dist::rank()); index < batches.size();
+         index += static_cast<size_t>(dist::world_size())) {
+        const Batch& batch = batches[index];
         Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
-        loss_sum += cross_entropy_loss(logits, batch.targets, kIgnoreIndex, Reduction::Sum).item();
+        batch_loss[index] = cross_entropy_loss(logits, batch.targets, kIgnoreIndex, Reduction::Sum).item();
         // Counted on the host (the batches may live on a GPU).
         Tensor predicted = argmax(logits.data(), -1).to(Device::cpu()).contiguous();  // (B, T) i64
         Tensor targets = batch.targets.to(Device::cpu()).contiguous();
@@ -242,6 +264,10 @@ EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool 
             ++sequences;
         }
     }
+    dist::allreduce_sum(batch_loss.data(), static_cast<int64_t>(batch_loss.size()));  // x + 0: exact
+    dist::allreduce_sum(counts, 4);
+    double loss_sum = 0.0;
+    for (double value : batch_loss) loss_sum += value;
     model.train();
     EvalResult result;
     result.loss = loss_sum / static_cast<double>(scored);
@@ -294,6 +320,13 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
     write_file_atomic(path, kept);
 }
 
+double median_of(std::vector<double> values) {
+    if (values.empty()) return 0.0;
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 std::string format_cell(double value) { return std::isnan(value) ? "" : format_number(value); }
 
 // --profile: the kernel table (core/profiler.h) on stdout and in the run directory (profile.txt,
@@ -310,17 +343,63 @@ void write_profile(const RunDir& run, double seconds, int64_t steps, bool quiet)
 
 }  // namespace
 
-nlohmann::json run_train(const TrainFlags& flags) {
-    // Config: read, override, validate (before anything is written).
-    nlohmann::json root = load_json_file(flags.config_path);
-    resolve_paths_beside_config(root, flags.config_path, {"/data/path"});
-    for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
-    TrainConfig config = read_train_config(root, flags.config_path);
-    require_device_available(config.device, flags.config_path + ": /device");
+// Test hook for the failure tests (tests/test_mpi.cpp): NORMLAB_TEST_FAULT="<rank>:<step>:throw|die"
+// makes that rank throw an error, or die by SIGKILL, at that step, as a bug or a crashed node would.
+void inject_test_fault(int64_t step) {
+    const char* fault = std::getenv("NORMLAB_TEST_FAULT");
+    if (fault == nullptr) return;
+    int fault_rank = -1;
+    long long fault_step = -1;
+    char mode[8] = {0};
+    NL_REQUIRE(std::sscanf(fault, "%d:%lld:%7s", &fault_rank, &fault_step, mode) == 3,
+               "NORMLAB_TEST_FAULT: expected <rank>:<step>:throw|die, found \"", fault, "\"");
+    if (fault_rank != dist::rank() || fault_step != step) return;
+    if (std::string(mode) == "die") std::raise(SIGKILL);
+    throw std::runtime_error(fmt::format("NORMLAB_TEST_FAULT: rank {} fails at step {}", fault_rank, step));
+}
 
-    // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
-    std::unique_ptr<Dataset> data = make_dataset(config.data, config.file + ": /data");
+// The number of scored targets (not kIgnoreIndex) in rows [first, first + rows) of `targets` (B, T).
+int64_t scored_targets(const Tensor& targets, int64_t first, int64_t rows) {
+    const Tensor host = targets.narrow(0, first, rows).contiguous();
+    const int64_t* y = host.data<int64_t>();
+    int64_t count = 0;
+    for (int64_t i = 0; i < host.numel(); ++i) count += y[i] != kIgnoreIndex;
+    return count;
+}
+
+nlohmann::json run_train(const TrainFlags& flags) {
+    const bool root_rank = dist::is_root();
+    const bool quiet = flags.quiet || !root_rank;  // one progress line: rank 0's
+    TrainConfig config;
+    std::unique_ptr<Dataset> data;
+    ShardPlan plan;
+    std::optional<RunDir> run;  // rank 0's
+    // Config, data, shards and run directory, checked on every rank: a mistake stops every rank with
+    // one error (dist::JobError), and none is left waiting for the others.
+    dist::run_on_every_rank([&] {
+        // Config: read, override, validate (before anything is written).
+        nlohmann::json root = load_json_file(flags.config_path);
+        resolve_paths_beside_config(root, flags.config_path, {"/data/path"});
+        for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
+        config = read_train_config(root, flags.config_path);
+        require_device_available(config.device, flags.config_path + ": /device");
+        plan = plan_shards(config.train.batch_size, config.train.grad_shards, dist::world_size(), dist::rank(),
+                           config.file + ": /train");
+        if (dist::world_size() > 1 && config.device.is_cuda()) {
+            // Rank r of a machine uses its r-th GPU; the gradients are summed by NCCL.
+            NL_REQUIRE(dist::built_with_nccl(), config.file, ": /device: \"", config.device.str(),
+                       "\" over ", dist::world_size(), " MPI ranks needs NCCL, and this normlab was built without it");
+            config.device = Device::cuda(dist::local_rank());
+            require_device_available(config.device, flags.config_path + ": /device (rank " +
+                                                        std::to_string(dist::rank()) + "'s local GPU)");
+        }
+
+        // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
+        data = make_dataset(config.data, config.file + ": /data");
+        if (root_rank) run = RunDir::create(flags.config_path, flags.out, flags.force, flags.resume);
+    });
     config.model.vocab_size = data->vocab_size();
+    const std::string run_dir = dist::broadcast_string(run ? run->dir() : std::string());
     std::vector<Batch> eval_set = data->eval_batches(config.train.batch_size);
     for (Batch& batch : eval_set) batch = batch_on(batch, config.device);
     const bool autocast = config.train.autocast == "bf16";
@@ -329,6 +408,10 @@ nlohmann::json run_train(const TrainFlags& flags) {
     Transformer model(config.model);
     model.to(config.device);
     NamedVars params = model.named_parameters();
+    // The same seed gives the same weights on every rank; on the CPU rank 0's are sent anyway.
+    if (dist::world_size() > 1 && config.device.is_cpu())
+        for (auto& [name, p] : params) dist::broadcast(p.data().data<float>(), p.numel() * 4);
+    DataParallel data_parallel(params, plan.local_shards, config.train.bucket_kb * 1024, config.train.overlap_comm);
     AdamOptions adam;
     adam.lr = config.optim.lr;
     adam.beta1 = config.optim.beta1;
@@ -342,48 +425,61 @@ nlohmann::json run_train(const TrainFlags& flags) {
     CrossEntropyLoss criterion(CrossEntropyOptions{kIgnoreIndex});
     Generator data_gen(training_stream_seed(config.data));
 
-    RunDir run = RunDir::create(flags.config_path, flags.out, flags.force, flags.resume);
     try {
         int64_t start_step = 0;
-        if (flags.resume) {
-            std::string path = latest_checkpoint(run.dir());
-            NL_REQUIRE(!path.empty(), "--resume: no checkpoint in ", run.dir(), "/checkpoints to resume from");
-            check_checkpoint_matches(path, config);
-            start_step = load_checkpoint(path, model, &optimizer, &data_gen).step;
-            truncate_metrics(run.path("metrics.csv"), start_step);
-        } else {
-            std::error_code ec;
-            fs::remove_all(run.path("checkpoints"), ec);  // --force: old checkpoints must not be resumed
-        }
-        fs::create_directories(run.path("checkpoints"));
-        run.write_json("config.json", config.resolved);
+        // Every rank loads the checkpoint (rank 0 wrote it; the same file whatever N wrote it).
+        dist::run_on_every_rank([&] {
+            if (flags.resume) {
+                std::string path = latest_checkpoint(run_dir);
+                NL_REQUIRE(!path.empty(), "--resume: no checkpoint in ", run_dir, "/checkpoints to resume from");
+                check_checkpoint_matches(path, config);
+                start_step = load_checkpoint(path, model, &optimizer, &data_gen).step;
+                if (root_rank) truncate_metrics(run->path("metrics.csv"), start_step);
+            } else if (root_rank) {
+                std::error_code ec;
+                fs::remove_all(run->path("checkpoints"), ec);  // --force: old checkpoints must not be resumed
+            }
+            if (root_rank) {
+                fs::create_directories(run->path("checkpoints"));
+                run->write_json("config.json", config.resolved);
+            }
+        });
 
         std::map<std::string, std::string> metadata = {{"config", config.resolved.dump()},
                                                        {kTrainedSeqLenKey, std::to_string(data->seq_len())}};
         if (!data->vocab_metadata().is_null()) metadata["vocab"] = data->vocab_metadata().dump();
         auto save = [&](int64_t step) {
-            save_checkpoint(checkpoint_path(run.dir(), step), model, &optimizer, &data_gen, step, metadata);
+            if (root_rank)
+                save_checkpoint(checkpoint_path(run_dir, step), model, &optimizer, &data_gen, step, metadata);
         };
 
-        CsvWriter metrics(run.path("metrics.csv"),
-                          {"step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy",
-                           "val_token_accuracy", "tokens_per_s", "elapsed_s"},
-                          flags.resume);
-        if (!flags.quiet)
-            fmt::print(stderr, "train: {} parameters, {} data, vocab {}, T = {}, on {}{}, run directory {}\n",
+        CsvWriter metrics;
+        if (root_rank)
+            metrics = CsvWriter(run->path("metrics.csv"),
+                                {"step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy",
+                                 "val_token_accuracy", "tokens_per_s", "elapsed_s"},
+                                flags.resume);
+        const int world = dist::world_size();
+        if (!quiet)
+            fmt::print(stderr, "train: {} parameters, {} data, vocab {}, T = {}, on {}{}, {}{}, run directory {}\n",
                        count_parameters(model), config.data.source == "text" ? config.data.path : config.data.task,
                        data->vocab_size(), data->seq_len(), config.device.str(),
-                       autocast ? " with bf16 autocast" : "", run.dir());
+                       autocast ? " with bf16 autocast" : "", dist::describe(),
+                       plan.shards > 1 ? fmt::format(", batch {} in {} shards of {} ({} buckets)", plan.batch,
+                                                     plan.shards, plan.shard_rows, data_parallel.bucket_count())
+                                       : "",
+                       run_dir);
 
         // Train.
         const int64_t steps = config.train.steps;
         const int64_t end_step = flags.stop_after > 0 ? std::min(flags.stop_after, steps) : steps;
         const int64_t tokens_per_step = config.train.batch_size * data->seq_len();
-        Progress progress(steps, flags.quiet, config.train.log_every);
+        Progress progress(steps, quiet, config.train.log_every);
         double train_seconds = 0.0;
         double profiled_seconds = 0.0;  // the steps this invocation ran (a resumed run's earlier ones are not)
         int64_t profiled_steps = 0;
         if (flags.profile) profiler::reset();
+        std::vector<double> step_seconds;  // (steps run,) each step's time, for the median
         int64_t tokens_seen = 0;
         double train_loss = NAN;
         EvalResult last_eval;
@@ -392,36 +488,58 @@ nlohmann::json run_train(const TrainFlags& flags) {
         for (int64_t step = start_step + 1; step <= end_step; ++step) {
             auto t0 = std::chrono::steady_clock::now();
             double grad_norm = 0.0;
+            const double lr = schedule.lr_at(step - 1);
             {
                 profiler::EnableGuard profiling(flags.profile);  // --profile: time this step's kernels
-                const double lr = schedule.lr_at(step - 1);
                 optimizer.set_lr(lr);
-                Var loss;
-                {
-                    profiler::PhaseGuard forward(profiler::Phase::Forward);
-                    const Batch batch =
-                        batch_on(data->train_batch(config.train.batch_size, data_gen), config.device);
-                    Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
-                    loss = criterion.forward(logits, batch.targets);
-                }
+                // The global batch, the same on every rank; this rank computes its shards' rows.
+                const Batch batch = data->train_batch(config.train.batch_size, data_gen);  // (B, T) on the host
+                const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
                 optimizer.zero_grad();
-                loss.backward();  // the engine counts its kernels as backward
+                std::vector<double> shard_losses;  // (local_shards,) each shard's weighted loss
+                for (int64_t j = 0; j < plan.local_shards; ++j) {
+                    const int64_t first = (plan.first_shard + j) * plan.shard_rows;
+                    Var loss;
+                    {
+                        profiler::PhaseGuard forward(profiler::Phase::Forward);
+                        const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
+                                                      batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
+                                                     config.device);
+                        Var logits = forward_logits(model, shard.inputs, autocast);  // (B / S, T, V) f32
+                        loss = criterion.forward(logits, shard.targets);            // mean over the shard's targets
+                        if (plan.shards > 1) {
+                            // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.
+                            const int64_t shard_scored = scored_targets(batch.targets, first, plan.shard_rows);
+                            NL_REQUIRE(shard_scored > 0, "train: shard rows [", first, ", ", first + plan.shard_rows,
+                                       ") of step ", step, " have no scored targets; lower /train/grad_shards");
+                            loss = loss * (static_cast<double>(shard_scored) / static_cast<double>(batch_scored));
+                        }
+                    }
+                    shard_losses.push_back(loss.item());
+                    data_parallel.backward(loss, j);  // the engine counts its kernels as backward
+                }
+                inject_test_fault(step);
+                double loss_value = tree_sum(shard_losses);
+                dist::allreduce_sum(&loss_value, 1);
                 {
                     profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
                     grad_norm = config.optim.grad_clip > 0 ? clip_grad_norm_(params, config.optim.grad_clip)
                                                            : nl::grad_norm(model.parameters());
                     optimizer.step();
                 }
-                train_loss = loss.item();
+                train_loss = loss_value;
             }
-            const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            train_seconds += step_seconds;
-            profiled_seconds += step_seconds;
+            step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            train_seconds += step_seconds.back();
+            profiled_seconds += step_seconds.back();
             ++profiled_steps;
-            const double lr = schedule.lr_at(step - 1);
             tokens_seen += tokens_per_step;
-            NL_REQUIRE(std::isfinite(train_loss), "train: the loss became ", train_loss, " at step ", step,
-                       " (diverged; try a lower /optim/lr or /optim/grad_clip in ", config.file, ")");
+            // The loss is the same on every rank, so every rank stops here together.
+            if (!std::isfinite(train_loss))
+                throw dist::JobError(detail::concat("train: the loss became ", train_loss, " at step ", step,
+                                                    " (diverged; try a lower /optim/lr or /optim/grad_clip in ",
+                                                    config.file, ")"),
+                                     2);
 
             const bool last = step == steps;
             const bool eval_now = last || (config.train.eval_every > 0 && step % config.train.eval_every == 0);
@@ -432,11 +550,12 @@ nlohmann::json run_train(const TrainFlags& flags) {
                 evaluated = true;
             }
             const double tokens_per_s = static_cast<double>(tokens_seen) / train_seconds;
-            metrics.row({std::to_string(step), format_number(lr), format_number(train_loss), format_number(grad_norm),
+            if (root_rank) metrics.row({std::to_string(step), format_number(lr), format_number(train_loss), format_number(grad_norm),
                          eval_now ? format_number(eval.loss) : "", eval_now ? format_cell(eval.accuracy) : "",
                          eval_now ? format_number(eval.token_accuracy) : "", format_number(tokens_per_s),
                          format_number(progress.elapsed_seconds())});
             std::string fields = fmt::format("loss {:.4f} lr {:.2e} | {:.0f} tok/s", train_loss, lr, tokens_per_s);
+            if (world > 1) fields += fmt::format(" | {} ranks", world);
             if (evaluated)
                 fields += data->has_accuracy()
                               ? fmt::format(" | val {:.4f} acc {:.2f}%", last_eval.loss, 100 * last_eval.accuracy)
@@ -449,10 +568,10 @@ nlohmann::json run_train(const TrainFlags& flags) {
             if (checkpoint_now) save(step);
         }
         progress.finish();
-        if (flags.profile) write_profile(run, profiled_seconds, profiled_steps, flags.quiet);
+        if (flags.profile && root_rank) write_profile(*run, profiled_seconds, profiled_steps, flags.quiet);
 
         if (end_step < steps) {
-            if (!flags.quiet)
+            if (!quiet)
                 fmt::print(stderr, "train: stopped after step {} of {} (--stop-after); continue with --resume\n",
                            end_step, steps);
             return nullptr;  // no summary: the run is not complete
@@ -473,25 +592,29 @@ nlohmann::json run_train(const TrainFlags& flags) {
             {"tokens_per_s", train_seconds > 0 ? static_cast<double>(tokens_seen) / train_seconds : 0.0},
             {"train_seconds", train_seconds},
             {"wall_seconds", progress.elapsed_seconds()},
-            {"checkpoint", latest_checkpoint(run.dir())},
+            {"checkpoint", latest_checkpoint(run_dir)},
+            {"world_size", world},
+            {"grad_shards", plan.shards},
+            {"comm_wait_seconds", data_parallel.comm_wait_seconds()},
+            {"median_step_seconds", median_of(step_seconds)},
         };
         if (data->has_accuracy()) {
             summary["val_accuracy"] = last_eval.accuracy;
             summary["held_out_sequences"] = config.data.eval_sequences;
         }
-        run.write_summary(summary);
-        if (!flags.quiet) {
+        if (root_rank) run->write_summary(summary);
+        if (!quiet) {
             std::string accuracy = data->has_accuracy()
                                        ? fmt::format(", exact-sequence accuracy {:.2f}% on {} held-out sequences",
                                                      100 * last_eval.accuracy, config.data.eval_sequences)
                                        : "";
             fmt::print("train: step {}: train loss {:.4f}, val loss {:.4f}{}, {:.0f} tokens/s, {:.1f} s -> {}\n",
                        steps, train_loss, last_eval.loss, accuracy, summary["tokens_per_s"].get<double>(),
-                       progress.elapsed_seconds(), run.dir());
+                       progress.elapsed_seconds(), run_dir);
         }
         return summary;
     } catch (const std::exception& e) {
-        run.write_error(e.what());
+        if (run) run->write_error(e.what());
         throw;
     }
 }

@@ -32,6 +32,10 @@ struct LoopConfig {
     int64_t checkpoint_every = 0;   // 0: only at the end
     int64_t log_every = 50;         // progress lines when stderr is not a terminal
     std::string autocast = "none";  // "bf16": bf16 matmuls, f32 weights, norms and loss (layers/autocast.h)
+    // Data parallel over MPI ranks (examples/distributed.h, docs/distributed.md):
+    int64_t grad_shards = 0;        // the batch's gradient is a fixed-order sum over this many shards; 0: one per rank
+    int64_t bucket_kb = 256;        // gradients are summed over ranks in buckets of about this size
+    bool overlap_comm = true;       // start each bucket's sum during backward (false: after it, for measuring)
 };
 
 struct TrainConfig {
