@@ -406,7 +406,8 @@ void register_bench_torch(CLI::App& bench) {
     auto cmd = std::make_shared<TorchCommand>();
     CLI::App* sub = bench.add_subcommand(
         "torch", "normlab vs PyTorch on one device: stability seconds/epoch and toy transformer tokens/s, side by side");
-    sub->add_option("--config", cmd->config, "the toy transformer's training config")->capture_default_str();
+    sub->add_option("--config", cmd->config, "the toy transformer's train config (read as `normlab train` reads it)")
+        ->capture_default_str();
     sub->add_option("--script", cmd->script, "the PyTorch script")->capture_default_str();
     sub->add_option("--python", cmd->python, "the Python interpreter")->capture_default_str();
     sub->add_option("--device", cmd->device, "where both sides run: cpu, cuda (= cuda:0) or cuda:N")

@@ -1,5 +1,6 @@
-// The `normlab` program's subcommands: each job lives in its own examples/<job>.cpp and adds itself to
-// the command line through one register function declared here, which main.cpp calls.
+// The `normlab` program's subcommands: each job lives in its own examples/<job>.cpp (the library
+// normlab_app) and adds itself to the command line through one register function declared here,
+// which main.cpp, the program's entry point, calls.
 #pragma once
 
 #include <CLI/CLI.hpp>

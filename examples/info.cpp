@@ -20,9 +20,7 @@
 #include "core/dtype.h"
 #include "examples/bench_util.h"  // format_bytes
 
-#ifdef NORMLAB_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "core/cuda/nl_cuda_api.h"
 
 namespace nl::cli {
 
@@ -77,26 +75,21 @@ void print_row(const std::string& key, const std::string& value) { fmt::print(" 
 
 void print_cuda() {
 #ifdef NORMLAB_HAVE_CUDA
-    int runtime = 0, driver = 0, count = 0;
-    cudaRuntimeGetVersion(&runtime);
-    cudaDriverGetVersion(&driver);
-    cudaError_t status = cudaGetDeviceCount(&count);
+    const CudaRuntimeInfo cuda = cuda_runtime_info();
     auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
-    if (status != cudaSuccess) {
+    if (!cuda.error.empty()) {
         // No driver (a machine without an NVIDIA GPU) or no device: the CPU backend still works.
-        print_row("CUDA", fmt::format("built (runtime {}); no GPU usable: {}", version(runtime),
-                                      cudaGetErrorString(status)));
+        print_row("CUDA", fmt::format("built (runtime {}); no GPU usable: {}", version(cuda.runtime_version),
+                                      cuda.error));
         return;
     }
-    print_row("CUDA", fmt::format("built (runtime {}), driver {}, {} GPU(s)", version(runtime),
-                                  version(driver), count));
-    for (int i = 0; i < count; ++i) {
-        cudaDeviceProp prop{};
-        cudaGetDeviceProperties(&prop, i);
+    print_row("CUDA", fmt::format("built (runtime {}), driver {}, {} GPU(s)", version(cuda.runtime_version),
+                                  version(cuda.driver_version), cuda.device_count));
+    for (int i = 0; i < cuda.device_count; ++i) {
+        const CudaDeviceInfo gpu = cuda_device_info(i);
         print_row(fmt::format("cuda:{}", i),
-                  fmt::format("{}, sm_{}{}, {} memory, {} SMs", prop.name, prop.major, prop.minor,
-                              format_bytes(static_cast<double>(prop.totalGlobalMem)),
-                              prop.multiProcessorCount));
+                  fmt::format("{}, sm_{}{}, {} memory, {} SMs", gpu.name, gpu.major, gpu.minor,
+                              format_bytes(gpu.memory_bytes), gpu.multiprocessors));
     }
 #else
     print_row("CUDA", "not built (configure with -DNORMLAB_CUDA=ON where the CUDA toolkit is installed)");

@@ -114,17 +114,27 @@ TEST_CASE("library: read_train_config fills train's defaults and names the file 
 TEST_CASE("bench torch reads its config with train's reader: a bad key is train's error, exit code 2",
           "[library][bench_cli]") {
     TempDir dir("library_bench_config");
-    nlohmann::json root = nl::load_json_file(shipped_config("toy_transformer.json"));
-    root["model"]["dimm"] = 32;      // train refuses unknown keys
-    root["train"]["lr"] = 0.01;      // (bench torch's own reader used to accept this one)
-    write_text(dir / "bad.json", root.dump(2));
-    const CliRun train = nl_test::run_normlab_in(dir.path.string(), "train bad.json --out run");
-    const CliRun bench = nl_test::run_normlab_in(dir.path.string(), "bench torch --config bad.json --quick --skip-torch");
-    INFO(train.output << "\n" << bench.output);
-    CHECK(train.status == 2);
-    CHECK(bench.status == 2);
-    CHECK_THAT(train.output, Catch::StartsWith("normlab: error: bad.json: /model/dimm: unknown key"));
-    CHECK(bench.output == train.output);
+    struct Case {
+        std::string key;       // set in a copy of the shipped config
+        std::string message;  // train's error, after "normlab: error: bad.json: "
+    };
+    const Case cases[] = {
+        {"/model/dimm", "/model/dimm: unknown key (did you mean 'dim'?"},
+        {"/train/lr", "/train/lr: unknown key"},  // the learning rate is /optim/lr
+    };
+    for (const Case& c : cases) {
+        nlohmann::json root = nl::load_json_file(shipped_config("toy_transformer.json"));
+        root[nlohmann::json::json_pointer(c.key)] = 32;
+        write_text(dir / "bad.json", root.dump(2));
+        const CliRun train = nl_test::run_normlab_in(dir.path.string(), "train bad.json --out run");
+        const CliRun bench =
+            nl_test::run_normlab_in(dir.path.string(), "bench torch --config bad.json --quick --skip-torch");
+        INFO(c.key << "\n" << train.output << "\n" << bench.output);
+        CHECK(train.status == 2);
+        CHECK(bench.status == 2);
+        CHECK_THAT(train.output, Catch::StartsWith("normlab: error: bad.json: " + c.message));
+        CHECK(bench.output == train.output);
+    }
 
     // A missing config is an error naming it, as for train (no silent built-in defaults).
     const CliRun missing = nl_test::run_normlab_in(dir.path.string(), "bench torch --config none.json --quick --skip-torch");
@@ -167,3 +177,23 @@ TEST_CASE("library: the installed package is found with find_package(normlab), i
     CHECK_THAT(configure.output, Catch::Contains("Generating done"));
 }
 #endif
+
+TEST_CASE("library: only test targets compile anything from tests/ (the CUDA emulator included)", "[library][cmake]") {
+    // CMake's record of every compile in this build (CMAKE_EXPORT_COMPILE_COMMANDS, on at top level).
+    std::ifstream in(std::string(NORMLAB_BINARY_DIR) + "/compile_commands.json");
+    REQUIRE(in.good());
+    const nlohmann::json commands = nlohmann::json::parse(in);
+    const std::string tests_dir = std::string(NORMLAB_SOURCE_DIR) + "/tests";
+    int production = 0;
+    for (const nlohmann::json& entry : commands) {
+        // The test targets (normlab_tests, normlab_cuda_emulated) are compiled in the build's tests/.
+        if (entry.at("directory").get<std::string>() == std::string(NORMLAB_BINARY_DIR) + "/tests") continue;
+        ++production;
+        const std::string file = entry.at("file").get<std::string>();
+        const std::string command = entry.at("command").get<std::string>();
+        INFO(file << ": " << command);
+        CHECK(file.rfind(tests_dir, 0) != 0);
+        CHECK(command.find(tests_dir) == std::string::npos);
+    }
+    CHECK(production > 50);  // core, autograd, layers, optim, normlab_app and main.cpp were all seen
+}

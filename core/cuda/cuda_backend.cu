@@ -48,6 +48,35 @@ std::vector<std::string> cuda_device_descriptions() {
     return lines;
 }
 
+CudaRuntimeInfo cuda_runtime_info() {
+    CudaRuntimeInfo info;
+    cudaRuntimeGetVersion(&info.runtime_version);
+    cudaDriverGetVersion(&info.driver_version);
+    const cudaError_t status = cudaGetDeviceCount(&info.device_count);
+    if (status != cudaSuccess) {
+        info.error = cudaGetErrorString(status);
+        info.device_count = 0;
+        cudaGetLastError();  // clear it: the CPU backend still works
+    }
+    return info;
+}
+
+CudaDeviceInfo cuda_device_info(int index) {
+    CudaDeviceInfo info;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+        cudaGetLastError();
+        info.name = "(properties unavailable)";
+        return info;
+    }
+    info.name = prop.name;
+    info.major = prop.major;
+    info.minor = prop.minor;
+    info.memory_bytes = static_cast<double>(prop.totalGlobalMem);
+    info.multiprocessors = prop.multiProcessorCount;
+    return info;
+}
+
 Backend& cuda_backend(int index) {
     const int count = cuda_device_count();
     NL_REQUIRE(index >= 0 && index < count, "cuda:", index, ": no such CUDA device (",
