@@ -1,7 +1,10 @@
 // The `normlab` program: builds the command line from each job's register function (examples/commands.h)
-// and turns any exception into one line on stderr and a non-zero exit (DESIGN: Errors).
+// and turns any exception into one line on stderr and a non-zero exit (DESIGN: Errors): exit 2 for a
+// user mistake (nl::Error, a command-line mistake, a path that cannot be used), 1 for anything else.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
 
 #include <cblas.h>
 #include <cstdlib>
@@ -42,10 +45,22 @@ int main(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);  // --help, --version, and command-line mistakes (CLI11's own messages)
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+        // A command-line mistake is a user mistake like any other: one line, exit 2.
+        fmt::print(stderr, "normlab: error: {} (see normlab --help)\n", e.what());
+        return 2;
     } catch (const nl::Error& e) {
         fmt::print(stderr, "normlab: error: {}\n", e.what());  // a user mistake: bad shape, config, file
         return 2;
+    } catch (const std::filesystem::filesystem_error& e) {
+        // A path that cannot be created or read (a full disk, permissions, a symlink loop): the
+        // message names the path(s); the user has to act on it.
+        fmt::print(stderr, "normlab: error: {}\n", e.what());
+        return 2;
+    } catch (const std::bad_alloc&) {
+        // Sizes are checked against the memory available before a job starts, so this is rare.
+        fmt::print(stderr, "normlab: error: out of memory (std::bad_alloc)\n");
+        return 1;
     } catch (const std::exception& e) {
         fmt::print(stderr, "normlab: error: {}\n", e.what());  // a bug or a system failure
         return 1;
