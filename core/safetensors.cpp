@@ -121,6 +121,49 @@ std::string make_header(const std::vector<std::pair<std::string, Tensor>>& sorte
     return text;
 }
 
+// nlohmann's plain DOM parser (linear time) with the top-level keys watched: duplicate tensor names,
+// which the DOM would keep silently (the last one wins), and their number, bounded while parsing.
+// (nlohmann's callback parser would do the watching, but it rescans the parent object after every
+// value: quadratic in the number of tensors, minutes for 100,000 entries.)
+class HeaderSax {
+public:
+    HeaderSax(json& result, const std::string& path) : dom_(result, true), path_(path) {}
+
+    bool null() { return dom_.null(); }
+    bool boolean(bool value) { return dom_.boolean(value); }
+    bool number_integer(json::number_integer_t value) { return dom_.number_integer(value); }
+    bool number_unsigned(json::number_unsigned_t value) { return dom_.number_unsigned(value); }
+    bool number_float(json::number_float_t value, const std::string& text) { return dom_.number_float(value, text); }
+    bool string(std::string& value) { return dom_.string(value); }
+    bool binary(json::binary_t& value) { return dom_.binary(value); }
+    bool start_object(std::size_t size) { return ++depth_, dom_.start_object(size); }
+    bool end_object() { return --depth_, dom_.end_object(); }
+    bool start_array(std::size_t size) { return ++depth_, dom_.start_array(size); }
+    bool end_array() { return --depth_, dom_.end_array(); }
+    bool key(std::string& name) {
+        if (depth_ == 1) {
+            if (!keys_.insert(name).second && duplicate_.empty()) duplicate_ = name;
+            const size_t tensors = keys_.size() - keys_.count("__metadata__");
+            NL_REQUIRE(tensors <= kMaxTensors, "load_safetensors: ", path_, ": header has more than ", kMaxTensors,
+                       " tensors (the limit)");
+        }
+        return dom_.key(name);
+    }
+    template <typename Exception>
+    bool parse_error(std::size_t position, const std::string& token, const Exception& error) {
+        return dom_.parse_error(position, token, error);  // throws it
+    }
+
+    const std::string& duplicate() const { return duplicate_; }
+
+private:
+    nlohmann::detail::json_sax_dom_parser<json> dom_;
+    const std::string& path_;
+    int depth_ = 0;  // 1 inside the top-level object
+    std::set<std::string> keys_;
+    std::string duplicate_;
+};
+
 struct EntryInfo {
     std::string name;
     DType dtype;
@@ -296,28 +339,16 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     // Parsing, copying and printing JSON recurse per nesting level: deep input is refused first.
     check_json_depth(header_text, "load_safetensors: " + path + ": header");
 
-    // nlohmann keeps the last of duplicate keys silently; the callback sees every key, so
-    // duplicate tensor names (keys of the top-level object, depth 1) are caught here, and the
-    // number of entries is bounded while parsing.
-    std::set<std::string> keys;
-    std::string duplicate;
-    auto watch_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-        if (event == json::parse_event_t::key && depth == 1) {
-            if (!keys.insert(parsed.get<std::string>()).second) duplicate = parsed.get<std::string>();
-            NL_REQUIRE(keys.size() <= kMaxTensors + 1, "load_safetensors: ", path, ": header has more than ",
-                       kMaxTensors, " tensors (the limit)");
-        }
-        return true;
-    };
     json header;
+    HeaderSax sax(header, path);
     try {
-        header = json::parse(header_text, watch_keys);
+        json::sax_parse(header_text, &sax);
     } catch (const nlohmann::json::exception& e) {
         throw Error(detail::concat("load_safetensors: ", path, ": header is not valid JSON (", e.what(), ")"));
     }
     NL_REQUIRE(header.is_object(), "load_safetensors: ", path, ": expected the header to be a JSON object, found ",
                header.type_name());
-    NL_REQUIRE(duplicate.empty(), "load_safetensors: ", path, ": duplicate tensor name '", duplicate,
+    NL_REQUIRE(sax.duplicate().empty(), "load_safetensors: ", path, ": duplicate tensor name '", sax.duplicate(),
                "' in the header");
 
     SafeTensorsFile file;

@@ -297,7 +297,8 @@ TextVocab::TextVocab(const nlohmann::json& codepoints) {
     // by bisection, and a surrogate or a value past U+10FFFF would decode to invalid UTF-8.
     for (size_t i = 0; i < codepoints.size(); ++i) {
         const auto& cp = codepoints[i];
-        const bool scalar = cp.is_number_unsigned() && cp.get<uint64_t>() <= 0x10FFFF &&
+        const bool scalar = cp.is_number_integer() && (cp.is_number_unsigned() || cp.get<int64_t>() >= 0) &&
+                            cp.get<uint64_t>() <= 0x10FFFF &&
                             !(cp.get<uint64_t>() >= 0xD800 && cp.get<uint64_t>() <= 0xDFFF);
         NL_REQUIRE(scalar, "text vocab: entry ", i, ": expected a Unicode codepoint (0 .. 0x10FFFF, not a surrogate), found ",
                    brief_json(cp));
