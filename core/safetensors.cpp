@@ -333,9 +333,6 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     const size_t nul = header_text.find('\0');
     NL_REQUIRE(nul == std::string::npos, "load_safetensors: ", path, ": header holds a NUL byte at offset ", nul,
                " (the header is JSON padded with spaces only)");
-    NL_REQUIRE(!header_text.empty() && header_text[0] == '{', "load_safetensors: ", path,
-               ": expected the header to start with '{', found ",
-               header_text.empty() ? std::string("an empty header") : "byte " + std::to_string(int(uint8_t(header_text[0]))));
     // Parsing, copying and printing JSON recurse per nesting level: deep input is refused first.
     check_json_depth(header_text, "load_safetensors: " + path + ": header");
 

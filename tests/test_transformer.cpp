@@ -444,6 +444,7 @@ TEST_CASE("Transformer LM runs in bf16 (softmax and RoPE in f32) close to f32", 
     NoGradGuard no_grad;
     const Var a = f32.forward(ids), b = bf16.forward(ids);
     REQUIRE(b.dtype() == DType::BF16);
-    // bf16 keeps 8 bits of mantissa: ~0.4% per rounding, a few dozen roundings deep.
-    check_close(b.data().to(DType::F32), a.data(), 0.1, 0.05, "bf16 logits");
+    // bf16 keeps 8 bits of mantissa: ~0.4% per rounding, a few dozen roundings deep. The logits here
+    // differ by at most ~7e-3; 2e-2 leaves room for that, not for a wrong op.
+    check_close(b.data().to(DType::F32), a.data(), 0.02, 0.0, "bf16 logits");
 }
