@@ -59,7 +59,8 @@ TEST_CASE("autograd ops: binary ops with broadcasting and non-contiguous inputs"
         {"maximum", [](const Var& a, const Var& b) { return maximum(a, b); }},
         {"minimum", [](const Var& a, const Var& b) { return minimum(a, b); }},
     };
-    for (const auto& [name, op] : ops) {
+    for (const auto& [name, op_binding] : ops) {
+        const auto& op = op_binding;  // a variable, not a binding: clang before 16 cannot capture bindings
         INFO(name);
         // pow and div want positive operands; the rest take any sign.
         const bool pos = name == "pow" || name == "div";
@@ -111,7 +112,9 @@ TEST_CASE("autograd ops: unary ops", "[autograd]") {
         {"gelu", [](const Var& a) { return gelu(a); }, false},
         {"square", [](const Var& a) { return square(a); }, false},
     };
-    for (const auto& [name, op, pos] : ops) {
+    for (const auto& [name, op_binding, pos_binding] : ops) {
+        const auto& op = op_binding;  // variables, not bindings: clang before 16 cannot capture bindings
+        const auto& pos = pos_binding;
         INFO(name);
         check([&](const Vars& v) { return op(v[0]); }, {pos ? positive({4, 5}, 30) : leaf({4, 5}, 30)});
         // Non-contiguous input.
