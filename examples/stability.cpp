@@ -118,7 +118,7 @@ StabilityConfig read_config(const std::string& path, const std::vector<std::stri
     const double depth = double(*std::max_element(c.depths.begin(), c.depths.end()));
     const double params = I * H + (depth - 1.0) * H * H + H * O;
     const double bytes = bytes_per * (S * (I + O) + 2.0 * 4.0 * params + 4.0 * S * H * depth);
-    require_memory(bytes, path + ": /samples, /in_features, /hidden, /out_features and /depths");
+    require_memory(bytes, path + ": this config (/samples, /in_features, /hidden, /out_features, /depths)");
     return c;
 }
 

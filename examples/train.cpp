@@ -348,7 +348,7 @@ void run_train(const TrainFlags& flags) {
     // Sizes against the machine before anything big is allocated: first without the text's vocab
     // (the held-out set is made with the dataset), then with it. On a GPU the device allocator
     // reports its own out-of-memory; the host still holds the data.
-    const std::string memory_keys = config.file + ": /model, /data and /train/batch_size";
+    const std::string memory_keys = config.file + ": this config (/model, /data, /train/batch_size)";
     const int64_t known_vocab = config.data.source == "text" ? 0 : SyntheticTask::vocab_size_of(config.data);
     require_memory(config.device.is_cpu() ? estimated_train_bytes(config, known_vocab)
                                           : 8.0 * 2.0 * double(config.data.eval_sequences) * double(data_seq_len(config.data)),
