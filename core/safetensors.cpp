@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_parse.h"
+
 namespace nl {
 
 // The data section is copied byte for byte into tensors, which is only right on a little-endian host.
@@ -24,11 +26,17 @@ static_assert(std::endian::native == std::endian::little, "safetensors: a little
 
 namespace {
 
+// The writer keeps the reference's key order (ordered_json); the reader parses into a sorted map
+// (json): ordered_json inserts by linear search, quadratic in the number of tensors.
 using ordered_json = nlohmann::ordered_json;
+using json = nlohmann::json;
 
 // The reference reader refuses headers above 100 MB: a header length is the first thing an attacker
 // (or a truncated download) controls, so it is bounded before anything is allocated.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// At most this many tensors in one file: large language models hold a few thousand; the 100 MB
+// header alone would admit ~1.6 million empty entries.
+constexpr size_t kMaxTensors = 100'000;
 
 // The reference writer's ordering rank: its Dtype enum is "in increasing alignment order" and
 // prepare() sorts by that enum descending, so I64 > F64 > F32 > BF16 > F16.
@@ -113,16 +121,48 @@ std::string make_header(const std::vector<std::pair<std::string, Tensor>>& sorte
     return text;
 }
 
-// Product of the sizes, or false when it overflows int64.
-bool checked_numel(const Shape& shape, int64_t& out) {
-    int64_t n = 1;
-    for (int64_t size : shape) {
-        if (size != 0 && n > std::numeric_limits<int64_t>::max() / size) return false;
-        n *= size;
+// nlohmann's plain DOM parser (linear time) with the top-level keys watched: duplicate tensor names,
+// which the DOM would keep silently (the last one wins), and their number, bounded while parsing.
+// (nlohmann's callback parser would do the watching, but it rescans the parent object after every
+// value: quadratic in the number of tensors, minutes for 100,000 entries.)
+class HeaderSax {
+public:
+    HeaderSax(json& result, const std::string& path) : dom_(result, true), path_(path) {}
+
+    bool null() { return dom_.null(); }
+    bool boolean(bool value) { return dom_.boolean(value); }
+    bool number_integer(json::number_integer_t value) { return dom_.number_integer(value); }
+    bool number_unsigned(json::number_unsigned_t value) { return dom_.number_unsigned(value); }
+    bool number_float(json::number_float_t value, const std::string& text) { return dom_.number_float(value, text); }
+    bool string(std::string& value) { return dom_.string(value); }
+    bool binary(json::binary_t& value) { return dom_.binary(value); }
+    bool start_object(std::size_t size) { return ++depth_, dom_.start_object(size); }
+    bool end_object() { return --depth_, dom_.end_object(); }
+    bool start_array(std::size_t size) { return ++depth_, dom_.start_array(size); }
+    bool end_array() { return --depth_, dom_.end_array(); }
+    bool key(std::string& name) {
+        if (depth_ == 1) {
+            if (!keys_.insert(name).second && duplicate_.empty()) duplicate_ = name;
+            const size_t tensors = keys_.size() - keys_.count("__metadata__");
+            NL_REQUIRE(tensors <= kMaxTensors, "load_safetensors: ", path_, ": header has more than ", kMaxTensors,
+                       " tensors (the limit)");
+        }
+        return dom_.key(name);
     }
-    out = n;
-    return true;
-}
+    template <typename Exception>
+    bool parse_error(std::size_t position, const std::string& token, const Exception& error) {
+        return dom_.parse_error(position, token, error);  // throws it
+    }
+
+    const std::string& duplicate() const { return duplicate_; }
+
+private:
+    nlohmann::detail::json_sax_dom_parser<json> dom_;
+    const std::string& path_;
+    int depth_ = 0;  // 1 inside the top-level object
+    std::set<std::string> keys_;
+    std::string duplicate_;
+};
 
 struct EntryInfo {
     std::string name;
@@ -133,7 +173,7 @@ struct EntryInfo {
 };
 
 // Validates one header entry; `where` is "<file>: tensor '<name>'" for messages.
-EntryInfo parse_entry(const std::string& where, const std::string& name, const ordered_json& entry) {
+EntryInfo parse_entry(const std::string& where, const std::string& name, const json& entry) {
     NL_REQUIRE(entry.is_object(), where, ": expected an object with dtype, shape and data_offsets, found ",
                entry.type_name());
     for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -141,28 +181,28 @@ EntryInfo parse_entry(const std::string& where, const std::string& name, const o
 
     EntryInfo info;
     info.name = name;
-    const ordered_json& dtype = entry["dtype"];
-    NL_REQUIRE(dtype.is_string(), where, ": expected dtype to be a string, found ", dtype.dump());
+    const json& dtype = entry["dtype"];
+    NL_REQUIRE(dtype.is_string(), where, ": expected dtype to be a string, found ", brief_json(dtype));
     NL_REQUIRE(dtype_from_safetensors_name(dtype.get<std::string>(), info.dtype), where,
-               ": unsupported dtype ", dtype.dump(), " (expected one of F32, F64, BF16, F16, I64)");
+               ": unsupported dtype ", brief_json(dtype), " (expected one of F32, F64, BF16, F16, I64)");
 
-    const ordered_json& shape = entry["shape"];
-    NL_REQUIRE(shape.is_array(), where, ": expected shape to be an array, found ", shape.dump());
-    for (const ordered_json& size : shape) {
+    const json& shape = entry["shape"];
+    NL_REQUIRE(shape.is_array(), where, ": expected shape to be an array, found ", brief_json(shape));
+    for (const json& size : shape) {
         // is_number_integer excludes floats; unsigned covers sizes above int64 which we then refuse.
         NL_REQUIRE(size.is_number_integer() && !(size.is_number_unsigned() &&
                                                  size.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())),
-                   where, ": expected shape to hold non-negative integers, found ", shape.dump());
+                   where, ": expected shape to hold non-negative integers, found ", brief_json(shape));
         int64_t value = size.get<int64_t>();
-        NL_REQUIRE(value >= 0, where, ": expected shape to hold non-negative integers, found ", shape.dump());
+        NL_REQUIRE(value >= 0, where, ": expected shape to hold non-negative integers, found ", brief_json(shape));
         info.shape.push_back(value);
     }
 
-    const ordered_json& offsets = entry["data_offsets"];
+    const json& offsets = entry["data_offsets"];
     bool two_unsigned = offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                         offsets[1].is_number_unsigned();
     NL_REQUIRE(two_unsigned, where, ": expected data_offsets to be [begin, end] with non-negative integers, found ",
-               offsets.dump());
+               brief_json(offsets));
     info.begin = offsets[0].get<uint64_t>();
     info.end = offsets[1].get<uint64_t>();
     NL_REQUIRE(info.begin <= info.end, where, ": data_offsets out of order: begin ", info.begin, " > end ",
@@ -288,24 +328,24 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     in.read(header_text.data(), static_cast<std::streamsize>(header_size));
     NL_REQUIRE(in.good(), "load_safetensors: ", path, ": cannot read the ", header_size, "-byte header");
 
-    // nlohmann keeps the last of duplicate keys silently; the callback sees every key, so
-    // duplicate tensor names (keys of the top-level object, depth 1) are caught here.
-    std::set<std::string> keys;
-    std::string duplicate;
-    auto watch_keys = [&](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
-        if (event == ordered_json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
-            duplicate = parsed.get<std::string>();
-        return true;
-    };
-    ordered_json header;
+    // The format pads the header with spaces only. nlohmann's parser stops at a NUL byte as if the
+    // text ended there, so NUL padding (or anything hidden after a NUL) would pass unseen.
+    const size_t nul = header_text.find('\0');
+    NL_REQUIRE(nul == std::string::npos, "load_safetensors: ", path, ": header holds a NUL byte at offset ", nul,
+               " (the header is JSON padded with spaces only)");
+    // Parsing, copying and printing JSON recurse per nesting level: deep input is refused first.
+    check_json_depth(header_text, "load_safetensors: " + path + ": header");
+
+    json header;
+    HeaderSax sax(header, path);
     try {
-        header = ordered_json::parse(header_text, watch_keys);
+        json::sax_parse(header_text, &sax);
     } catch (const nlohmann::json::exception& e) {
         throw Error(detail::concat("load_safetensors: ", path, ": header is not valid JSON (", e.what(), ")"));
     }
     NL_REQUIRE(header.is_object(), "load_safetensors: ", path, ": expected the header to be a JSON object, found ",
                header.type_name());
-    NL_REQUIRE(duplicate.empty(), "load_safetensors: ", path, ": duplicate tensor name '", duplicate,
+    NL_REQUIRE(sax.duplicate().empty(), "load_safetensors: ", path, ": duplicate tensor name '", sax.duplicate(),
                "' in the header");
 
     SafeTensorsFile file;
@@ -317,7 +357,7 @@ SafeTensorsFile load_safetensors(const std::string& path) {
                        ": expected __metadata__ to be an object of strings, found ", value.type_name());
             for (const auto& [meta_key, meta_value] : value.items()) {
                 NL_REQUIRE(meta_value.is_string(), "load_safetensors: ", path, ": expected __metadata__['",
-                           meta_key, "'] to be a string, found ", meta_value.dump());
+                           meta_key, "'] to be a string, found ", brief_json(meta_value));
                 file.metadata[meta_key] = meta_value.get<std::string>();
             }
             continue;
@@ -343,7 +383,7 @@ SafeTensorsFile load_safetensors(const std::string& path) {
         NL_REQUIRE(info.end <= data_size, where, ": data_offsets [", info.begin, ", ", info.end,
                    "] go beyond the data section (", data_size, " bytes)");
         int64_t numel = 0;
-        bool fits = checked_numel(info.shape, numel) &&
+        bool fits = checked_shape_numel(info.shape, numel) &&
                     uint64_t(numel) <= std::numeric_limits<uint64_t>::max() / dtype_size(info.dtype);
         uint64_t expected_bytes = fits ? uint64_t(numel) * dtype_size(info.dtype) : 0;
         NL_REQUIRE(fits && expected_bytes == info.end - info.begin, where, ": shape ", shape_str(info.shape),
@@ -357,7 +397,12 @@ SafeTensorsFile load_safetensors(const std::string& path) {
 
     // Every size is now bounded by the file size, so the allocations below are safe.
     for (const EntryInfo& info : entries) {
-        Tensor tensor = Tensor::empty(info.shape, info.dtype);
+        Tensor tensor;
+        try {
+            tensor = Tensor::empty(info.shape, info.dtype);
+        } catch (const Error& e) {  // e.g. an empty tensor whose strides overflow: [0, 2^32, 2^32]
+            throw Error(detail::concat("load_safetensors: ", path, ": tensor '", info.name, "': ", e.what()));
+        }
         const uint64_t nbytes = info.end - info.begin;
         if (nbytes > 0) {
             in.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(nbytes));

@@ -39,7 +39,9 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
 // Reads and fully validates a file. Any corrupt or truncated input is an nl::Error naming the file,
 // what was expected and what was found; sizes are checked against the file size before anything
-// is allocated, so a hostile header cannot cause a huge allocation.
+// is allocated, so a hostile header cannot cause a huge allocation. Limits (docs/limits.md): a
+// header of at most 100 MB, JSON padded with spaces only (no NUL bytes), nested at most 64 levels,
+// with at most 100,000 tensors, parsed in linear time.
 SafeTensorsFile load_safetensors(const std::string& path);
 
 // The format's dtype strings: "F32", "F64", "BF16", "F16", "I64".

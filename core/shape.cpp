@@ -16,9 +16,19 @@ std::string shape_str(const Shape& shape) {
     return out + "]";
 }
 
-int64_t shape_numel(const Shape& shape) {
+bool checked_shape_numel(const Shape& shape, int64_t& out) {
     int64_t n = 1;
-    for (int64_t s : shape) n *= s;
+    for (int64_t s : shape)
+        if (__builtin_mul_overflow(n, s, &n)) return false;
+    out = n;
+    return true;
+}
+
+int64_t shape_numel(const Shape& shape) {
+    // Sizes come from configs and files: a wrapped product would allocate a tiny buffer for a huge tensor.
+    int64_t n = 0;
+    NL_REQUIRE(checked_shape_numel(shape, n), "shape ", shape_str(shape),
+               " has more elements than an int64 can count (the product of its sizes overflows)");
     return n;
 }
 
@@ -27,7 +37,10 @@ Shape contiguous_strides(const Shape& shape) {
     int64_t stride = 1;
     for (size_t i = shape.size(); i-- > 0;) {
         strides[i] = stride;
-        stride *= std::max<int64_t>(shape[i], 1);
+        // The stride of the dim before this one; only needed (and only checked) when there is one.
+        if (i > 0)
+            NL_REQUIRE(!__builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride), "shape ",
+                       shape_str(shape), ": its row-major strides overflow int64");
     }
     return strides;
 }

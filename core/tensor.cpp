@@ -149,8 +149,13 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     for (int64_t s : shape) NL_REQUIRE(s >= 0, "empty: invalid size ", s, " in shape ", shape_str(shape));
-    const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-    return Tensor(std::make_shared<Storage>(nbytes, device), shape, contiguous_strides(shape), 0, dtype);
+    // Every size check before the allocation: the element count, the byte count and the strides.
+    const int64_t numel = shape_numel(shape);
+    NL_REQUIRE(uint64_t(numel) <= uint64_t(INT64_MAX) / dtype_size(dtype), "empty: shape ", shape_str(shape), " of ",
+               dtype_name(dtype), " needs more bytes than an int64 can count (", numel, " elements)");
+    Shape strides = contiguous_strides(shape);
+    const size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
+    return Tensor(std::make_shared<Storage>(nbytes, device), shape, std::move(strides), 0, dtype);
 }
 
 Device Tensor::device() const {

@@ -1,13 +1,20 @@
 // Validated JSON config reading (see config.h).
 #include "examples/config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #ifdef NORMLAB_HAVE_CUDA
 #include "core/cuda/nl_cuda_api.h"
 #endif
@@ -15,27 +22,36 @@
 namespace nl {
 
 json load_json_file(const std::string& path) {
-    std::ifstream in(path);
-    NL_REQUIRE(in.good(), path, ": cannot open config file (does it exist?)");
+    // stat first: a directory, a FIFO or a symlink loop gets its own message, and the size is known
+    // before the text is read into memory.
+    struct stat st {};
+    NL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": cannot open config file: ", std::strerror(errno));
+    NL_REQUIRE(S_ISREG(st.st_mode), path, ": cannot read config file: not a regular file");
+    NL_REQUIRE(static_cast<uint64_t>(st.st_size) <= kMaxConfigBytes, path, ": config file is ", st.st_size,
+               " bytes, above the limit of ", kMaxConfigBytes, " bytes");
+    std::ifstream in(path, std::ios::binary);
+    NL_REQUIRE(in.good(), path, ": cannot open config file: ", std::strerror(errno));
     std::stringstream text;
     text << in.rdbuf();
-    try {
-        return json::parse(text.str());
-    } catch (const json::parse_error& e) {
-        throw Error(detail::concat(path, ": malformed JSON at byte ", e.byte, ": ", e.what()));
-    }
+    NL_REQUIRE(!in.bad(), path, ": cannot read config file: ", std::strerror(errno));
+    return parse_json(text.str(), path);
 }
 
 void apply_override(json& root, const std::string& assignment) {
     size_t eq = assignment.find('=');
     NL_REQUIRE(eq != std::string::npos && eq > 0, "--set: expected key.path=value, got '", assignment, "'");
+    NL_REQUIRE(root.is_object(), "--set: the config is not a JSON object (found ", root.type_name(), ")");
     std::string key_path = assignment.substr(0, eq);
     std::string text = assignment.substr(eq + 1);
+    const std::string where = "--set " + key_path;
+    check_json_depth(text, where);
     json value;
     try {
         value = json::parse(text);
     } catch (const json::parse_error&) {
         value = text;  // a bare word is a string: --set model.norm=rmsnorm
+    } catch (const json::exception& e) {
+        throw Error(detail::concat(where, ": invalid value '", text, "': ", e.what()));  // e.g. 1e400
     }
     json* node = &root;
     std::stringstream parts(key_path);
@@ -66,6 +82,33 @@ void resolve_paths_beside_config(json& root, const std::string& config_file,
     }
 }
 
+uint64_t available_memory_bytes() {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    const long pages = ::sysconf(_SC_AVPHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : 0;
+}
+
+std::string format_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int unit = 0;
+    while (bytes >= 1024.0 && unit < 6) bytes /= 1024.0, ++unit;
+    char text[64];
+    std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+    return text;
+}
+
+void require_memory(double bytes, const std::string& what) {
+    const uint64_t available = available_memory_bytes();
+    if (available == 0) return;
+    NL_REQUIRE(bytes <= static_cast<double>(available), what, " needs about ", format_bytes(bytes),
+               " of memory, but ", format_bytes(static_cast<double>(available)), " is available");
+}
+
 int64_t edit_distance(const std::string& a, const std::string& b) {
     std::vector<int64_t> row(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int64_t>(j);
@@ -84,7 +127,7 @@ int64_t edit_distance(const std::string& a, const std::string& b) {
 ConfigReader::ConfigReader(const json& object, std::string file, std::string path)
     : object_(object), file_(std::move(file)), path_(std::move(path)),
       resolved_(std::make_shared<json>(json::object())) {
-    if (object_.is_null()) object_ = json::object();
+    // A config that is just `null` (or an empty --set target) is a mistake, not "all defaults".
     NL_REQUIRE(object_.is_object(), file_, ": ", path_.empty() ? "/" : path_,
                ": expected a JSON object, got ", object_.type_name());
 }
@@ -115,7 +158,9 @@ int64_t ConfigReader::get_int(const std::string& key, int64_t fallback, int64_t 
         bool integral = value->is_number_integer() ||
                         (value->is_number_float() && std::floor(value->get<double>()) == value->get<double>() &&
                          std::abs(value->get<double>()) < 9e15);
-        if (!integral) fail(key, "expected an integer, got " + value->dump());
+        // An unsigned above INT64_MAX would wrap in get<int64_t>() and be reported as a negative.
+        if (value->is_number_unsigned() && value->get<uint64_t>() > uint64_t(INT64_MAX)) integral = false;
+        if (!integral) fail(key, "expected an integer, got " + brief_json(*value));
         result = value->is_number_integer() ? value->get<int64_t>()
                                             : static_cast<int64_t>(value->get<double>());
     }
@@ -139,7 +184,7 @@ double ConfigReader::get_double(const std::string& key, double fallback, double 
     const json* value = value_at(key);
     double result = fallback;
     if (value) {
-        if (!value->is_number()) fail(key, "expected a number, got " + value->dump());
+        if (!value->is_number()) fail(key, "expected a number, got " + brief_json(*value));
         result = value->get<double>();
     }
     if (!(result >= min_value && result <= max_value)) {
@@ -155,7 +200,7 @@ bool ConfigReader::get_bool(const std::string& key, bool fallback) {
     const json* value = value_at(key);
     bool result = fallback;
     if (value) {
-        if (!value->is_boolean()) fail(key, "expected true or false, got " + value->dump());
+        if (!value->is_boolean()) fail(key, "expected true or false, got " + brief_json(*value));
         result = value->get<bool>();
     }
     resolved_here()[key] = result;
@@ -179,7 +224,7 @@ std::string ConfigReader::get_string(const std::string& key, const std::string& 
     const json* value = value_at(key);
     std::string result = fallback;
     if (value) {
-        if (!value->is_string()) fail(key, "expected a string, got " + value->dump());
+        if (!value->is_string()) fail(key, "expected a string, got " + brief_json(*value));
         result = value->get<std::string>();
     }
     check_choice(*this, key, result, choices);
@@ -197,7 +242,7 @@ std::vector<double> ConfigReader::get_double_list(const std::string& key, const 
         result.clear();
         for (size_t i = 0; i < list.size(); ++i) {
             if (!list[i].is_number())
-                fail(key, "expected a number or a list of numbers, got " + value->dump());
+                fail(key, "expected a number or a list of numbers, got " + brief_json(*value));
             double x = list[i].get<double>();
             if (!(x >= min_value && x <= max_value)) {
                 std::ostringstream msg;
@@ -221,8 +266,9 @@ std::vector<int64_t> ConfigReader::get_int_list(const std::string& key, const st
         json list = value->is_array() ? *value : json::array({*value});
         result.clear();
         for (size_t i = 0; i < list.size(); ++i) {
-            if (!list[i].is_number_integer())
-                fail(key, "expected an integer or a list of integers, got " + value->dump());
+            if (!list[i].is_number_integer() ||
+                (list[i].is_number_unsigned() && list[i].get<uint64_t>() > uint64_t(INT64_MAX)))
+                fail(key, "expected an integer or a list of integers, got " + brief_json(*value));
             int64_t x = list[i].get<int64_t>();
             if (x < min_value || x > max_value)
                 fail(key, "element " + std::to_string(i) + ": expected an integer in [" +
@@ -245,7 +291,7 @@ std::vector<std::string> ConfigReader::get_string_list(const std::string& key,
         json list = value->is_array() ? *value : json::array({*value});
         result.clear();
         for (const json& item : list) {
-            if (!item.is_string()) fail(key, "expected a string or a list of strings, got " + value->dump());
+            if (!item.is_string()) fail(key, "expected a string or a list of strings, got " + brief_json(*value));
             result.push_back(item.get<std::string>());
             check_choice(*this, key, result.back(), choices);
         }
@@ -281,7 +327,7 @@ void require_device_available(Device device, const std::string& where) {
 
 ConfigReader ConfigReader::child(const std::string& key) {
     const json* value = value_at(key);
-    if (value && !value->is_object()) fail(key, "expected an object, got " + value->dump());
+    if (value && !value->is_object()) fail(key, "expected an object, got " + brief_json(*value));
     ConfigReader reader(value ? *value : json::object(), file_, path_ + "/" + key);
     reader.resolved_ = resolved_;
     reader.resolved_here() = json::object();

@@ -17,12 +17,17 @@ namespace nl {
 
 using json = nlohmann::json;
 
-// Reads `path` as JSON; a missing file or malformed JSON is an nl::Error naming the file (and the
-// byte offset of the parse error).
+// Config files above this size are refused before they are read.
+inline constexpr uint64_t kMaxConfigBytes = 16u << 20;
+
+// Reads `path` as JSON; a missing, unreadable or oversized file, malformed JSON, a number out of
+// range or nesting deeper than kMaxJsonDepth (core/json_parse.h) is an nl::Error naming the file
+// (and the byte offset of a parse error).
 json load_json_file(const std::string& path);
 
 // Applies one "a.b.c=value" override to `root`; the value is parsed as JSON when it parses
 // (numbers, true/false, [..]) and taken as a string otherwise. Intermediate objects are created.
+// Nesting deeper than kMaxJsonDepth or a number out of range (1e400) is an nl::Error.
 void apply_override(json& root, const std::string& assignment);
 
 // A relative path written in a config file names a file beside that config, wherever the program
@@ -91,6 +96,19 @@ Device read_device(ConfigReader& reader, const std::string& key = "device");
 // has no CUDA backend, the machine has no usable CUDA device, or it has fewer GPUs than the index.
 // `where` names the setting, e.g. "configs/x.json: /device".
 void require_device_available(Device device, const std::string& where);
+
+// The memory this machine can give a job now: /proc/meminfo's MemAvailable (the free pages when it is
+// absent); 0 when unknown.
+uint64_t available_memory_bytes();
+
+// Refuses a job before it allocates: an nl::Error "<what> needs about 5.3 TiB of memory, but 12.1 GiB
+// is available" when `bytes` (an estimate, computed in double so it cannot overflow) exceeds the
+// available memory. `what` names the config keys that set the size. Nothing is checked when the
+// available memory is unknown.
+void require_memory(double bytes, const std::string& what);
+
+// "12.1 GiB", "512 B": a byte count for messages.
+std::string format_bytes(double bytes);
 
 // Levenshtein distance, for "did you mean" suggestions.
 int64_t edit_distance(const std::string& a, const std::string& b);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 
 namespace nl {
 
@@ -51,7 +52,11 @@ SyntheticTask::SyntheticTask(const DataOptions& options, const std::string& wher
     }
 }
 
-int64_t SyntheticTask::vocab_size() const { return is_add(options_) ? kDigits + 2 : options_.symbols + 1; }
+int64_t SyntheticTask::vocab_size_of(const DataOptions& options) {
+    return is_add(options) ? kDigits + 2 : options.symbols + 1;
+}
+
+int64_t SyntheticTask::vocab_size() const { return vocab_size_of(options_); }
 
 int64_t SyntheticTask::prompt_length() const {
     // x1..xL SEP, or a1..aL + b1..bL =
@@ -288,9 +293,19 @@ nlohmann::json TextCorpus::vocab_metadata() const { return nlohmann::json(vocab_
 
 TextVocab::TextVocab(const nlohmann::json& codepoints) {
     NL_REQUIRE(codepoints.is_array() && !codepoints.empty(), "text vocab: expected a non-empty list of codepoints");
-    for (const auto& cp : codepoints) {
-        NL_REQUIRE(cp.is_number_unsigned(), "text vocab: expected codepoints, found ", cp.dump());
-        vocab_.push_back(cp.get<uint32_t>());
+    // Strictly increasing Unicode scalar values, as TextCorpus makes them: encode() searches the vocab
+    // by bisection, and a surrogate or a value past U+10FFFF would decode to invalid UTF-8.
+    for (size_t i = 0; i < codepoints.size(); ++i) {
+        const auto& cp = codepoints[i];
+        const bool scalar = cp.is_number_integer() && (cp.is_number_unsigned() || cp.get<int64_t>() >= 0) &&
+                            cp.get<uint64_t>() <= 0x10FFFF &&
+                            !(cp.get<uint64_t>() >= 0xD800 && cp.get<uint64_t>() <= 0xDFFF);
+        NL_REQUIRE(scalar, "text vocab: entry ", i, ": expected a Unicode codepoint (0 .. 0x10FFFF, not a surrogate), found ",
+                   brief_json(cp));
+        const uint32_t value = cp.get<uint32_t>();
+        NL_REQUIRE(vocab_.empty() || value > vocab_.back(), "text vocab: entry ", i, ": expected codepoints in increasing ",
+                   "order without duplicates, found ", value, " after ", vocab_.back());
+        vocab_.push_back(value);
     }
 }
 

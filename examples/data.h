@@ -89,6 +89,8 @@ public:
     SyntheticTask(const DataOptions& options, const std::string& where = "data");
 
     int64_t vocab_size() const override;
+    // The vocab size `options` give, without generating the held-out set.
+    static int64_t vocab_size_of(const DataOptions& options);
     int64_t seq_len() const override { return prompt_length() + answer_length() - 1; }
     Batch train_batch(int64_t batch_size, Generator& gen) override;
     std::vector<Batch> eval_batches(int64_t batch_size) const override;

@@ -1,9 +1,14 @@
 // The `normlab` program: builds the command line from each job's register function (examples/commands.h)
-// and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors). Under mpirun
-// (core/dist.h) an error all ranks agree on is printed once, by rank 0; an error of one rank alone is
-// printed with its rank and ends the whole job (MPI_Abort), so no rank waits forever for it.
+// and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors):
+// exit 2 for a user mistake (nl::Error, a command-line mistake, a path that cannot be used), 1 for
+// anything else. Under mpirun (core/dist.h) an error all ranks agree on is printed once, by rank 0; an
+// error of one rank alone is printed with its rank and ends the whole job (MPI_Abort), so no rank
+// waits forever for it.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
 
 #include <cblas.h>
 #include <cstdlib>
@@ -59,14 +64,25 @@ int run_program(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        // --help, --version, and command-line mistakes (CLI11's own messages): every rank parses the
-        // same arguments, rank 0 speaks.
-        return nl::dist::is_root() ? app.exit(e) : e.get_exit_code();
+        if (e.get_exit_code() == 0) return nl::dist::is_root() ? app.exit(e) : 0;  // --help, --version
+        // A command-line mistake is a user mistake like any other: one line, exit 2. Every rank parses
+        // the same arguments, so rank 0 speaks for all.
+        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {} (see normlab --help)
+", e.what());
+        return 2;
     } catch (const nl::dist::JobError& e) {
-        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {}\n", e.what());
+        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {}
+", e.what());
         return e.exit_code;
     } catch (const nl::Error& e) {
         return fail_alone(e, 2);  // a user mistake: bad shape, config, file
+    } catch (const std::filesystem::filesystem_error& e) {
+        // A path that cannot be created or read (a full disk, permissions, a symlink loop): the
+        // message names the path(s); the user has to act on it.
+        return fail_alone(e, 2);
+    } catch (const std::bad_alloc&) {
+        // Sizes are checked against the memory available before a job starts, so this is rare.
+        return fail_alone(std::runtime_error("out of memory (std::bad_alloc)"), 1);
     } catch (const std::exception& e) {
         return fail_alone(e, 1);  // a bug or a system failure
     }

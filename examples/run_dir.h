@@ -1,12 +1,15 @@
 // A run's output directory and the small pieces every job shares: atomic file writes, a streaming
 // metrics CSV, and a progress line (a live line on a terminal, plain log lines otherwise).
 // A run directory counts as complete only once summary.json exists (written last, atomically); a
-// failed run leaves error.txt instead, so nothing half-done looks complete.
+// failed run leaves error.txt instead, so nothing half-done looks complete. Every write is checked:
+// a row or file that could not be written fails the run. One process at a time uses a run
+// directory (an flock on <dir>/.lock, held until the RunDir and its copies are gone).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,7 +24,9 @@ class RunDir {
 public:
     // `out` empty: runs/<config file stem>-<YYYYmmdd-HHMMSS>. An existing non-empty directory is an
     // nl::Error unless `force` (then the files the run writes are replaced; others are kept) or
-    // `resume` (the run continues in it). Creates parent directories.
+    // `resume` (the run continues in it). Creates parent directories. Locks the directory (an
+    // nl::Error naming it when another process holds the lock), then removes temporary files
+    // ("*.tmp.<pid>", here and in checkpoints/) that a killed run left behind.
     static RunDir create(const std::string& config_path, const std::string& out, bool force,
                          bool resume = false);
 
@@ -31,11 +36,13 @@ public:
     void write_text(const std::string& name, const std::string& text) const;
     // summary.json, written last: the mark of a complete run (error.txt is removed if present).
     void write_summary(const nlohmann::json& summary) const;
-    // error.txt with the message: the mark of a failed run.
-    void write_error(const std::string& message) const;
+    // error.txt with the message: the mark of a failed run. Never throws: false when even error.txt
+    // could not be written (a full disk), so the caller still reports the original error.
+    bool write_error(const std::string& message) const noexcept;
 
 private:
     std::string dir_;
+    std::shared_ptr<void> lock_;  // the directory's lock, released with the last copy
 };
 
 // metrics.csv-style streaming writer: a header row, then one row per call, flushed each row so a
@@ -50,6 +57,7 @@ public:
 
 private:
     std::ofstream out_;
+    std::string path_;
     size_t columns_ = 0;
 };
 

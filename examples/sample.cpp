@@ -30,10 +30,14 @@ struct SampleFlags {
     int64_t num = 10;
     int64_t max_new_tokens = 200;
     std::string prompt;
-    double temperature = -1.0;  // unset: greedy for synthetic tasks, 0.8 for text
-    uint64_t seed = 0;
+    double temperature = -1.0;  // unset (-1): greedy for synthetic tasks, 0.8 for text
+    int64_t seed = 0;           // signed, so "-1" is refused rather than wrapped to 2^64 - 1
     bool no_kv_cache = false;
 };
+
+// Bounds of the flags: the problems and the generated tokens are held in memory.
+constexpr int64_t kMaxSampleNum = 100'000;
+constexpr int64_t kMaxNewTokens = 1'000'000;
 
 // "sample: N tokens in S s, R tokens/s (KV cache, window T)" on stderr.
 void report_speed(const GenerateStats& stats, const GenerateOptions& options) {
@@ -45,24 +49,32 @@ void report_speed(const GenerateStats& stats, const GenerateOptions& options) {
 
 void run_sample(const SampleFlags& flags) {
     // A run directory means its latest checkpoint.
+    // error_code forms: a symlink loop or an unreadable path is a message, not an exception.
     std::string path = flags.checkpoint;
-    if (fs::is_directory(path)) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
         path = latest_checkpoint(flags.checkpoint);
         NL_REQUIRE(!path.empty(), "sample: ", flags.checkpoint, ": no checkpoints/step_*.safetensors in this directory");
     }
-    NL_REQUIRE(fs::exists(path), "sample: ", path, ": no such checkpoint file");
+    NL_REQUIRE(fs::exists(path, ec), "sample: ", path, ": no such checkpoint file",
+               ec ? " (" + ec.message() + ")" : std::string());
     CheckpointInfo info = read_checkpoint_info(path);
     auto config_entry = info.metadata.find("config");
     NL_REQUIRE(config_entry != info.metadata.end(), "sample: ", path,
                ": not a normlab train checkpoint (no config in its metadata)");
-    TrainConfig config = read_train_config(nlohmann::json::parse(config_entry->second), path + " (config)");
+    TrainConfig config = read_train_config(checkpoint_metadata_json(info, path, "config"), path + " (config)");
 
     std::unique_ptr<SyntheticTask> task;
     std::unique_ptr<TextVocab> vocab;
     if (config.data.source == "text") {
         auto vocab_entry = info.metadata.find("vocab");
         NL_REQUIRE(vocab_entry != info.metadata.end(), "sample: ", path, ": text checkpoint without a vocab");
-        vocab = std::make_unique<TextVocab>(nlohmann::json::parse(vocab_entry->second));
+        const nlohmann::json codepoints = checkpoint_metadata_json(info, path, "vocab");
+        try {
+            vocab = std::make_unique<TextVocab>(codepoints);
+        } catch (const Error& e) {
+            throw Error(path + ": metadata 'vocab': " + e.what());
+        }
         config.model.vocab_size = vocab->size();
     } else {
         task = std::make_unique<SyntheticTask>(config.data, path + " (config): /data");
@@ -70,7 +82,7 @@ void run_sample(const SampleFlags& flags) {
     }
     Transformer model(config.model);
     load_checkpoint(path, model);
-    Generator gen(flags.seed);
+    Generator gen(static_cast<uint64_t>(flags.seed));
     GenerateOptions options;
     options.context = trained_context(info, config, path);
     options.kv_cache = !flags.no_kv_cache;
@@ -115,15 +127,21 @@ void register_sample(CLI::App& app) {
     cmd->add_option("--num", flags->num, "Synthetic tasks: how many random problems to answer (default 10)");
     cmd->add_option("--max-new-tokens", flags->max_new_tokens, "Text: characters to generate (default 200)");
     cmd->add_option("--prompt", flags->prompt, "Text: the text to continue (default: the vocab's first character)");
-    cmd->add_option("--temperature", flags->temperature,
-                    "0: greedy; > 0: sample from softmax(logits / T) (default: greedy for tasks, 0.8 for text)");
+    CLI::Option* temperature = cmd->add_option(
+        "--temperature", flags->temperature,
+        "0: greedy; > 0: sample from softmax(logits / T) (default: greedy for tasks, 0.8 for text)");
     cmd->add_option("--seed", flags->seed, "Seed for the problems and the sampling (default 0)");
     cmd->add_flag("--no-kv-cache", flags->no_kv_cache,
                   "Recompute the whole window for every token instead of caching keys and values (same tokens, "
                   "slower; the window is the trained sequence length, see docs/generation.md)");
-    cmd->callback([flags] {
-        NL_REQUIRE(flags->num >= 1, "sample: --num must be >= 1, found ", flags->num);
-        NL_REQUIRE(flags->max_new_tokens >= 0, "sample: --max-new-tokens must be >= 0, found ", flags->max_new_tokens);
+    cmd->callback([flags, temperature] {
+        NL_REQUIRE(flags->num >= 1 && flags->num <= kMaxSampleNum, "sample: --num must be in [1, ", kMaxSampleNum,
+                   "], found ", flags->num);
+        NL_REQUIRE(flags->max_new_tokens >= 0 && flags->max_new_tokens <= kMaxNewTokens,
+                   "sample: --max-new-tokens must be in [0, ", kMaxNewTokens, "], found ", flags->max_new_tokens);
+        NL_REQUIRE(temperature->count() == 0 || (std::isfinite(flags->temperature) && flags->temperature >= 0),
+                   "sample: --temperature must be a finite number >= 0, found ", flags->temperature);
+        NL_REQUIRE(flags->seed >= 0, "sample: --seed must be >= 0, found ", flags->seed);
         run_sample(*flags);
     });
 }

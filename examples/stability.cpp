@@ -94,10 +94,12 @@ StabilityConfig read_config(const std::string& path, const std::vector<std::stri
     require_distinct(r, "lrs", c.lrs);
     require_distinct(r, "seeds", c.seeds);
     c.epochs = r.get_int("epochs", 100, 1, 10000000);
-    c.samples = r.get_int("samples", 1000, 1);
-    c.in_features = r.get_int("in_features", 100, 1);
-    c.hidden = r.get_int("hidden", 256, 1);
-    c.out_features = r.get_int("out_features", 10, 1);
+    // Upper bounds keep every size product far from overflow; the memory the sizes need is checked
+    // against the machine below.
+    c.samples = r.get_int("samples", 1000, 1, 1 << 24);
+    c.in_features = r.get_int("in_features", 100, 1, 1 << 16);
+    c.hidden = r.get_int("hidden", 256, 1, 1 << 16);
+    c.out_features = r.get_int("out_features", 10, 1, 1 << 16);
     c.dtype = r.get_string("dtype", "f32", {"f32", "f64"}) == "f64" ? DType::F64 : DType::F32;
     c.device = read_device(r);
     require_device_available(c.device, r.where("device"));
@@ -114,6 +116,14 @@ StabilityConfig read_config(const std::string& path, const std::vector<std::stri
     c.plots = r.get_bool("plots", true);
     r.finish();
     c.resolved = r.resolved();
+    // A lower bound of what the deepest run holds at once: the data, the model and its copy with
+    // gradients and Adam's two moments, and the activations the backward keeps (about 4 per block).
+    const double bytes_per = c.dtype == DType::F64 ? 8.0 : 4.0;
+    const double S = double(c.samples), I = double(c.in_features), H = double(c.hidden), O = double(c.out_features);
+    const double depth = double(*std::max_element(c.depths.begin(), c.depths.end()));
+    const double params = I * H + (depth - 1.0) * H * H + H * O;
+    const double bytes = bytes_per * (S * (I + O) + 2.0 * 4.0 * params + 4.0 * S * H * depth);
+    require_memory(bytes, path + ": this config (/samples, /in_features, /hidden, /out_features, /depths)");
     return c;
 }
 

@@ -38,6 +38,7 @@
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/json_parse.h"
 #include "core/profiler.h"
 #include "examples/commands.h"
 #include "examples/config.h"
@@ -107,9 +108,11 @@ static NormOptions read_norm(ConfigReader reader) {
 
 static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
     TransformerOptions model;
-    model.dim = reader.get_int("dim", 64, 2);
-    model.n_layers = reader.get_int("n_layers", 2, 0);
-    model.n_heads = reader.get_int("n_heads", 4, 1);
+    // Upper bounds: far above a toy model, low enough that no size product below can overflow
+    // (the memory a config needs is checked against the machine before training, see run_train).
+    model.dim = reader.get_int("dim", 64, 2, kMaxModelDim);
+    model.n_layers = reader.get_int("n_layers", 2, 0, kMaxLayers);
+    model.n_heads = reader.get_int("n_heads", 4, 1, kMaxModelDim);
     if (model.dim % model.n_heads != 0)
         reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={}, got {}", model.dim, model.n_heads));
     if ((model.dim / model.n_heads) % 2 != 0)
@@ -119,8 +122,8 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
     if (model.n_heads % model.n_kv_heads != 0)
         reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
                                               model.n_heads, model.n_kv_heads));
-    model.multiple_of = reader.get_int("multiple_of", model.multiple_of, 1);
-    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0);
+    model.multiple_of = reader.get_int("multiple_of", model.multiple_of, 1, kMaxModelDim);
+    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0, 4 * kMaxModelDim);
     model.norm = read_norm(reader.child("norm"));
     model.pre_norm = reader.get_bool("pre_norm", true);
     model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
@@ -146,8 +149,8 @@ static OptimConfig read_optim(ConfigReader reader) {
 
 static LoopConfig read_loop(ConfigReader reader) {
     LoopConfig loop;
-    loop.steps = reader.get_int("steps", loop.steps, 1);
-    loop.batch_size = reader.get_int("batch_size", loop.batch_size, 1);
+    loop.steps = reader.get_int("steps", loop.steps, 1, kMaxSteps);
+    loop.batch_size = reader.get_int("batch_size", loop.batch_size, 1, kMaxBatchSize);
     loop.eval_every = reader.get_int("eval_every", loop.eval_every, 0);
     loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
     loop.log_every = reader.get_int("log_every", loop.log_every, 1);
@@ -183,6 +186,30 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     }
     config.resolved = reader.resolved();
     return config;
+}
+
+double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {
+    // In double: the sizes are bounded, but their products need not fit an int64. A lower bound of
+    // what a step holds (f32 = 4 bytes), so a config that fits is never refused.
+    const TransformerOptions& m = config.model;
+    const double D = double(m.dim), L = double(m.n_layers), V = double(vocab_size), H = double(m.n_heads);
+    const double kv_dim = D / H * double(m.n_kv_heads);
+    const double ffn_in = m.ffn_hidden_dim > 0 ? double(m.ffn_hidden_dim) : 4.0 * D;
+    const double ffn = double(m.multiple_of) * std::ceil(std::floor(2.0 * ffn_in / 3.0) / double(m.multiple_of));
+    const double params = 2.0 * V * D + L * (2.0 * D * D + 2.0 * D * kv_dim + 3.0 * D * ffn + 4.0 * D) + 2.0 * D;
+    const double B = double(config.train.batch_size), T = double(data_seq_len(config.data));
+    const double evals = double(config.data.eval_sequences) * (T + 1.0);
+    const double tokens = 8.0 * 2.0 * evals;                       // held-out ids and targets, i64
+    const double weights = 4.0 * 4.0 * params;                     // weights, grads, AdamW's two moments
+    const double saved = 4.0 * B * T * (L * (8.0 * D + 3.0 * ffn) + 3.0 * V) +  // activations for backward
+                         4.0 * 2.0 * B * H * T * T * L;                          // attention scores, softmax
+    return tokens + weights + saved;
+}
+
+nlohmann::json checkpoint_metadata_json(const CheckpointInfo& info, const std::string& path, const std::string& key) {
+    auto it = info.metadata.find(key);
+    NL_REQUIRE(it != info.metadata.end(), path, ": not a normlab train checkpoint (no ", key, " in its metadata)");
+    return parse_json(it->second, path + ": metadata '" + key + "'");
 }
 
 std::string checkpoint_path(const std::string& run_dir, int64_t step) {
@@ -282,21 +309,22 @@ EvalResult evaluate(Transformer& model, const std::vector<Batch>& batches, bool 
 // checkpoint cannot continue this run.
 void check_checkpoint_matches(const std::string& path, const TrainConfig& config) {
     CheckpointInfo info = read_checkpoint_info(path);
-    auto it = info.metadata.find("config");
-    NL_REQUIRE(it != info.metadata.end(), path, ": not a normlab train checkpoint (no config in its metadata)");
-    nlohmann::json saved = nlohmann::json::parse(it->second);
+    nlohmann::json saved = checkpoint_metadata_json(info, path, "config");
+    // A step past the end would resume a run that is already complete, and write its summary again.
+    NL_REQUIRE(info.step <= config.train.steps, path, ": checkpoint is at step ", info.step,
+               ", beyond /train/steps = ", config.train.steps, " in ", config.file);
     for (const char* section : {"/seed", "/model", "/data"}) {
         nlohmann::json::json_pointer pointer(section);
         nlohmann::json a = saved.contains(pointer) ? saved[pointer] : nlohmann::json();
         const nlohmann::json& b = config.resolved[pointer];
         if (a == b) continue;
         // Name the first differing key.
-        std::string key = section, was = a.dump(), now = b.dump();
+        std::string key = section, was = brief_json(a), now = brief_json(b);
         for (const auto& change : nlohmann::json::diff(a, b)) {
             key = std::string(section) + change["path"].get<std::string>();
             nlohmann::json::json_pointer p(change["path"].get<std::string>());
-            was = a.contains(p) ? a[p].dump() : "absent";
-            now = b.contains(p) ? b[p].dump() : "absent";
+            was = a.contains(p) ? brief_json(a[p]) : "absent";
+            now = b.contains(p) ? brief_json(b[p]) : "absent";
             break;
         }
         throw Error(fmt::format("{}: checkpoint does not match the config: {} is {} in the checkpoint, {} in {}",
@@ -306,13 +334,19 @@ void check_checkpoint_matches(const std::string& path, const TrainConfig& config
 
 // A resumed run keeps metrics.csv rows up to the checkpoint's step (rows written after it, by the
 // interrupted run, are recomputed).
+// A row that does not start with a step number (a line torn by a crash or a full disk) ends the
+// kept rows: everything from it on is recomputed.
 void truncate_metrics(const std::string& path, int64_t last_step) {
     std::ifstream in(path);
     if (!in.good()) return;
     std::string line, kept;
     bool header = true;
     while (std::getline(in, line)) {
-        if (!header && std::stoll(line.substr(0, line.find(','))) > last_step) break;
+        if (!header) {
+            const std::string cell = line.substr(0, line.find(','));
+            const bool number = !cell.empty() && cell.size() <= 18 && cell.find_first_not_of("0123456789") == std::string::npos;
+            if (!number || std::stoll(cell) > last_step) break;
+        }
         kept += line + "\n";
         header = false;
     }
@@ -383,6 +417,15 @@ nlohmann::json run_train(const TrainFlags& flags) {
         for (const std::string& assignment : flags.overrides) apply_override(root, assignment);
         config = read_train_config(root, flags.config_path);
         require_device_available(config.device, flags.config_path + ": /device");
+        // Sizes against the machine before anything big is allocated: first without the text's vocab
+        // (the held-out set is made with the dataset), then with it. On a GPU the device allocator
+        // reports its own out-of-memory; the host still holds the data.
+        const std::string memory_keys = config.file + ": this config (/model, /data, /train/batch_size)";
+        const int64_t known_vocab = config.data.source == "text" ? 0 : SyntheticTask::vocab_size_of(config.data);
+        require_memory(config.device.is_cpu()
+                           ? estimated_train_bytes(config, known_vocab)
+                           : 8.0 * 2.0 * double(config.data.eval_sequences) * double(data_seq_len(config.data)),
+                       memory_keys);
         plan = plan_shards(config.train.batch_size, config.train.grad_shards, dist::world_size(), dist::rank(),
                            config.file + ": /train");
         if (dist::world_size() > 1 && config.device.is_cuda()) {
@@ -396,6 +439,10 @@ nlohmann::json run_train(const TrainFlags& flags) {
 
         // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
         data = make_dataset(config.data, config.file + ": /data");
+        if (config.device.is_cpu()) {
+            config.model.vocab_size = data->vocab_size();
+            require_memory(estimated_train_bytes(config, config.model.vocab_size), memory_keys);
+        }
         if (root_rank) run = RunDir::create(flags.config_path, flags.out, flags.force, flags.resume);
     });
     config.model.vocab_size = data->vocab_size();

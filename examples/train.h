@@ -10,9 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/data.h"
+#include "layers/checkpoint.h"
 #include "layers/transformer.h"
 
 namespace nl::cli {
+
+// Upper bounds of the size keys (the error names the key, its value and the bound).
+inline constexpr int64_t kMaxModelDim = 65536;        // /model/dim, n_heads, multiple_of; ffn_hidden_dim 4x
+inline constexpr int64_t kMaxLayers = 1024;           // /model/n_layers
+inline constexpr int64_t kMaxBatchSize = 1 << 20;     // /train/batch_size
+inline constexpr int64_t kMaxSteps = 1'000'000'000'000;  // /train/steps
 
 struct OptimConfig {
     double lr = 3e-3;           // peak learning rate (after warmup)
@@ -74,12 +81,20 @@ struct TrainFlags {
 // ended the run early. Errors are nl::Error (a user mistake) or std::exception.
 nlohmann::json run_train(const TrainFlags& flags);
 
+// A lower bound of the bytes a training step on the CPU holds: the held-out set, weights, gradients,
+// AdamW's moments and the activations saved for backward (f32).
+double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size);
+
 // The model input length the config's data needs (T).
 int64_t data_seq_len(const DataOptions& data);
 
 // The checkpoint metadata key holding the sequence length the model was trained on (decimal):
 // `normlab sample` never feeds more positions than this.
 inline constexpr const char* kTrainedSeqLenKey = "trained_seq_len";
+
+// A train checkpoint's JSON metadata entry ("config" or "vocab"), parsed with the depth limit; an
+// nl::Error naming `path` and the key when it is absent or not JSON.
+nlohmann::json checkpoint_metadata_json(const CheckpointInfo& info, const std::string& path, const std::string& key);
 
 // "<run dir>/checkpoints/step_00001500.safetensors".
 std::string checkpoint_path(const std::string& run_dir, int64_t step);

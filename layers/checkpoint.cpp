@@ -2,6 +2,7 @@
 // under "optim.", scalars in __metadata__ (layout and keys in checkpoint.h).
 #include "layers/checkpoint.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -41,21 +42,27 @@ double parse_double(const SafeTensorsFile& file, const std::string& key) {
     return value;
 }
 
-int64_t parse_int(const SafeTensorsFile& file, const std::string& key) {
+// A count (step numbers): decimal digits only, at most INT64_MAX. strtoll alone would accept
+// " 12", "+12" and "-3", and saturate silently on overflow.
+int64_t parse_count(const SafeTensorsFile& file, const std::string& key) {
     const std::string& text = meta_at(file, key);
+    errno = 0;
     char* end = nullptr;
     const long long value = std::strtoll(text.c_str(), &end, 10);
-    NL_REQUIRE(!text.empty() && end == text.c_str() + text.size(), "load_checkpoint: ", file.path,
-               ": metadata '", key, "' should be an integer, found '", text, "'");
+    const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+    NL_REQUIRE(digits && errno != ERANGE && end == text.c_str() + text.size(), "load_checkpoint: ", file.path,
+               ": metadata '", key, "' should be a non-negative integer below 2^63, found '", text, "'");
     return value;
 }
 
 uint64_t parse_uint(const SafeTensorsFile& file, const std::string& key) {
     const std::string& text = meta_at(file, key);
+    errno = 0;
     char* end = nullptr;
     const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-    NL_REQUIRE(!text.empty() && text[0] != '-' && end == text.c_str() + text.size(), "load_checkpoint: ",
-               file.path, ": metadata '", key, "' should be an unsigned integer, found '", text, "'");
+    const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+    NL_REQUIRE(digits && errno != ERANGE && end == text.c_str() + text.size(), "load_checkpoint: ",
+               file.path, ": metadata '", key, "' should be an unsigned 64-bit integer, found '", text, "'");
     return value;
 }
 
@@ -65,7 +72,9 @@ std::string join(const std::vector<std::string>& items) {
     return out;
 }
 
-CheckpointInfo info_of(const SafeTensorsFile& file) {
+}  // namespace
+
+CheckpointInfo checkpoint_info(const SafeTensorsFile& file) {
     CheckpointInfo info;
     auto format = file.metadata.find(kMeta + "format");
     if (format == file.metadata.end()) {
@@ -75,7 +84,7 @@ CheckpointInfo info_of(const SafeTensorsFile& file) {
     }
     NL_REQUIRE(format->second == kFormat, "load_checkpoint: ", file.path, ": unknown checkpoint format '",
                format->second, "' (expected '", kFormat, "')");
-    info.step = parse_int(file, kMeta + "step");
+    info.step = parse_count(file, kMeta + "step");
     info.has_optimizer = file.metadata.count(kMeta + "optim.type") > 0;
     info.has_rng = file.metadata.count(kMeta + "rng.seed") > 0;
     if (info.has_rng) {
@@ -86,8 +95,6 @@ CheckpointInfo info_of(const SafeTensorsFile& file) {
         if (!starts_with(key, kMeta)) info.metadata[key] = value;
     return info;
 }
-
-}  // namespace
 
 void save_checkpoint(const std::string& path, const Module& model, const StatefulOptimizer* optimizer,
                      const Generator* rng, int64_t step, const std::map<std::string, std::string>& metadata) {
@@ -124,12 +131,12 @@ void save_checkpoint(const std::string& path, const Module& model, const Statefu
     save_safetensors(path, tensors, meta);
 }
 
-CheckpointInfo read_checkpoint_info(const std::string& path) { return info_of(load_safetensors(path)); }
+CheckpointInfo read_checkpoint_info(const std::string& path) { return checkpoint_info(load_safetensors(path)); }
 
 CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulOptimizer* optimizer,
                                Generator* rng) {
     const SafeTensorsFile file = load_safetensors(path);
-    const CheckpointInfo info = info_of(file);
+    const CheckpointInfo info = checkpoint_info(file);
 
     // ---- validate the model part completely before changing anything ----
     std::map<std::string, const Tensor*> in_file;
@@ -173,7 +180,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulO
                    ": an optimizer state was requested but the file holds none");
         OptimizerState state;
         state.type = meta_at(file, kMeta + "optim.type");
-        state.step = parse_int(file, kMeta + "optim.step");
+        state.step = parse_count(file, kMeta + "optim.step");
         const std::string prefix = kMeta + "optim.";
         for (const auto& [key, value] : file.metadata) {
             if (!starts_with(key, prefix)) continue;

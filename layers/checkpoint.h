@@ -67,7 +67,11 @@ struct CheckpointInfo {
 CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulOptimizer* optimizer = nullptr,
                                Generator* rng = nullptr);
 
-// Reads only the scalars (step, RNG, metadata) of a checkpoint.
+// Reads only the scalars (step, RNG, metadata) of a checkpoint. normlab.step and
+// normlab.optim.step must be decimal integers in [0, 2^63); the RNG state unsigned 64-bit decimals.
 CheckpointInfo read_checkpoint_info(const std::string& path);
+// The same from a file already loaded (errors name file.path).
+struct SafeTensorsFile;
+CheckpointInfo checkpoint_info(const SafeTensorsFile& file);
 
 }  // namespace nl

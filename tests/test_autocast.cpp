@@ -207,13 +207,19 @@ TEST_CASE("autocast: the transformer gives bf16 logits, f32 parameters and grads
     const auto [loss16, grads16] = step(true);
     CHECK(loss16 == Approx(loss32).epsilon(kBf16Tolerance));
     CHECK(loss16 != loss32);
-    // Whole-model gradients go through many bf16 roundings; compare each parameter's gradient norm
-    // (a sign or scale bug changes it by far more than 10%).
+    // Whole-model gradients go through many bf16 roundings; compare each parameter's gradient by its
+    // norm (a scale bug changes it by far more than 10%) and element by element through the cosine of
+    // the two (a flipped sign, a transpose or shuffled elements bring it far below 0.99).
     for (size_t i = 0; i < grads32.size(); ++i) {
         INFO(grads32[i].first);
+        REQUIRE(grads16[i].first == grads32[i].first);
         const double n32 = std::sqrt(sum(square(grads32[i].second)).item());
         const double n16 = std::sqrt(sum(square(grads16[i].second)).item());
+        REQUIRE(n32 > 0.0);
         CHECK(n16 == Approx(n32).epsilon(0.1));
+        const double cosine = sum(mul(grads32[i].second, grads16[i].second)).item() / (n32 * n16);
+        INFO("cosine " << cosine);
+        CHECK(cosine > 0.99);
     }
 }
 

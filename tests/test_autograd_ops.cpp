@@ -59,7 +59,8 @@ TEST_CASE("autograd ops: binary ops with broadcasting and non-contiguous inputs"
         {"maximum", [](const Var& a, const Var& b) { return maximum(a, b); }},
         {"minimum", [](const Var& a, const Var& b) { return minimum(a, b); }},
     };
-    for (const auto& [name, op] : ops) {
+    for (const auto& [name, op_binding] : ops) {
+        const auto& op = op_binding;  // a variable, not a binding: clang before 16 cannot capture bindings
         INFO(name);
         // pow and div want positive operands; the rest take any sign.
         const bool pos = name == "pow" || name == "div";
@@ -111,7 +112,9 @@ TEST_CASE("autograd ops: unary ops", "[autograd]") {
         {"gelu", [](const Var& a) { return gelu(a); }, false},
         {"square", [](const Var& a) { return square(a); }, false},
     };
-    for (const auto& [name, op, pos] : ops) {
+    for (const auto& [name, op_binding, pos_binding] : ops) {
+        const auto& op = op_binding;  // variables, not bindings: clang before 16 cannot capture bindings
+        const auto& pos = pos_binding;
         INFO(name);
         check([&](const Vars& v) { return op(v[0]); }, {pos ? positive({4, 5}, 30) : leaf({4, 5}, 30)});
         // Non-contiguous input.
@@ -310,4 +313,32 @@ TEST_CASE("autograd ops: gradcheck reports the worst element on failure", "[auto
     REQUIRE_THROWS_WITH(gradcheck(wrong, {f32}), Catch::Contains("must be f64"));
     Var expanded(ones({1}, DType::F64).expand({3}), true);
     REQUIRE_THROWS_WITH(gradcheck(wrong, {expanded}), Catch::Contains("overlapping"));
+}
+
+TEST_CASE("autograd ops: gradgradcheck fails a wrong double backward at the worst element", "[autograd]") {
+    // x^3 with a backward that is right to first order (3x^2 g) but built as g * (3x, detached) * x:
+    // its own derivative is 3x g instead of 6x g, half the true second derivative.
+    auto wrong_second_order = [](const Vars& v) {
+        const Var& x = v[0];
+        return make_result(mul(square(x.data()), x.data()), "cube_wrong_double_backward", {x}, {{"x", x}},
+                           [](const Var& g, const Vars& s) -> Vars {
+                               const Var three_x(mul(s[0].data(), 3.0));  // a constant: no graph behind it
+                               return {g * three_x * s[0]};
+                           });
+    };
+    Var x(from_vector(std::vector<double>{0.01, -3.0, 0.02}, {3}, DType::F64), true);
+    // The first order is right, so gradcheck passes: the failure below is the second order's.
+    REQUIRE(gradcheck(wrong_second_order, {x}).ok);
+    GradcheckResult r = gradgradcheck(wrong_second_order, {x});
+    INFO(r.message);
+    REQUIRE_FALSE(r.ok);
+    REQUIRE(r.input == 0);
+    REQUIRE(r.element == 1);  // |x| largest by far: the largest error
+    // The analytic second-order term is half the numeric one.
+    CHECK(r.analytic == Approx(0.5 * r.numeric).epsilon(1e-3));
+    REQUIRE_THAT(r.message, Catch::Contains("FAILED") && Catch::Contains("element 1"));
+    REQUIRE_THROWS_WITH(require_gradgradcheck(wrong_second_order, {x}), Catch::Contains("analytic"));
+    // The same function with a differentiable backward passes (the positive control).
+    auto right = [](const Vars& v) { return v[0] * v[0] * v[0]; };
+    CHECK(gradgradcheck(right, {x}).ok);
 }

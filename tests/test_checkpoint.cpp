@@ -226,10 +226,14 @@ TEST_CASE("corrupt checkpoints are clear errors, never crashes", "[checkpoint]")
         REQUIRE(at != std::string::npos);
         edited.replace(at, 18, "\"normlab.step\":\"x\"");
         const std::string p = write("badstep.safetensors", edited);
-        REQUIRE_THROWS_WITH(load_checkpoint(p, target), Catch::Contains("'normlab.step' should be an integer"));
+        REQUIRE_THROWS_WITH(load_checkpoint(p, target), Catch::Contains(p) &&
+                                                            Catch::Contains("'normlab.step' should be a non-negative integer") &&
+                                                            Catch::Contains("found 'x'"));
     }
     SECTION("missing file") {
-        REQUIRE_THROWS_AS(load_checkpoint(tmp.file("nope.safetensors"), target), Error);
+        REQUIRE_THROWS_WITH(load_checkpoint(tmp.file("nope.safetensors"), target),
+                            Catch::Contains("cannot open " + tmp.file("nope.safetensors")) &&
+                                Catch::Contains("No such file or directory"));
     }
     CHECK(max_abs_diff(target.state_dict()[0].second, before) == 0.0);
     CHECK(target_opt.step_count() == 0);
@@ -248,6 +252,8 @@ TEST_CASE("save_checkpoint replaces a file atomically and reports unwritable pat
         ++files;
     }
     CHECK(files == 1);  // no temp files left behind
-    REQUIRE_THROWS_AS(save_checkpoint(tmp.file("no/such/dir/ckpt.safetensors"), model), Error);
+    REQUIRE_THROWS_WITH(save_checkpoint(tmp.file("no/such/dir/ckpt.safetensors"), model),
+                        Catch::Contains("cannot create " + tmp.file("no/such/dir/ckpt.safetensors")) &&
+                            Catch::Contains("No such file or directory"));
     REQUIRE_THROWS_WITH(save_checkpoint(path, model, nullptr, nullptr, -1), Catch::Contains("step must be >= 0"));
 }

@@ -148,7 +148,9 @@ TEST_CASE("module: strict load_state_dict errors name the key and the shapes", "
     for (auto& [name, t] : sd) half_bad.emplace_back(name, full(t.shape(), 5.0));
     half_bad.back().second = zeros({3});
     std::vector<double> before = net.fc1->weight().data().to_vector();
-    REQUIRE_THROWS(net.load_state_dict(half_bad));
+    REQUIRE_THROWS_WITH(net.load_state_dict(half_bad),
+                        Catch::Contains("shape mismatch for '" + half_bad.back().first + "'") &&
+                            Catch::Contains("the state has [3]"));
     CHECK(net.fc1->weight().data().to_vector() == before);
     // Non-strict: missing keys are skipped, unexpected ones ignored.
     NamedTensors partial = {{"fc1.bias", full({8}, 2.0)}, {"extra", zeros({1})}};

@@ -401,7 +401,8 @@ TEST_CASE("Transformer LM: LLaMA names, parameter count, shapes, seeds and error
     REQUIRE_THROWS_WITH(lm.forward(ids.to(DType::F32)), Catch::Contains("expected i64 ids, found f32"));
     REQUIRE_THROWS_WITH(lm.forward(zeros({1, 17}, DType::I64)), Catch::Contains("exceeds max_seq_len 16"));
     REQUIRE_THROWS_WITH(lm.forward(zeros({4}, DType::I64)), Catch::Contains("expected ids of shape (B, T)"));
-    REQUIRE_THROWS_AS(lm.forward(from_vector(std::vector<int64_t>{13}, {1, 1})), Error);
+    REQUIRE_THROWS_WITH(lm.forward(from_vector(std::vector<int64_t>{13}, {1, 1})),
+                        Catch::Contains("embedding: id 13 is out of range for 13 embeddings"));
     TransformerOptions bad = lm_options();
     bad.n_kv_heads = 3;
     REQUIRE_THROWS_WITH(Transformer(bad), Catch::Contains("n_kv_heads (3)"));
@@ -443,6 +444,7 @@ TEST_CASE("Transformer LM runs in bf16 (softmax and RoPE in f32) close to f32", 
     NoGradGuard no_grad;
     const Var a = f32.forward(ids), b = bf16.forward(ids);
     REQUIRE(b.dtype() == DType::BF16);
-    // bf16 keeps 8 bits of mantissa: ~0.4% per rounding, a few dozen roundings deep.
-    check_close(b.data().to(DType::F32), a.data(), 0.1, 0.05, "bf16 logits");
+    // bf16 keeps 8 bits of mantissa: ~0.4% per rounding, a few dozen roundings deep. The logits here
+    // differ by at most ~7e-3; 2e-2 leaves room for that, not for a wrong op.
+    check_close(b.data().to(DType::F32), a.data(), 0.02, 0.0, "bf16 logits");
 }

@@ -19,7 +19,9 @@ inline float exp_f32(float x) {
     constexpr float kLn2Lo = -2.12194440e-4f;    // ln2 - kLn2Hi
     constexpr float kRound = 12582912.0f;        // 1.5 * 2^23: adding it rounds to an integer (SSE2 has no round)
     constexpr float kMin = -87.33654f, kMax = 88.72283f;
-    const float clamped = x < kMin ? kMin : (x > kMax ? kMax : x);
+    // NaN fails both comparisons and lands on kMin: n stays finite, so the int conversion below is
+    // defined (converting NaN to int is undefined behaviour); the NaN is restored at the end.
+    const float clamped = x > kMin ? (x < kMax ? x : kMax) : kMin;
     const float n = (clamped * kLog2e + kRound) - kRound;  // nearest integer to x / ln2
     const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
     float p = 1.9875691500e-4f;

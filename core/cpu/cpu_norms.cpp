@@ -27,6 +27,13 @@ namespace nl {
 
 namespace {
 
+// Row g of a (G, d) scratch buffer, or null when the buffer is empty (rows stored in T need none):
+// arithmetic on an empty vector's data() (a null pointer) is undefined behaviour even unused.
+template <typename T>
+T* scratch_row(std::vector<T>& scratch, int64_t g, int64_t d) {
+    return scratch.empty() ? nullptr : scratch.data() + g * d;
+}
+
 // Below this many elements a norm runs on one thread: forking costs more than it saves.
 constexpr int64_t kParallelElements = 32768;
 // dweight/dbias partials: rows are cut into fixed chunks of at least kMinChunkRows rows and at most
@@ -246,7 +253,7 @@ void norm_forward_impl(DType dtype, const void* x, const void* weight, const voi
             const T* xs[kMaxGroupRows];  // (count) rows of x
             T mu_hi[kMaxGroupRows], mu_lo[kMaxGroupRows], rs[kMaxGroupRows];  // (count) each
             for (int64_t g = 0; g < count; ++g)
-                xs[g] = cpu_rows::load<T>(dtype, x, r0 + g, d, x_scratch.data() + g * d);
+                xs[g] = cpu_rows::load<T>(dtype, x, r0 + g, d, scratch_row(x_scratch, g, d));
             static_assert(kMaxGroupRows == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
             if (count == 4) {
                 row_statistics<T, 4>(xs, k, eps, subtract_mean, mu_hi, mu_lo, rs);
@@ -362,9 +369,9 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
             RowGroup<T, G> group;
             T* dxr[G];
             for (int g = 0; g < G; ++g) {
-                group.x[g] = cpu_rows::load<T>(dtype, x, r + g, d, x_scratch.data() + g * d);
-                group.dy[g] = cpu_rows::load<T>(dtype, dy, r + g, d, dy_scratch.data() + g * d);
-                dxr[g] = cpu_rows::output<T>(dtype, dx, r + g, d, dx_scratch.data() + g * d);
+                group.x[g] = cpu_rows::load<T>(dtype, x, r + g, d, scratch_row(x_scratch, g, d));
+                group.dy[g] = cpu_rows::load<T>(dtype, dy, r + g, d, scratch_row(dy_scratch, g, d));
+                dxr[g] = cpu_rows::output<T>(dtype, dx, r + g, d, scratch_row(dx_scratch, g, d));
                 group.mean[g] = subtract_mean ? mean[r + g] : T(0);
                 group.rstd[g] = rstd[r + g];
             }

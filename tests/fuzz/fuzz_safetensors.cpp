@@ -1,0 +1,35 @@
+// libFuzzer target: load_safetensors on arbitrary bytes. Any input must either load or raise
+// nl::Error; anything else (a crash, a sanitizer report, another exception, a huge allocation)
+// is a bug. The bytes go to an in-memory file, read back through its /proc/self/fd path.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "layers/checkpoint.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static const int fd = ::memfd_create("fuzz.safetensors", 0);
+    if (fd < 0 || ::ftruncate(fd, 0) != 0) return 0;
+    if (size > 0 && ::pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) return 0;
+    static const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    try {
+        const nl::SafeTensorsFile file = nl::load_safetensors(path);
+        // What a loaded file feeds next: every tensor's bytes (read, so ASan checks their bounds) and
+        // the checkpoint scalars.
+        unsigned checksum = 0;
+        for (const auto& [name, tensor] : file.tensors) {
+            const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());
+            for (int64_t i = 0; i < tensor.nbytes(); ++i) checksum += bytes[i];
+        }
+        (void)checksum;
+        (void)nl::checkpoint_info(file);
+    } catch (const nl::Error&) {
+        // Refused with a message: the expected outcome for bad input.
+    }
+    return 0;
+}
