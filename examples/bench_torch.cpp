@@ -7,7 +7,7 @@
 // ratios. Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the
 // model, data and optimizer state live there and every timed epoch/step ends with a device
 // synchronize, so the time is the kernels', not their launches.
-// Target (issue 5): normlab at least as fast as PyTorch on both, i.e. every "torch / normlab" >= 1.
+// "torch / normlab" above 1 means normlab is the faster of the two.
 #include "examples/commands.h"
 
 #include <cblas.h>

@@ -67,12 +67,10 @@ int run_program(int argc, char** argv) {
         if (e.get_exit_code() == 0) return nl::dist::is_root() ? app.exit(e) : 0;  // --help, --version
         // A command-line mistake is a user mistake like any other: one line, exit 2. Every rank parses
         // the same arguments, so rank 0 speaks for all.
-        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {} (see normlab --help)
-", e.what());
+        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {} (see normlab --help)\n", e.what());
         return 2;
     } catch (const nl::dist::JobError& e) {
-        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {}
-", e.what());
+        if (nl::dist::is_root()) fmt::print(stderr, "normlab: error: {}\n", e.what());
         return e.exit_code;
     } catch (const nl::Error& e) {
         return fail_alone(e, 2);  // a user mistake: bad shape, config, file

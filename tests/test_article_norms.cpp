@@ -249,7 +249,7 @@ TEST_CASE("article: a state dict of another norm's layout names every missing an
                             Catch::Contains("unexpected key(s) 'weight' ([8]), 'bias' ([8])"));
 }
 
-TEST_CASE("normlab stability: init_from of the article's state dicts loads unchanged; another layout exits 2 "
+TEST_CASE("normlab stability: init_from of the article's state dicts loads unchanged, another layout exits 2 "
           "naming the keys",
           "[article][stability]") {
     const std::string source = NORMLAB_SOURCE_DIR;

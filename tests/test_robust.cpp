@@ -246,7 +246,7 @@ TEST_CASE("bad values that used to be accepted are refused", "[robust]") {
     CHECK(nl::read_checkpoint_info((dir.path / "ok.safetensors").string()).step == INT64_MAX);
 }
 
-TEST_CASE("resume: a torn metrics.csv line is recomputed; a checkpoint beyond train.steps is refused",
+TEST_CASE("resume: a torn metrics.csv line is recomputed, a checkpoint beyond train.steps is refused",
           "[robust][cli]") {
     TempDir dir("robust_resume");
     const std::string train = "train '" + config_path("toy_transformer.json") + "' --out run" + kShort +
