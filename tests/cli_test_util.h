@@ -46,13 +46,12 @@ inline std::string shell_arg(const std::string& text) {
     return out + "'";
 }
 
-// Runs `<env>normlab <args>` with `dir` as the working directory: `env` is shell variable assignments,
-// each followed by a space ("OMP_NUM_THREADS=2 "), or empty; args are passed to the shell as is.
-inline CliRun run_normlab_env(const std::string& dir, const std::string& env, const std::string& args) {
-    const std::string command =
-        "cd " + shell_arg(dir) + " && " + env + shell_arg(NORMLAB_BINARY) + " " + args + " 2>&1";
+// Runs the shell command `command` with `dir` as the working directory: its exit code and its
+// output (stdout and stderr together).
+inline CliRun run_shell_in(const std::string& dir, const std::string& command) {
+    const std::string line = "cd " + shell_arg(dir) + " && " + command + " 2>&1";
     CliRun run;
-    FILE* pipe = popen(command.c_str(), "r");
+    FILE* pipe = popen(line.c_str(), "r");
     REQUIRE(pipe != nullptr);
     std::array<char, 4096> buffer{};
     size_t n = 0;
@@ -60,6 +59,12 @@ inline CliRun run_normlab_env(const std::string& dir, const std::string& env, co
     const int raw = pclose(pipe);
     run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
     return run;
+}
+
+// Runs `<env>normlab <args>` with `dir` as the working directory: `env` is shell variable assignments,
+// each followed by a space ("OMP_NUM_THREADS=2 "), or empty; args are passed to the shell as is.
+inline CliRun run_normlab_env(const std::string& dir, const std::string& env, const std::string& args) {
+    return run_shell_in(dir, env + shell_arg(NORMLAB_BINARY) + " " + args);
 }
 
 // Runs `normlab <args>` with `dir` as the working directory.

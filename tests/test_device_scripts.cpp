@@ -12,17 +12,7 @@ namespace {
 
 // Runs the shell command `command` in a fresh temporary folder; its output and exit code.
 nl_test::CliRun run_in_temp_dir(const std::string& command_text) {
-    const std::string dir = nl_test::make_temp_dir("device-scripts");
-    const std::string command = "cd " + nl_test::shell_arg(dir) + " && " + command_text + " 2>&1";
-    nl_test::CliRun run;
-    FILE* pipe = popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    char buffer[4096];
-    size_t n = 0;
-    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
-    const int raw = pclose(pipe);
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    return run;
+    return nl_test::run_shell_in(nl_test::make_temp_dir("device-scripts"), command_text);
 }
 
 nl_test::CliRun run_script(const std::string& script, const std::string& args) {

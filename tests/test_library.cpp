@@ -54,16 +54,7 @@ std::vector<double> csv_numbers(const std::string& path, const std::string& name
 
 // Runs `command` through the shell in `dir`: its exit code and output (stdout and stderr).
 CliRun run_shell(const TempDir& dir, const std::string& command) {
-    const std::string line = "cd " + nl_test::shell_arg(dir.path.string()) + " && " + command + " 2>&1";
-    CliRun run;
-    FILE* pipe = popen(line.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    char buffer[4096];
-    size_t n = 0;
-    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
-    const int raw = pclose(pipe);
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    return run;
+    return nl_test::run_shell_in(dir.path.string(), command);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 // nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run.
 #include <catch2/catch.hpp>
 
+#include "cli_test_util.h"
+
 #include <sys/wait.h>
 
 #include <array>
@@ -164,15 +166,10 @@ std::string describe(const std::vector<Finding>& findings) {
 
 // The tracked files, relative to the source folder, from `git ls-files -z` run there.
 std::vector<std::string> tracked_files() {
-    const std::string command = "git -C '" + std::string(NORMLAB_SOURCE_DIR) + "' ls-files -z 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string output;
-    std::array<char, 4096> buffer{};
-    size_t n = 0;
-    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-    const int raw = pclose(pipe);
-    const int status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    const std::string command = "git ls-files -z";
+    const nl_test::CliRun run = nl_test::run_shell_in(NORMLAB_SOURCE_DIR, command);
+    const std::string& output = run.output;
+    const int status = run.status;
     INFO("this test reads the list of tracked files from git, so it needs git and a git checkout of the "
          "sources (a fresh clone, as CI makes)");
     INFO("`" << command << "` exited with " << status << ": " << output);
