@@ -29,11 +29,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def model_args(config):
-    """torch_ddp_bench.py's arguments for the model, batch and sequence length of a normlab train config."""
+def model_args(config, config_path):
+    """torch_ddp_bench.py's arguments for the model, batch and sequence length of a normlab train config
+    (a relative data.path is read from the config file's folder, as normlab does)."""
     model, data, train = config.get("model", {}), config.get("data", {}), config.get("train", {})
     if data.get("source", "synthetic") == "text":
-        with open(data["path"], encoding="utf-8") as f:
+        with open(os.path.join(os.path.dirname(config_path), data["path"]), encoding="utf-8") as f:
             vocab = len(set(f.read()))
         seq_len = data.get("seq_len", 64)
     else:
@@ -42,7 +43,7 @@ def model_args(config):
         seq_len = 3 * length + 2 if task == "add" else 2 * length  # normlab's data_seq_len
     args = {"vocab-size": vocab, "dim": model.get("dim", 64), "n-layers": model.get("n_layers", 2),
             "n-heads": model.get("n_heads", 4), "n-kv-heads": model.get("n_kv_heads", 0),
-            "multiple-of": model.get("multiple_of", 32), "ffn-hidden-dim": model.get("ffn_hidden_dim", 0),
+            "multiple-of": model.get("multiple_of", 256), "ffn-hidden-dim": model.get("ffn_hidden_dim", 0),
             "norm": model.get("norm", {}).get("type", "rmsnorm"), "seq-len": seq_len,
             "batch": train.get("batch_size", 64)}
     return [f"--{k}={v}" for k, v in args.items()]
@@ -93,7 +94,7 @@ def main():
     for config_path in a.configs:
         with open(config_path) as f:
             config = json.load(f)
-        args = model_args(config)
+        args = model_args(config, config_path)
         r = {
             "normlab 1 rank x 1 thread": normlab(a.normlab, config_path, 1, 1, a.steps, workdir),
             "normlab 1 rank x 2 threads": normlab(a.normlab, config_path, 1, 2, a.steps, workdir),
