@@ -24,6 +24,18 @@
 #include "layers/linear.h"
 #include "test_util.h"
 
+// AddressSanitizer builds: GCC defines __SANITIZE_ADDRESS__, clang answers __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define NL_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NL_TEST_ASAN 1
+#endif
+#endif
+#ifndef NL_TEST_ASAN
+#define NL_TEST_ASAN 0
+#endif
+
 namespace {
 
 using nl::Var;
@@ -148,7 +160,7 @@ Timed run_ranks(const TempDir& dir, int ranks, const std::string& args, const st
         launcher = shell_arg(NORMLAB_MPIEXEC) + (mpirun_quiet ? " --quiet" : "") +
                    " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
                    " -x OMP_NUM_THREADS -x OMP_WAIT_POLICY" + (env.empty() ? "" : " -x NORMLAB_TEST_FAULT");
-#if defined(__SANITIZE_ADDRESS__)
+#if NL_TEST_ASAN
         // A sanitizer build (CI's second build): OpenMPI never frees what MPI_Init allocates, through
         // components it has unloaded by exit, so LeakSanitizer would fail every rank, and suppressions
         // only match with its slow unwinder (minutes here). The ranks keep ASan and UBSan but not leak
