@@ -138,6 +138,28 @@ public:
     // With `inverse`, by -angle (sin negated): the backward, since a rotation's transpose is its inverse.
     virtual void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch,
                       int64_t seq, int64_t heads, int64_t head_dim, bool inverse) = 0;
+    // Causal scaled dot-product attention (FlashAttention's algorithm: Dao et al. 2022, and
+    // FlashAttention-2, Dao 2023). q and out (batch, q_len, heads, head_dim), k and v (batch, kv_len,
+    // kv_heads, head_dim), all contiguous `dtype` (f32 or f64); heads % kv_heads == 0 and query head h
+    // reads kv head h / (heads / kv_heads) (grouped-query attention, no repeated copies). Query row i
+    // sits at position kv_len - q_len + i (the cached positions come first) and sees the keys j <= it:
+    //   s_ij = scale * q_i . k_j,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j
+    // Key tiles are visited with an online softmax (running max and sum), so no (q_len x kv_len)
+    // matrix is ever stored. lse (batch, heads, q_len) is f64 for f64, else f32: the row statistics
+    // the backward recomputes the probabilities from.
+    virtual void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
+                                   int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                                   int64_t head_dim, double scale) = 0;
+    // Its backward (FlashAttention-2's, with p_ij = exp(s_ij - lse_i) recomputed tile by tile):
+    //   delta_i = dout_i . out_i,  dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - delta_i)
+    //   dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_{i, h in j's group} ds_ij q_i,  dv_j = sum p_ij dout_i
+    // delta (batch, heads, q_len; lse's dtype) is scratch the caller provides. dq, dk, dv are written,
+    // not accumulated; each element is summed by one thread in a fixed order, so the bits do not
+    // depend on the thread count.
+    virtual void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
+                                    const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
+                                    int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, double scale) = 0;
 };
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.

@@ -3,6 +3,7 @@
 #include "core/fused.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -335,6 +336,83 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool i
         backend_for(x.device())
             .rope(compute, xc.data_ptr(), cc.data_ptr(), sc.data_ptr(), out.data_ptr(), B, T, H, hd, inverse);
     return out.to(x.dtype());
+}
+
+namespace {
+
+// Checks q (B, T, H, hd) and k, v (B, L, KV, hd) of causal attention; returns (B, T, L, H, KV, hd).
+std::array<int64_t, 6> attention_dims(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+    require_floating(op, "q", q);
+    require_floating(op, "k", k);
+    require_floating(op, "v", v);
+    NL_REQUIRE(q.dim() == 4, op, ": expected q of shape (B, T, heads, head_dim), found ", shape_str(q.shape()));
+    NL_REQUIRE(k.dim() == 4, op, ": expected k of shape (B, L, kv_heads, head_dim), found ", shape_str(k.shape()));
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3);
+    const int64_t L = k.size(1), KV = k.size(2);
+    NL_REQUIRE(k.size(0) == B && k.size(3) == hd && KV > 0 && H % KV == 0, op, ": k must have shape (", B,
+               ", L, kv_heads, ", hd, ") with kv_heads dividing ", H, " for q of shape ", shape_str(q.shape()),
+               ", found ", shape_str(k.shape()));
+    NL_REQUIRE(v.shape() == k.shape(), op, ": v must have k's shape ", shape_str(k.shape()), ", found ",
+               shape_str(v.shape()));
+    NL_REQUIRE(L >= T, op, ": the keys (", L, " positions) must cover the queries (", T, " positions)");
+    NL_REQUIRE(hd > 0, op, ": head_dim must be > 0, found ", hd);
+    NL_REQUIRE(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k and v must share a dtype, found ",
+               dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+    NL_REQUIRE(k.device() == q.device() && v.device() == q.device(), op, ": q, k and v must be on one device, found ",
+               q.device().str(), ", ", k.device().str(), ", ", v.device().str());
+    return {B, T, L, H, KV, hd};
+}
+
+}  // namespace
+
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+    const auto [B, T, L, H, KV, hd] = attention_dims("attention", q, k, v);
+    const DType compute = compute_dtype(q.dtype());
+    const Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    AttentionForward f;
+    f.out = Tensor::empty(q.shape(), compute, q.device());  // (B, T, H, hd)
+    f.lse = Tensor::empty({B, H, T}, compute, q.device());  // (B, H, T)
+    if (f.out.numel() > 0)
+        backend_for(q.device())
+            .attention_forward(compute, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), f.out.data_ptr(),
+                               f.lse.data_ptr(), B, T, L, H, KV, hd, 1.0 / std::sqrt(static_cast<double>(hd)));
+    f.out = f.out.to(q.dtype());
+    return f;
+}
+
+AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse) {
+    const char* op = "attention_backward";
+    const auto [B, T, L, H, KV, hd] = attention_dims(op, q, k, v);
+    require_like(op, "dout", dout, "q", q, false);
+    require_like(op, "out", out, "q", q, false);
+    const DType compute = compute_dtype(q.dtype());
+    NL_REQUIRE(lse.defined() && lse.shape() == Shape({B, H, T}) && lse.dtype() == compute, op, ": lse must be ",
+               dtype_name(compute), " of shape [", B, ", ", H, ", ", T, "], found ",
+               lse.defined() ? std::string(dtype_name(lse.dtype())) + " " + shape_str(lse.shape()) : std::string("undefined"));
+    auto in = [&](const Tensor& t) { return t.to(compute).contiguous(); };
+    const Tensor qc = in(q), kc = in(k), vc = in(v), oc = in(out), dc = in(dout), lc = lse.contiguous();
+    AttentionBackward g;
+    g.dq = Tensor::empty(q.shape(), compute, q.device());
+    g.dk = Tensor::empty(k.shape(), compute, q.device());
+    g.dv = Tensor::empty(v.shape(), compute, q.device());
+    Tensor delta = Tensor::empty({B, H, T}, compute, q.device());  // (B, H, T) scratch
+    if (g.dk.numel() > 0) {
+        if (g.dq.numel() == 0) {  // no queries: nothing reaches the keys
+            g.dk.fill_(0.0);
+            g.dv.fill_(0.0);
+        } else {
+            backend_for(q.device())
+                .attention_backward(compute, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(),
+                                    dc.data_ptr(), lc.data_ptr(), delta.data_ptr(), g.dq.data_ptr(),
+                                    g.dk.data_ptr(), g.dv.data_ptr(), B, T, L, H, KV, hd,
+                                    1.0 / std::sqrt(static_cast<double>(hd)));
+        }
+    }
+    g.dq = g.dq.to(q.dtype());
+    g.dk = g.dk.to(k.dtype());
+    g.dv = g.dv.to(v.dtype());
+    return g;
 }
 
 }  // namespace nl

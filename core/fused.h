@@ -100,4 +100,26 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
 // f32 and rounded once.
 Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
 
+// ---- causal attention (FlashAttention's algorithm; core/backend.h has the formulas) ----
+
+struct AttentionForward {
+    Tensor out;  // (B, T, H, hd), q's dtype
+    Tensor lse;  // (B, H, T): each query row's logsumexp of its scores, f64 for f64 q else f32
+};
+// q (B, T, H, hd), k and v (B, L, KV, hd) with L >= T and KV dividing H: query head h reads kv head
+// h / (H / KV), query row i sits at position L - T + i (the first L - T keys are cached positions) and
+// sees keys 0..L - T + i; scores are scaled by 1 / sqrt(hd). No (T x L) matrix is stored. bf16/f16
+// inputs are computed in f32 and the output rounded once.
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v);
+
+struct AttentionBackward {
+    Tensor dq;  // q's shape and dtype
+    Tensor dk;  // k's shape and dtype
+    Tensor dv;  // v's shape and dtype
+};
+// The gradients given dout (out's shape) and the forward's out and lse (the probabilities are
+// recomputed from lse, tile by tile).
+AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse);
+
 }  // namespace nl

@@ -78,6 +78,12 @@ const char* reduce_name(ReduceOp op) {
     return "reduce";
 }
 
+// (query, visible key) pairs of causal attention: query i (of q_len) sees kv_len - q_len + i + 1 keys.
+double attention_pairs(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads) {
+    const double t = static_cast<double>(q_len), offset = static_cast<double>(kv_len - q_len);
+    return static_cast<double>(batch * heads) * (t * offset + t * (t + 1) / 2);
+}
+
 double bytes_of(DType dtype, int64_t elements) {
     return static_cast<double>(dtype_size(dtype)) * static_cast<double>(elements);
 }
@@ -204,6 +210,26 @@ public:
               int64_t heads, int64_t head_dim, bool inverse) override {
         timed(inverse ? "rope_backward" : "rope", 0, 2 * bytes_of(dtype, batch * seq * heads * head_dim),
               [&] { inner_.rope(dtype, x, cos, sin, out, batch, seq, heads, head_dim, inverse); });
+    }
+    // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
+    // products (q k, p v), the backward seven (s, dp and dv, dk in the key pass; s, dp, dq in the query pass).
+    void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
+                           int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim, double scale) override {
+        const double pair_flops = attention_pairs(batch, q_len, kv_len, heads) * 2.0 * static_cast<double>(head_dim);
+        timed("attention", 2 * pair_flops, 0, [&] {
+            inner_.attention_forward(dtype, q, k, v, out, lse, batch, q_len, kv_len, heads, kv_heads, head_dim, scale);
+        });
+    }
+    void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
+                            const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
+                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, double scale) override {
+        const double pair_flops = attention_pairs(batch, q_len, kv_len, heads) * 2.0 * static_cast<double>(head_dim);
+        timed("attention_backward", 7 * pair_flops, 0, [&] {
+            inner_.attention_backward(dtype, q, k, v, out, dout, lse, delta, dq, dk, dv, batch, q_len, kv_len, heads,
+                                      kv_heads, head_dim, scale);
+        });
     }
 
 private:

@@ -128,6 +128,7 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
     model.pre_norm = reader.get_bool("pre_norm", true);
     model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
     model.max_seq_len = reader.get_int("max_seq_len", 256, 1, 1 << 20);
+    model.fused_attention = reader.get_bool("fused_attention", true);
     model.seed = seed;
     reader.finish();
     return model;

@@ -190,6 +190,38 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
         k = Var(slot->keys.narrow(1, 0, L));
         v = Var(slot->values.narrow(1, 0, L));
     }
+    const Var out = causal_attention(q, k, v, options_.fused);  // (B, T, H, hd)
+    return wo_->forward(reshape(out, {B, T, H * hd}));
+}
+
+// ---------------------------------------------------------------- causal attention
+
+namespace {
+
+// One node over the fused kernel pair. Saved: q, k, v, out, lse (the probabilities are recomputed).
+Var fused_causal_attention(const Var& q, const Var& k, const Var& v) {
+    AttentionForward f = attention_forward(q.data(), k.data(), v.data());
+    std::vector<SavedTensor> saved;
+    saved.emplace_back("q", q.data());
+    saved.emplace_back("k", k.data());
+    saved.emplace_back("v", v.data());
+    saved.emplace_back("out", f.out);
+    saved.emplace_back("lse", f.lse);
+    return make_result(f.out, "attention", {q, k, v}, std::move(saved),
+                       [](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
+                           NL_REQUIRE(!is_grad_enabled(), "attention (fused): the fused backward is first-order "
+                                      "only; use the composed form (fused_attention = false) for "
+                                      "backward(create_graph=true)");
+                           AttentionBackward g = attention_backward(dout.data(), s[0].data(), s[1].data(),
+                                                                    s[2].data(), s[3].data(), s[4].data());
+                           return {Var(g.dq), Var(g.dk), Var(g.dv)};
+                       });
+}
+
+// LLaMA's attention in autograd ops (meta-llama/llama model.py, Attention.forward).
+Var composed_causal_attention(const Var& q, Var k, Var v) {
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3);
+    const int64_t L = k.size(1), KV = k.size(2), start = L - T;
     if (KV != H) {
         // repeat_kv: query head h reads kv head h / (H / KV).
         const int64_t rep = H / KV;
@@ -206,14 +238,24 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
     std::vector<double> future(static_cast<size_t>(T * L), 0.0);  // (T, L)
     for (int64_t i = 0; i < T; ++i)
         for (int64_t j = start + i + 1; j < L; ++j) future[i * L + j] = 1.0;
-    scores = masked_fill(scores, from_vector(future, {T, L}, scores.dtype()).to(x.device()),
+    scores = masked_fill(scores, from_vector(future, {T, L}, scores.dtype()).to(q.device()),
                          -std::numeric_limits<double>::infinity());
     // Softmax in f32 at least (LLaMA: F.softmax(scores.float(), dim=-1).type_as(xq)); xq is q,
     // whose dtype is x's, or the autocast dtype under autocast.
     const DType compute = scores.dtype() == DType::F64 ? DType::F64 : DType::F32;
     const Var probs = nl::to(softmax(nl::to(scores, compute), 3), q.dtype());  // (B, H, T, L)
-    const Var out = autocast_matmul(probs, vh);                                // (B, H, T, hd)
-    return wo_->forward(reshape(transpose(out, 1, 2), {B, T, H * hd}));
+    return transpose(autocast_matmul(probs, vh), 1, 2);                        // (B, T, H, hd)
+}
+
+}  // namespace
+
+Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused) {
+    NL_REQUIRE(q.defined() && k.defined() && v.defined(), "causal_attention: q, k and v must be defined");
+    NL_REQUIRE(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && k.size(0) == q.size(0) &&
+                   k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0 && k.size(1) >= q.size(1),
+               "causal_attention: expected q (B, T, H, hd) and k, v (B, L, KV, hd) with L >= T and KV dividing H, "
+               "found q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+    return fused ? fused_causal_attention(q, k, v) : composed_causal_attention(q, k, v);
 }
 
 // ---------------------------------------------------------------- blocks
@@ -231,6 +273,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     ao.n_kv_heads = options_.n_kv_heads;
     ao.rope_theta = options.rope_theta;
     ao.max_seq_len = options.max_seq_len;
+    ao.fused = options.fused_attention;
     ao.dtype = options.dtype;
     ao.generator = options.generator;
     FeedForwardOptions fo;
@@ -339,6 +382,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.pre_norm = options.pre_norm;
         bo.rope_theta = options.rope_theta;
         bo.max_seq_len = options.max_seq_len;
+        bo.fused_attention = options.fused_attention;
         bo.dtype = options.dtype;
         bo.generator = &gen;
         layers->push_back(std::make_shared<TransformerBlock>(bo));

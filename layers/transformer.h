@@ -65,6 +65,18 @@ Var apply_rope(const Var& x, const RopeTables& tables);
 
 // ---- attention ----
 
+// Causal scaled dot-product attention of q (B, T, H, hd) over k and v (B, L, KV, hd), L >= T, KV
+// dividing H: query head h reads kv head h / (H / KV) (LLaMA's repeat_kv), query row i sits at
+// position L - T + i and sees keys 0..L - T + i, scores scaled by 1 / sqrt(hd), softmax in at least
+// f32. Returns (B, T, H, hd).
+// - fused: one graph node over a FlashAttention kernel pair (core/fused.h): no (T x L) matrix is
+//   formed or saved, only q, k, v, the output and one logsumexp per row; the repeated K/V heads are
+//   never materialized. First-order only (backward(create_graph=true) needs the composed form).
+// - composed: LLaMA's code in autograd ops (repeat_kv, q k^T / sqrt(hd), a -inf mask above the
+//   diagonal, softmax, @ v): the reference, twice differentiable. Under autocast its two products
+//   run in bf16.
+Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused);
+
 // One layer's part of a KV cache (generation, no autograd): the keys (after RoPE) and values of the
 // positions 0..start-1 already seen, in buffers with room for `capacity` positions.
 struct KVSlot {
@@ -79,6 +91,7 @@ struct AttentionOptions {
     int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention); must divide n_heads
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;  // longer inputs are an error
+    bool fused = true;           // causal_attention's fused form (else the composed reference)
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
 };
@@ -126,6 +139,7 @@ struct TransformerBlockOptions {
     bool pre_norm = true;
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;
+    bool fused_attention = true;  // AttentionOptions::fused
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
 };
@@ -179,6 +193,7 @@ struct TransformerOptions {
     bool pre_norm = true;
     double rope_theta = 10000.0;
     int64_t max_seq_len = 256;
+    bool fused_attention = true;  // AttentionOptions::fused
     uint64_t seed = 0;           // initial weights are drawn from Generator(seed)
     DType dtype = DType::F32;
 

@@ -73,6 +73,14 @@ public:
     void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) override;
+    // cuda_attention.cu
+    void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
+                           int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim, double scale) override;
+    void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
+                            const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
+                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, double scale) override;
     // cuda_rope.cu
     void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
               int64_t heads, int64_t head_dim, bool inverse) override;

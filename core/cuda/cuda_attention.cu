@@ -1,0 +1,183 @@
+// CUDA kernels for fused causal attention (the formulas are in core/backend.h next to the
+// declarations; the CPU kernels are core/cpu/cpu_attention.cpp). The plain form of the algorithm:
+// one thread per query row walks the keys with an online softmax, accumulating into its output row;
+// the backward recomputes each probability from the saved logsumexp, in a query pass (delta, dq: one
+// thread per query row) and a key pass (dk, dv: one thread per key row, summing over its group's
+// query heads). Every sum has one owner and a fixed order: deterministic, no atomics. Not tuned for
+// speed (no shared-memory tiles or tensor cores); it has run on the CPU emulator only (docs/cuda.md).
+#include "core/cuda/cuda_backend.cuh"
+#include "core/cuda/cuda_common.cuh"
+
+namespace nl {
+
+namespace {
+
+struct AttnDims {
+    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+};
+
+__device__ __forceinline__ int64_t q_row(const AttnDims& s, int64_t b, int64_t i, int64_t h) {
+    return ((b * s.q_len + i) * s.heads + h) * s.head_dim;
+}
+__device__ __forceinline__ int64_t kv_row(const AttnDims& s, int64_t b, int64_t j, int64_t g) {
+    return ((b * s.kv_len + j) * s.kv_heads + g) * s.head_dim;
+}
+__device__ __forceinline__ int64_t stat(const AttnDims& s, int64_t b, int64_t h, int64_t i) {
+    return (b * s.heads + h) * s.q_len + i;
+}
+
+template <typename T>
+__device__ __forceinline__ T dot_row(const T* a, const T* b, int64_t n) {
+    T sum = T(0);
+    for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+    return sum;
+}
+
+// One thread per (b, i, h) query row.
+template <typename T>
+__global__ void attention_forward_kernel(AttnDims s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
+    const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
+    for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+         row += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t h = row % s.heads, i = (row / s.heads) % s.q_len, b = row / (s.heads * s.q_len);
+        const int64_t g = h / group, keys = s.kv_len - s.q_len + i + 1;
+        const T* qi = q + row * hd;
+        T* o = out + row * hd;  // (hd): the unnormalized sum until the end
+        for (int64_t d = 0; d < hd; ++d) o[d] = T(0);
+        T m = T(0), sum = T(0);
+        for (int64_t j = 0; j < keys; ++j) {
+            const T score = scale * dot_row(qi, k + kv_row(s, b, j, g), hd);
+            const T m_new = j == 0 ? score : (score > m ? score : m);
+            const T rescale = j == 0 ? T(0) : cuda::m_exp(m - m_new);  // online softmax
+            const T p = cuda::m_exp(score - m_new);
+            const T* vj = v + kv_row(s, b, j, g);
+            for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * rescale + p * vj[d];
+            sum = sum * rescale + p;
+            m = m_new;
+        }
+        const T inv = T(1) / sum;
+        for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+        lse[stat(s, b, h, i)] = m + cuda::m_log(sum);
+    }
+}
+
+// Query pass: delta and dq, one thread per (b, i, h) query row.
+template <typename T>
+__global__ void attention_backward_query_kernel(AttnDims s, const T* q, const T* k, const T* v, const T* out,
+                                                const T* dout, const T* lse, T* delta, T* dq, T scale) {
+    const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
+    for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+         row += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t h = row % s.heads, i = (row / s.heads) % s.q_len, b = row / (s.heads * s.q_len);
+        const int64_t g = h / group, keys = s.kv_len - s.q_len + i + 1;
+        const T* qi = q + row * hd;
+        const T* doi = dout + row * hd;
+        const T di = dot_row(doi, out + row * hd, hd);
+        const T l = lse[stat(s, b, h, i)];
+        delta[stat(s, b, h, i)] = di;
+        T* dqi = dq + row * hd;
+        for (int64_t d = 0; d < hd; ++d) dqi[d] = T(0);
+        for (int64_t j = 0; j < keys; ++j) {
+            const T* kj = k + kv_row(s, b, j, g);
+            const T p = cuda::m_exp(scale * dot_row(qi, kj, hd) - l);
+            const T ds = p * (dot_row(doi, v + kv_row(s, b, j, g), hd) - di);
+            for (int64_t d = 0; d < hd; ++d) dqi[d] += scale * ds * kj[d];
+        }
+    }
+}
+
+// Key pass: dk and dv, one thread per (b, j, g) key row, over its group's heads and the query rows
+// that see it. Reads the query pass's delta.
+template <typename T>
+__global__ void attention_backward_key_kernel(AttnDims s, const T* q, const T* k, const T* v, const T* dout,
+                                              const T* lse, const T* delta, T* dk, T* dv, T scale) {
+    const int64_t rows = s.batch * s.kv_len * s.kv_heads, hd = s.head_dim, group = s.heads / s.kv_heads;
+    const int64_t offset = s.kv_len - s.q_len;  // query row i is at position offset + i
+    for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+         row += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t g = row % s.kv_heads, j = (row / s.kv_heads) % s.kv_len, b = row / (s.kv_heads * s.kv_len);
+        const T* kj = k + row * hd;
+        const T* vj = v + row * hd;
+        T* dkj = dk + row * hd;
+        T* dvj = dv + row * hd;
+        for (int64_t d = 0; d < hd; ++d) dkj[d] = dvj[d] = T(0);
+        const int64_t first = j > offset ? j - offset : 0;  // the first query row that sees key j
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            for (int64_t i = first; i < s.q_len; ++i) {
+                const T* qi = q + q_row(s, b, i, h);
+                const T* doi = dout + q_row(s, b, i, h);
+                const T p = cuda::m_exp(scale * dot_row(qi, kj, hd) - lse[stat(s, b, h, i)]);
+                const T ds = p * (dot_row(doi, vj, hd) - delta[stat(s, b, h, i)]);
+                for (int64_t d = 0; d < hd; ++d) {
+                    dvj[d] += p * doi[d];
+                    dkj[d] += scale * ds * qi[d];
+                }
+            }
+        }
+    }
+}
+
+template <typename T>
+void attention_forward_typed(const AttnDims& s, const void* q, const void* k, const void* v, void* out, void* lse,
+                             double scale) {
+    const int64_t rows = s.batch * s.q_len * s.heads;
+    if (rows == 0) return;
+    NL_LAUNCH(attention_forward_kernel<T>, cuda::blocks_for(rows), cuda::kThreads)(
+        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out),
+        static_cast<T*>(lse), T(scale));
+    NL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void attention_backward_typed(const AttnDims& s, const void* q, const void* k, const void* v, const void* out,
+                              const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
+                              double scale) {
+    const int64_t query_rows = s.batch * s.q_len * s.heads, key_rows = s.batch * s.kv_len * s.kv_heads;
+    if (query_rows == 0 || key_rows == 0) return;
+    NL_LAUNCH(attention_backward_query_kernel<T>, cuda::blocks_for(query_rows), cuda::kThreads)(
+        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(out),
+        static_cast<const T*>(dout), static_cast<const T*>(lse), static_cast<T*>(delta), static_cast<T*>(dq),
+        T(scale));
+    NL_CUDA_CHECK_LAUNCH();
+    NL_LAUNCH(attention_backward_key_kernel<T>, cuda::blocks_for(key_rows), cuda::kThreads)(
+        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
+        static_cast<const T*>(lse), static_cast<const T*>(delta), static_cast<T*>(dk), static_cast<T*>(dv), T(scale));
+    NL_CUDA_CHECK_LAUNCH();
+}
+
+AttnDims attention_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim) {
+    NL_CHECK(batch >= 0 && q_len >= 0 && kv_len >= q_len && head_dim > 0 && kv_heads > 0 && heads % kv_heads == 0,
+             "attention sizes: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len, ", heads ", heads,
+             ", kv_heads ", kv_heads, ", head_dim ", head_dim);
+    return {batch, q_len, kv_len, heads, kv_heads, head_dim};
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
+                                    int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, double scale) {
+    const AttnDims s = attention_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
+    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "attention: dtype ", dtype_name(dtype));
+    cuda::DeviceGuard guard(index_);
+    if (dtype == DType::F64)
+        attention_forward_typed<double>(s, q, k, v, out, lse, scale);
+    else
+        attention_forward_typed<float>(s, q, k, v, out, lse, scale);
+}
+
+void CudaBackend::attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
+                                     const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
+                                     int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                                     int64_t head_dim, double scale) {
+    const AttnDims s = attention_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
+    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "attention: dtype ", dtype_name(dtype));
+    cuda::DeviceGuard guard(index_);
+    if (dtype == DType::F64)
+        attention_backward_typed<double>(s, q, k, v, out, dout, lse, delta, dq, dk, dv, scale);
+    else
+        attention_backward_typed<float>(s, q, k, v, out, dout, lse, delta, dq, dk, dv, scale);
+}
+
+}  // namespace nl

@@ -1,0 +1,192 @@
+// Fused causal attention (FlashAttention's tiles and online softmax) against the composed reference
+// (LLaMA's attention in autograd ops): forward and backward over odd lengths, odd head sizes, lengths
+// past one tile, grouped-query ratios and cached offsets (more keys than queries), in f32 and f64;
+// f64 gradchecks of the fused node; bits independent of the thread count; what each form saves for
+// backward (graph inspection); bf16 inputs; the transformer with either form; bad inputs.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/graph.h"
+#include "core/fused.h"
+#include "layers/loss.h"
+#include "layers/transformer.h"
+#include "layers_test_util.h"
+
+using namespace nl;
+using nl::test::check_close;
+
+namespace {
+
+struct AttnCase {
+    int64_t B, T, L, H, KV, hd;
+    std::string str() const {
+        return "B " + std::to_string(B) + ", T " + std::to_string(T) + ", L " + std::to_string(L) + ", H " +
+               std::to_string(H) + ", KV " + std::to_string(KV) + ", hd " + std::to_string(hd);
+    }
+};
+
+// Odd T and hd, T and L past the 32-row query tile and the 64-key tile, GQA ratios 1, 2, 3, 4, 6,
+// and L > T (a KV cache's offset).
+const std::vector<AttnCase> kCases = {
+    {1, 1, 1, 1, 1, 2},   {2, 7, 7, 4, 2, 6},     {1, 33, 33, 6, 3, 10}, {2, 70, 70, 4, 1, 16},
+    {1, 5, 12, 2, 2, 8},  {1, 65, 130, 3, 1, 4},  {3, 1, 9, 6, 1, 12},   {1, 129, 129, 2, 2, 32},
+};
+
+struct Inputs {
+    Var q, k, v;
+};
+
+Inputs random_inputs(const AttnCase& c, DType dtype, uint64_t seed) {
+    Generator gen(seed);
+    return {Var(randn({c.B, c.T, c.H, c.hd}, gen, dtype), true), Var(randn({c.B, c.L, c.KV, c.hd}, gen, dtype), true),
+            Var(randn({c.B, c.L, c.KV, c.hd}, gen, dtype), true)};
+}
+
+struct Result {
+    Tensor out, dq, dk, dv;
+};
+
+// out = attention(q, k, v) and the gradients of sum(out * w) for a fixed random w.
+Result run(const Inputs& in, bool fused, uint64_t seed) {
+    for (const Var* x : {&in.q, &in.k, &in.v}) const_cast<Var*>(x)->zero_grad();
+    Var out = causal_attention(in.q, in.k, in.v, fused);
+    Generator gen(seed);
+    Var w(randn(out.shape(), gen, out.dtype()));
+    sum(out * w).backward();
+    return {out.data(), in.q.grad().data(), in.k.grad().data(), in.v.grad().data()};
+}
+
+}  // namespace
+
+TEST_CASE("attention: the fused form matches the composed one, forward and backward, f32 and f64", "[attention]") {
+    for (DType dtype : {DType::F64, DType::F32}) {
+        const double tol = dtype == DType::F64 ? 1e-12 : 2e-5;
+        for (const AttnCase& c : kCases) {
+            INFO(c.str() << ", " << dtype_name(dtype));
+            const Inputs in = random_inputs(c, dtype, 7);
+            const Result fused = run(in, true, 11);
+            const Result composed = run(in, false, 11);
+            check_close(fused.out, composed.out, tol, tol, "out");
+            check_close(fused.dq, composed.dq, tol, tol, "dq");
+            check_close(fused.dk, composed.dk, tol, tol, "dk");
+            check_close(fused.dv, composed.dv, tol, tol, "dv");
+        }
+    }
+}
+
+TEST_CASE("attention: the fused node passes gradcheck in f64 (odd sizes, GQA, cached offset)", "[attention]") {
+    for (const AttnCase& c : std::vector<AttnCase>{{1, 3, 3, 2, 1, 2}, {2, 5, 5, 3, 3, 4}, {1, 4, 7, 4, 2, 6},
+                                                    {1, 9, 9, 2, 1, 3 * 2}}) {
+        INFO(c.str());
+        const Inputs in = random_inputs(c, DType::F64, 3);
+        GradcheckResult r = gradcheck(
+            [](const std::vector<Var>& x) { return causal_attention(x[0], x[1], x[2], true); }, {in.q, in.k, in.v});
+        INFO(r.message);
+        CHECK(r.ok);
+    }
+}
+
+TEST_CASE("attention: the fused kernels give the same bits on 1 and 2 threads", "[attention]") {
+    const AttnCase c{2, 100, 100, 4, 2, 16};
+    const Inputs in = random_inputs(c, DType::F32, 5);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Result one = run(in, true, 9);
+    omp_set_num_threads(2);
+    const Result two = run(in, true, 9);
+    omp_set_num_threads(threads);
+    CHECK(one.out.to_vector() == two.out.to_vector());
+    CHECK(one.dq.to_vector() == two.dq.to_vector());
+    CHECK(one.dk.to_vector() == two.dk.to_vector());
+    CHECK(one.dv.to_vector() == two.dv.to_vector());
+}
+
+TEST_CASE("attention: the fused form saves q, k, v, out and one logsumexp per row, the composed one a T x T matrix",
+          "[attention][graph]") {
+    const AttnCase c{2, 64, 64, 4, 2, 8};
+    const Inputs in = random_inputs(c, DType::F32, 1);
+    Var fused = causal_attention(in.q, in.k, in.v, true);
+    Var composed = causal_attention(in.q, in.k, in.v, false);
+
+    const std::vector<std::shared_ptr<Node>> nodes = graph_nodes(fused);
+    REQUIRE(nodes.size() == 1);
+    std::vector<std::string> names;
+    for (const SavedInfo& s : saved_info(*nodes.front())) names.push_back(s.name);
+    CHECK(names == std::vector<std::string>{"q", "k", "v", "out", "lse"});
+    const int64_t f32 = 4;
+    const int64_t q_bytes = c.B * c.T * c.H * c.hd * f32, kv_bytes = c.B * c.L * c.KV * c.hd * f32;
+    const int64_t lse_bytes = c.B * c.H * c.T * f32;
+    CHECK(graph_saved_bytes(fused) == 2 * q_bytes + 2 * kv_bytes + lse_bytes);
+
+    // The composed graph keeps the (B, H, T, L) probabilities (and more): at least one T x L matrix.
+    const int64_t probs_bytes = c.B * c.H * c.T * c.L * f32;
+    bool saw_square = false;
+    for (const auto& node : graph_nodes(composed))
+        for (const SavedInfo& s : saved_info(*node))
+            if (s.shape.size() == 4 && s.shape[2] == c.T && s.shape[3] == c.L) saw_square = true;
+    CHECK(saw_square);
+    CHECK(graph_saved_bytes(composed) > graph_saved_bytes(fused) + probs_bytes);
+}
+
+TEST_CASE("attention: bf16 inputs are computed in f32 and rounded once", "[attention]") {
+    const AttnCase c{1, 20, 20, 4, 2, 8};
+    const Inputs in = random_inputs(c, DType::F32, 2);
+    NoGradGuard no_grad;
+    const AttentionForward f32 = attention_forward(in.q.data(), in.k.data(), in.v.data());
+    const AttentionForward b16 =
+        attention_forward(in.q.data().to(DType::BF16), in.k.data().to(DType::BF16), in.v.data().to(DType::BF16));
+    CHECK(b16.out.dtype() == DType::BF16);
+    CHECK(b16.lse.dtype() == DType::F32);
+    check_close(b16.out.to(DType::F32), f32.out, 0.05, 0.02, "bf16 out");
+}
+
+TEST_CASE("attention: a transformer gives the same logits and gradients with either form", "[attention][transformer]") {
+    for (int64_t kv_heads : {4, 2}) {
+        INFO("n_kv_heads " << kv_heads);
+        std::vector<Tensor> logits, grads;
+        for (bool fused : {true, false}) {
+            TransformerOptions o;
+            o.vocab_size = 13;
+            o.dim = 32;
+            o.n_layers = 2;
+            o.n_heads = 4;
+            o.n_kv_heads = kv_heads;
+            o.multiple_of = 16;
+            o.max_seq_len = 80;
+            o.fused_attention = fused;
+            o.seed = 4;
+            Transformer model(o);
+            std::vector<int64_t> tokens(3 * 70), next(3 * 70);
+            for (size_t i = 0; i < tokens.size(); ++i) {
+                tokens[i] = static_cast<int64_t>((i * 7 + 3) % 13);
+                next[i] = static_cast<int64_t>((i * 5 + 1) % 13);
+            }
+            Var out = model.forward(from_vector(tokens, {3, 70}));
+            cross_entropy_loss(out, from_vector(next, {3, 70})).backward();
+            logits.push_back(out.data());
+            grads.push_back(model.named_parameters().at(2).second.grad().data());  // layers.0.attention.wq.weight
+        }
+        check_close(logits[0], logits[1], 1e-5, 1e-4, "logits");
+        check_close(grads[0], grads[1], 1e-6, 1e-3, "wq gradient");
+    }
+}
+
+TEST_CASE("attention: bad shapes are refused by name, and the fused backward is first-order only", "[attention]") {
+    Generator gen(0);
+    Var q(randn({1, 4, 4, 8}, gen, DType::F64), true);
+    Var k(randn({1, 4, 3, 8}, gen, DType::F64), true);
+    CHECK_THROWS_WITH(causal_attention(q, k, k, true), Catch::Contains("KV dividing H") && Catch::Contains("[1, 4, 3, 8]"));
+    Var short_k(randn({1, 3, 2, 8}, gen, DType::F64), true);
+    CHECK_THROWS_WITH(causal_attention(q, short_k, short_k, true), Catch::Contains("L >= T"));
+    CHECK_THROWS_WITH(attention_forward(q.data(), k.data().narrow(2, 0, 2), k.data().narrow(2, 0, 2).to(DType::F32)),
+                      Catch::Contains("share a dtype"));
+
+    Var kv(randn({1, 4, 2, 8}, gen, DType::F64), true);
+    Var out = causal_attention(q, kv, kv, true);
+    CHECK_THROWS_WITH(gradients(sum(out), {q}, Var(), false, true), Catch::Contains("first-order only"));
+}
