@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -101,8 +102,12 @@ void run_info() {
 
     fmt::print("Libraries\n");
     // openblas_get_config() names the version and build options, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ...".
-    print_row("BLAS", fmt::format("{} (kernel: {}, {} threads)", trim(openblas_get_config()),
-                                  openblas_get_corename(), openblas_get_num_threads()));
+    // NORMLAB_BLAS_FALLBACK: examples/main.cpp restarted the program to correct OpenBLAS's choice.
+    const char* fallback = std::getenv("NORMLAB_BLAS_FALLBACK");
+    const std::string chosen =
+        fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
+    print_row("BLAS", fmt::format("{} (kernel: {}{}, {} threads)", trim(openblas_get_config()),
+                                  openblas_get_corename(), chosen, openblas_get_num_threads()));
     print_row("OpenMP", fmt::format("{} max threads (spec {})", omp_get_max_threads(), _OPENMP));
 #if defined(__clang__)
     print_row("Compiler", "clang " __clang_version__);

@@ -11,11 +11,14 @@
 #include <stdexcept>
 
 #include <cblas.h>
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "core/cpu/blas_kernel_choice.h"
 #include "core/dist.h"
 #include "core/error.h"
 #include "examples/commands.h"
@@ -33,7 +36,22 @@ int fail_alone(const std::exception& e, int exit_code) {
     nl::dist::abort(exit_code);
 }
 
+// OpenBLAS chose its kernels when it was loaded, before main. Where it fell back to its slowest ones
+// on a CPU that can run faster ones (core/cpu/blas_kernel_choice.h), start again with OPENBLAS_CORETYPE
+// set: the same program, arguments and process id (so mpirun's ranks are unaffected). The new process
+// has the variable set and does not restart again. If the restart fails, carry on as we are.
+void restart_with_faster_blas_kernels(char** argv) {
+    const char* core = nl::blas_kernel_override();
+    if (core == nullptr) return;
+    setenv("NORMLAB_BLAS_FALLBACK", nl::blas_kernel_name(), 1);  // for `normlab info`
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("NORMLAB_BLAS_FALLBACK");
+}
+
 int run_program(int argc, char** argv) {
+    restart_with_faster_blas_kernels(argv);
     // With OpenBLAS's OpenMP build (what CMake links when libopenblas-openmp-dev is installed) the
     // gemms share normlab's OpenMP thread pool and follow OMP_NUM_THREADS. With the pthreads build,
     // OpenBLAS's own pool and the OpenMP pool would both claim every core, and OpenBLAS's idle workers

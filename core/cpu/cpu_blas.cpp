@@ -3,11 +3,29 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
+#include "core/cpu/blas_kernel_choice.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/error.h"
 
 namespace nl {
+
+const char* blas_kernel_name() { return openblas_get_corename(); }
+
+const char* blas_kernel_override() {
+    if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
+    if (std::strcmp(openblas_get_corename(), "Prescott") != 0) return nullptr;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    // __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0).
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+    return nullptr;
+}
 
 namespace {
 
