@@ -108,7 +108,14 @@ void run_info() {
         fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
     print_row("BLAS", fmt::format("{} (kernel: {}{}, {} threads)", trim(openblas_get_config()),
                                   openblas_get_corename(), chosen, openblas_get_num_threads()));
-    print_row("OpenMP", fmt::format("{} max threads (spec {})", omp_get_max_threads(), _OPENMP));
+    const char* spin = std::getenv("GOMP_SPINCOUNT");
+    const char* wait = std::getenv("OMP_WAIT_POLICY");
+    const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)
+                                : spin ? fmt::format("GOMP_SPINCOUNT={}{}", spin,
+                                                     std::getenv("NORMLAB_SET_SPINCOUNT") ? ", set by normlab" : "")
+                                       : std::string("the runtime's default wait policy");
+    print_row("OpenMP", fmt::format("{} max threads (spec {}), idle threads: {}", omp_get_max_threads(), _OPENMP,
+                                    waiting));
 #if defined(__clang__)
     print_row("Compiler", "clang " __clang_version__);
 #elif defined(__GNUC__)
