@@ -212,7 +212,7 @@ public:
               [&] { inner_.rope(dtype, x, cos, sin, out, batch, seq, heads, head_dim, inverse); });
     }
     // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
-    // products (q k, p v), the backward seven (s, dp and dv, dk in the key pass; s, dp, dq in the query pass).
+    // products (q k, p v), the backward five (s, dp, dv, dk, dq).
     void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
                            int64_t head_dim, double scale) override {
@@ -226,7 +226,7 @@ public:
                             int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
                             int64_t head_dim, double scale) override {
         const double pair_flops = attention_pairs(batch, q_len, kv_len, heads) * 2.0 * static_cast<double>(head_dim);
-        timed("attention_backward", 7 * pair_flops, 0, [&] {
+        timed("attention_backward", 5 * pair_flops, 0, [&] {
             inner_.attention_backward(dtype, q, k, v, out, dout, lse, delta, dq, dk, dv, batch, q_len, kv_len, heads,
                                       kv_heads, head_dim, scale);
         });

@@ -1,8 +1,8 @@
 // CPU kernels for fused causal attention (the formulas are in core/backend.h next to the declarations):
-// FlashAttention's tiling on the CPU. A task is one (batch, head, tile of query rows) in the forward
-// and the query pass of the backward, one (batch, kv head, tile of keys) in the key pass; tasks are
-// independent, so OpenMP hands them out dynamically (causal tiles differ in cost, and a thread that
-// loses its core to another process does not hold the others up) without changing a bit.
+// FlashAttention's tiling on the CPU. A forward task is one (batch, head, tile of query rows), a
+// backward task one (batch, kv head) with its group of query heads; tasks are independent, so OpenMP
+// hands them out dynamically (causal tiles differ in cost, and a thread that loses its core to
+// another process does not hold the others up) without changing a bit.
 // References: Dao et al. 2022, "FlashAttention" (Algorithm 1: tiles and the online softmax); Dao 2023,
 // "FlashAttention-2" (the backward from the saved logsumexp, delta = rowsum(dO * O)).
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_math.h"
 #include "core/error.h"
 
 namespace nl {
@@ -37,8 +38,6 @@ struct Dims {
     }
 };
 
-// One order of summation for every dot product, so the forward and both backward passes recompute
-// exactly the same scores.
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
     T s = T(0);
@@ -53,6 +52,37 @@ inline void axpy(T alpha, const T* x, T* y, int64_t n) {  // y += alpha * x
     for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
+// e^x: cpu_math's vectorizable exp for f32; f64 (gradient checks) takes std::exp.
+inline float exp_of(float x) { return cpu_math::exp_f32(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+// Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, kKeyTile) with zero columns
+// past count, so a row of scores is one loop of fixed length over contiguous keys that vectorizes
+// without horizontal sums. Packed once per tile, read by every query row of the task.
+template <typename T>
+void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t count, int64_t g, T* packed) {
+    const int64_t hd = s.head_dim;
+    std::fill(packed, packed + hd * kKeyTile, T(0));
+    for (int64_t c = 0; c < count; ++c) {
+        const T* row = src + s.kv_row(b, j0 + c, g);
+        for (int64_t d = 0; d < hd; ++d) packed[d * kKeyTile + c] = row[d];
+    }
+}
+
+// out[c] = sum_d a[d] * packed[d][c] for the kKeyTile columns, summed over d in order: every pass
+// computes a score (or dp) the same way, so the backward's probabilities are the forward's.
+template <typename T>
+inline void row_times_packed(const T* a, const T* packed, int64_t hd, T* out) {
+    T acc[kKeyTile] = {};
+    for (int64_t d = 0; d < hd; ++d) {
+        const T ad = a[d];
+        const T* col = packed + d * kKeyTile;
+#pragma omp simd
+        for (int64_t c = 0; c < kKeyTile; ++c) acc[c] += ad * col[c];
+    }
+    std::copy_n(acc, kKeyTile, out);
+}
+
 // ---- forward ----
 
 template <typename T>
@@ -61,9 +91,9 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
     const int64_t tasks = s.batch * s.heads * tiles;
 #pragma omp parallel if (s.work() > kParallelFlops)
     {
-        std::vector<T> acc(static_cast<size_t>(kQueryTile * hd));  // (rows, hd): unnormalized output
-        std::vector<T> score(static_cast<size_t>(kKeyTile));        // one row of the score tile
-        T row_max[kQueryTile], row_sum[kQueryTile];
+        std::vector<T> acc(static_cast<size_t>(kQueryTile * hd));   // (rows, hd): unnormalized output
+        std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile));  // (hd, kKeyTile): the key tile, transposed
+        T score[kKeyTile], row_max[kQueryTile], row_sum[kQueryTile];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
@@ -74,27 +104,31 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
             std::fill(row_sum, row_sum + rows, T(0));
             const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
             for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
+                pack_transposed(s, k, b, j0, std::min(kKeyTile, keys - j0), g, keys_t.data());
                 for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t jn = std::min(s.visible(i0 + r), j0 + kKeyTile);  // this row's keys in the tile
-                    if (jn <= j0) continue;
-                    const T* qi = q + s.q_row(b, i0 + r, h);
+                    const int64_t n = std::min(s.visible(i0 + r) - j0, kKeyTile);  // this row's keys in the tile
+                    if (n <= 0) continue;
+                    row_times_packed(q + s.q_row(b, i0 + r, h), keys_t.data(), hd, score);
+                    // Fixed-length loops (kKeyTile) with the keys past n masked, so each one vectorizes.
                     T m = row_max[r];
-                    for (int64_t j = j0; j < jn; ++j) {
-                        score[j - j0] = scale * dot(qi, k + s.kv_row(b, j, g), hd);
-                        m = std::max(m, score[j - j0]);
+#pragma omp simd reduction(max : m)
+                    for (int64_t c = 0; c < kKeyTile; ++c) {
+                        score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
+                        m = score[c] > m ? score[c] : m;
                     }
                     // Online softmax: rescale what was summed under the old max to the new one.
-                    const T rescale = std::exp(row_max[r] - m);
-                    T* a = acc.data() + r * hd;
-                    T sum = row_sum[r] * rescale;
-                    for (int64_t d = 0; d < hd; ++d) a[d] *= rescale;
-                    for (int64_t j = j0; j < jn; ++j) {
-                        const T p = std::exp(score[j - j0] - m);
-                        sum += p;
-                        axpy(p, v + s.kv_row(b, j, g), a, hd);
+                    const T rescale = exp_of(row_max[r] - m);
+                    T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t c = 0; c < kKeyTile; ++c) {
+                        score[c] = c < n ? exp_of(score[c] - m) : T(0);
+                        sum += score[c];
                     }
+                    T* a = acc.data() + r * hd;
+                    for (int64_t d = 0; d < hd; ++d) a[d] *= rescale;
+                    for (int64_t c = 0; c < n; ++c) axpy(score[c], v + s.kv_row(b, j0 + c, g), a, hd);
                     row_max[r] = m;
-                    row_sum[r] = sum;
+                    row_sum[r] = row_sum[r] * rescale + sum;
                 }
             }
             for (int64_t r = 0; r < rows; ++r) {
@@ -109,20 +143,21 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
 }
 
 // ---- backward ----
+// (Dao 2023, Algorithm 2, with the outer loop over key tiles; the dq sums stay in the task.)
 
-// p_ij and ds_ij of query row (b, h, i) against keys [j0, jn), into p and ds.
+// p_c and ds_c of query row (b, h, i) against the packed key tile's first n keys (0 past n).
 template <typename T>
-inline void probabilities(const Dims& s, const T* q, const T* k, const T* v, const T* dout, const T* lse,
-                          const T* delta, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t jn, T scale, T* p,
-                          T* ds) {
-    const int64_t hd = s.head_dim, g = h / s.group();
-    const T* qi = q + s.q_row(b, i, h);
-    const T* doi = dout + s.q_row(b, i, h);
+inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse, const T* delta, const T* keys_t,
+                          const T* values_t, int64_t b, int64_t h, int64_t i, int64_t n, T scale, T* p, T* ds) {
+    const int64_t hd = s.head_dim;
+    row_times_packed(q + s.q_row(b, i, h), keys_t, hd, p);
+    row_times_packed(dout + s.q_row(b, i, h), values_t, hd, ds);
     const T l = lse[s.stat(b, h, i)], di = delta[s.stat(b, h, i)];
-    for (int64_t j = j0; j < jn; ++j) {
-        const T pj = std::exp(scale * dot(qi, k + s.kv_row(b, j, g), hd) - l);
-        p[j - j0] = pj;
-        ds[j - j0] = pj * (dot(doi, v + s.kv_row(b, j, g), hd) - di);
+#pragma omp simd
+    for (int64_t c = 0; c < kKeyTile; ++c) {
+        const T pc = c < n ? exp_of(p[c] * scale - l) : T(0);
+        p[c] = pc;
+        ds[c] = pc * (ds[c] - di);
     }
 }
 
@@ -139,61 +174,48 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
         delta[s.stat(b, h, i)] = dot(dout + row * hd, out + row * hd, hd);
     }
 
-    // Key pass: dk and dv of a tile of keys of one kv head, summed over its query heads and every
-    // query row that sees them (rows in order, heads in order).
+    // One task per (batch, kv head): it owns dk and dv of its keys and dq of its group's query heads,
+    // so each probability tile is computed once and every sum has one owner and a fixed order (key
+    // tiles in order, then heads, then rows; no atomics, the same bits for any thread count).
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
-    const int64_t key_tasks = s.batch * s.kv_heads * key_tiles;
+    const int64_t tasks = s.batch * s.kv_heads;
 #pragma omp parallel if (parallel)
     {
-        std::vector<T> dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size());  // (keys, hd)
-        std::vector<T> p(static_cast<size_t>(kKeyTile)), ds(p.size());
+        std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile)), values_t(keys_t.size());  // (hd, kKeyTile)
+        std::vector<T> dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size());     // (kKeyTile, hd)
+        T p[kKeyTile], ds[kKeyTile];
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < key_tasks; ++task) {
-            const int64_t tile = task % key_tiles, g = (task / key_tiles) % s.kv_heads;
-            const int64_t b = task / (key_tiles * s.kv_heads);
-            const int64_t j0 = tile * kKeyTile, jn = std::min(s.kv_len, j0 + kKeyTile);
-            std::fill(dk_acc.begin(), dk_acc.end(), T(0));
-            std::fill(dv_acc.begin(), dv_acc.end(), T(0));
-            // The first query row that sees key j0: position offset + i >= j0.
-            const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());
-            for (int64_t h = g * s.group(); h < (g + 1) * s.group(); ++h) {
-                for (int64_t i = first_row; i < s.q_len; ++i) {
-                    const int64_t jr = std::min(jn, s.visible(i));  // keys [j0, jr) of the tile this row sees
-                    probabilities(s, q, k, v, dout, lse, delta, b, h, i, j0, jr, scale, p.data(), ds.data());
-                    const T* qi = q + s.q_row(b, i, h);
-                    const T* doi = dout + s.q_row(b, i, h);
-                    for (int64_t j = j0; j < jr; ++j) {
-                        axpy(p[j - j0], doi, dv_acc.data() + (j - j0) * hd, hd);
-                        axpy(scale * ds[j - j0], qi, dk_acc.data() + (j - j0) * hd, hd);
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int64_t g = task % s.kv_heads, b = task / s.kv_heads;
+            const int64_t h_begin = g * s.group(), h_end = h_begin + s.group();
+            for (int64_t h = h_begin; h < h_end; ++h)
+                for (int64_t i = 0; i < s.q_len; ++i) std::fill_n(dq + s.q_row(b, i, h), hd, T(0));
+            for (int64_t tile = 0; tile < key_tiles; ++tile) {
+                const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
+                pack_transposed(s, k, b, j0, count, g, keys_t.data());
+                pack_transposed(s, v, b, j0, count, g, values_t.data());
+                std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+                std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+                const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());  // the first row that sees key j0
+                for (int64_t h = h_begin; h < h_end; ++h) {
+                    for (int64_t i = first_row; i < s.q_len; ++i) {
+                        const int64_t n = std::min(s.visible(i) - j0, count);  // keys of the tile this row sees
+                        probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), b, h, i, n, scale, p,
+                                      ds);
+                        const T* qi = q + s.q_row(b, i, h);
+                        const T* doi = dout + s.q_row(b, i, h);
+                        T* dqi = dq + s.q_row(b, i, h);
+                        for (int64_t c = 0; c < n; ++c) {
+                            const T dsc = scale * ds[c];
+                            axpy(p[c], doi, dv_acc.data() + c * hd, hd);
+                            axpy(dsc, qi, dk_acc.data() + c * hd, hd);
+                            axpy(dsc, k + s.kv_row(b, j0 + c, g), dqi, hd);
+                        }
                     }
                 }
-            }
-            for (int64_t j = j0; j < jn; ++j) {
-                std::copy_n(dk_acc.data() + (j - j0) * hd, hd, dk + s.kv_row(b, j, g));
-                std::copy_n(dv_acc.data() + (j - j0) * hd, hd, dv + s.kv_row(b, j, g));
-            }
-        }
-    }
-
-    // Query pass: dq of a tile of query rows of one head, summed over the keys in order.
-    const int64_t query_tiles = (s.q_len + kQueryTile - 1) / kQueryTile;
-    const int64_t query_tasks = s.batch * s.heads * query_tiles;
-#pragma omp parallel if (parallel)
-    {
-        std::vector<T> p(static_cast<size_t>(kKeyTile)), ds(p.size());
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < query_tasks; ++task) {
-            const int64_t tile = task % query_tiles, h = (task / query_tiles) % s.heads;
-            const int64_t b = task / (query_tiles * s.heads), g = h / s.group();
-            const int64_t i0 = tile * kQueryTile, i_end = std::min(s.q_len, i0 + kQueryTile);
-            for (int64_t i = i0; i < i_end; ++i) {
-                T* dqi = dq + s.q_row(b, i, h);
-                std::fill(dqi, dqi + hd, T(0));
-                const int64_t keys = s.visible(i);
-                for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
-                    const int64_t jn = std::min(keys, j0 + kKeyTile);
-                    probabilities(s, q, k, v, dout, lse, delta, b, h, i, j0, jn, scale, p.data(), ds.data());
-                    for (int64_t j = j0; j < jn; ++j) axpy(scale * ds[j - j0], k + s.kv_row(b, j, g), dqi, hd);
+                for (int64_t c = 0; c < count; ++c) {
+                    std::copy_n(dk_acc.data() + c * hd, hd, dk + s.kv_row(b, j0 + c, g));
+                    std::copy_n(dv_acc.data() + c * hd, hd, dv + s.kv_row(b, j0 + c, g));
                 }
             }
         }
