@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/cpu/thread_governor.h"
 #include "core/profiler.h"
 #include "examples/bench_util.h"
 #include "examples/config.h"
@@ -59,6 +61,8 @@ struct TorchCommand {
     bool quick = false;
     bool skip_torch = false;
     bool profile = false;  // after the rounds, one more profiled pass of normlab's transformer steps
+    bool load = false;     // after the rounds, the transformer again with a busy loop beside it
+    std::vector<std::string> overrides;  // --set key.path=value on the config, as train's
 };
 
 // The toy transformer and its training step, as resolved from the config (both sides use these).
@@ -73,9 +77,10 @@ struct ToySpec {
 // The toy transformer, batch and optimizer settings of a train config, read by the train job's own
 // validated reader (read_train_config): the same keys, checks, defaults and error messages as
 // `normlab train`. The config's "device" is not used: --device decides where both sides run.
-ToySpec resolve_toy_spec(const std::string& path) {
+ToySpec resolve_toy_spec(const std::string& path, const std::vector<std::string>& overrides) {
     json root = load_json_file(path);
     resolve_paths_beside_config(root, path, {"/data/path"});  // as train does
+    for (const std::string& assignment : overrides) apply_override(root, assignment);
     TrainConfig config = read_train_config(root, path);
     ToySpec s;
     s.source = path;
@@ -146,7 +151,7 @@ Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_
 // before the clock starts). With `profile_table`, the timed steps run under the profiler
 // (core/profiler.h) and its table is written there.
 Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Device device,
-                       std::string* profile_table = nullptr) {
+                       std::string* profile_table = nullptr, ThreadGovernor* governor = nullptr) {
     Transformer model(spec.model);
     model.to(device);  // before AdamW, so its moments are created on the device
     AdamOptions ao;
@@ -164,6 +169,7 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
         Tensor inputs = seq.narrow(1, 0, T).contiguous().to(device);   // (B, T)
         Tensor targets = seq.narrow(1, 1, T).contiguous().to(device);  // (B, T)
         device_synchronize(device);
+        if (governor) governor->update();  // as train does between steps
         const double start = now_s();
         {
             profiler::EnableGuard profiling(profile_table != nullptr && step >= warmup);
@@ -188,6 +194,94 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
         profiler::reset();
     }
     return summarize(times);
+}
+
+// The model's matmul FLOPs per token (nanoGPT's estimate_mfu, after the PaLM paper's appendix B): 6
+// per weight of every Linear (forward 2, backward 4) plus the attention products, 12 * layers * dim * T
+// (scores and the weighted sum, forward and backward, counted without the causal half).
+double model_flops_per_token(const ToySpec& spec) {
+    Transformer model(spec.model);
+    const double matmul_weights = static_cast<double>(count_parameters(model, false));  // all but the lookup table
+    const double attention = 12.0 * static_cast<double>(spec.model.n_layers * spec.model.dim * spec.seq_len);
+    return 6.0 * matmul_weights + attention;
+}
+
+// cblas_sgemm on the model's own GEMM shapes: every Linear (out x in) of one training step at
+// M = batch * T rows, forward Y = X W^T (M, out, in), backward dX = dY W (M, in, out) and dW = dY^T X
+// (out, in, M). Returns the FLOP/s of the whole set, timed `reps` times, median.
+double sgemm_flops_at_model_shapes(const ToySpec& spec, int reps) {
+    Transformer model(spec.model);
+    const int rows = static_cast<int>(spec.batch * spec.seq_len);
+    struct Shape3 {
+        int m, n, k;
+        bool ta, tb;
+    };
+    std::vector<Shape3> shapes;
+    for (const auto& [name, p] : model.named_parameters()) {
+        if (p.dim() != 2 || name.find("embeddings") != std::string::npos) continue;
+        const int out = static_cast<int>(p.size(0)), in = static_cast<int>(p.size(1));
+        shapes.push_back({rows, out, in, false, true});  // X (M, in) @ W^T
+        shapes.push_back({rows, in, out, false, false});  // dY (M, out) @ W (out, in)
+        shapes.push_back({out, in, rows, true, false});   // dY^T (out, M) @ X (M, in)
+    }
+    double flops = 0;
+    size_t biggest = 0;
+    for (const Shape3& g : shapes) {
+        flops += 2.0 * g.m * g.n * g.k;
+        biggest = std::max({biggest, size_t(g.m) * g.k, size_t(g.k) * g.n, size_t(g.m) * g.n});
+    }
+    std::vector<float> a(biggest, 0.5f), b(biggest, 0.25f), c(biggest, 0.0f);
+    std::vector<double> times;
+    for (int r = 0; r < reps + 1; ++r) {  // the first pass warms the caches and OpenBLAS's buffers
+        const double start = now_s();
+        for (const Shape3& g : shapes)
+            cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n,
+                        g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
+        if (r > 0) times.push_back(now_s() - start);
+    }
+    return flops / summarize(times).median;
+}
+
+// The allocator's peak over one training step (after one untimed step), with the fused or the
+// composed attention.
+int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device) {
+    spec.model.fused_attention = fused_attention;
+    Transformer model(spec.model);
+    model.to(device);
+    AdamOptions ao;
+    ao.lr = spec.lr;
+    AdamW opt(model.named_parameters(), ao);
+    Generator gen(1);
+    int64_t peak = 0;
+    for (int step = 0; step < 2; ++step) {
+        std::vector<int64_t> ids(static_cast<size_t>(spec.batch * (spec.seq_len + 1)));
+        for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(spec.model.vocab_size)));
+        Tensor seq = from_vector(ids, {spec.batch, spec.seq_len + 1});
+        Tensor inputs = seq.narrow(1, 0, spec.seq_len).contiguous().to(device);
+        Tensor targets = seq.narrow(1, 1, spec.seq_len).contiguous().to(device);
+        reset_peak(device);
+        opt.zero_grad();
+        cross_entropy_loss(model.forward(inputs), targets).backward();
+        if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
+        opt.step();
+        peak = memory_stats(device).peak_bytes;
+    }
+    return peak;
+}
+
+// A child process that keeps one core busy until stop_busy_loop.
+pid_t start_busy_loop() {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        volatile uint64_t x = 0;
+        for (;;) x = x + 1;
+    }
+    return pid;
+}
+void stop_busy_loop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
 }
 
 // ---- PyTorch's side ----
@@ -303,7 +397,7 @@ void run_bench_torch(TorchCommand cmd) {
         openblas_set_num_threads(static_cast<int>(cmd.threads));
     }
     const int threads = omp_get_max_threads();
-    const ToySpec spec = resolve_toy_spec(cmd.config);
+    const ToySpec spec = resolve_toy_spec(cmd.config, cmd.overrides);
     const TransformerOptions& m = spec.model;
     fmt::print("normlab bench torch: normlab vs PyTorch on {}, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
                device.str(), threads);
@@ -383,6 +477,55 @@ void run_bench_torch(TorchCommand cmd) {
                "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
                cmd.rounds);
     if (!have_torch) fmt::print("PyTorch side skipped: {}\n", why);
+
+    // Model FLOP/s against OpenBLAS's sgemm at the model's own GEMM shapes, measured now.
+    if (device.is_cpu()) {
+        const double ours_tokens = tokens / summarize(ours[norms.size()]).median;
+        const double model_flops = model_flops_per_token(spec) * ours_tokens;
+        const double sgemm = sgemm_flops_at_model_shapes(spec, 5);
+        fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
+                   "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
+                   "measured now)\n",
+                   model_flops / 1e9, model_flops_per_token(spec) / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
+    }
+    const int64_t peak_fused = peak_step_bytes(spec, true, device);
+    const int64_t peak_composed = peak_step_bytes(spec, false, device);
+    fmt::print("peak memory per training step (normlab's allocator): fused attention {:.1f} MiB, composed attention "
+               "{:.1f} MiB (T = {})\n",
+               static_cast<double>(peak_fused) / (1 << 20), static_cast<double>(peak_composed) / (1 << 20),
+               spec.seq_len);
+
+    if (cmd.load && device.is_cpu()) {
+        // Users train beside builds and sweeps: the same steps with a busy loop on one core.
+        fmt::print(stderr, "  under load: a busy loop on one core while each side trains ...\n");
+        const pid_t busy = start_busy_loop();
+        // normlab's default is train's: auto threads (core/cpu/thread_governor.h), up to --threads.
+        ThreadGovernor governor(threads, true);
+        const double ours_default = time_transformer(spec, cmd.steps, cmd.warmup, device, nullptr, &governor).median;
+        omp_set_num_threads(1);
+        openblas_set_num_threads(1);
+        const double ours_one = time_transformer(spec, cmd.steps, cmd.warmup, device).median;
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+        std::optional<json> torch_default, torch_one;
+        if (have_torch) {
+            torch_default = run_torch(cmd, spec, 0, device, why, " --skip-stability");  // torch's own default
+            torch_one = run_torch(cmd, spec, 1, device, why, " --skip-stability");
+        }
+        stop_busy_loop(busy);
+        auto tok = [&](double seconds) { return fmt::format("{:.0f} tok/s", tokens / seconds); };
+        auto torch_tok = [&](const std::optional<json>& j) {
+            return j ? tok(j->at("transformer").at("median_s").get<double>()) : std::string("-");
+        };
+        fmt::print("under load (a busy loop on one core), transformer tokens/s:\n");
+        fmt::print("  normlab, default threads ({} at the end): {}    normlab, 1 thread: {}    default / 1 thread: {:.2f}\n",
+                   governor.threads(), tok(ours_default), tok(ours_one), ours_one / ours_default);
+        if (torch_default && torch_one)
+            fmt::print("  PyTorch, default threads: {}    PyTorch, 1 thread: {}    default / 1 thread: {:.2f}\n",
+                       torch_tok(torch_default), torch_tok(torch_one),
+                       torch_one->at("transformer").at("median_s").get<double>() /
+                           torch_default->at("transformer").at("median_s").get<double>());
+    }
     if (cmd.profile) {
         // After the timed rounds, so the profiler's clock reads never touch the figures above.
         std::string table;
@@ -422,6 +565,11 @@ void register_bench_torch(CLI::App& bench) {
     sub->add_flag("--profile", cmd->profile,
                   "after the rounds, profile one more pass of normlab's transformer steps: time per kernel by op "
                   "and phase (docs/profiling.md)");
+    sub->add_option("--set", cmd->overrides,
+                    "override a key of the config: --set model.dim=384 (repeatable; as train's --set)");
+    sub->add_flag("--load", cmd->load,
+                  "after the rounds, time the transformer again with a busy loop on one core: normlab's default "
+                  "threads and 1 thread, PyTorch's default threads and 1 thread");
     sub->callback([cmd] { run_bench_torch(*cmd); });
 }
 

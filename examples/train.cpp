@@ -18,11 +18,15 @@
 // --profile times the steps' kernels by op and phase (core/profiler.h, docs/profiling.md).
 #include "examples/train.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,9 +40,10 @@
 
 #include "autograd/autograd.h"
 #include "core/dist.h"
+#include "core/cpu/thread_governor.h"
 #include "core/error.h"
-#include "core/ops.h"
 #include "core/json_parse.h"
+#include "core/ops.h"
 #include "core/profiler.h"
 #include "examples/commands.h"
 #include "examples/config.h"
@@ -159,6 +164,7 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.grad_shards = reader.get_int("grad_shards", loop.grad_shards, 0, 1 << 20);
     loop.bucket_kb = reader.get_int("bucket_kb", loop.bucket_kb, 1, 1 << 20);
     loop.overlap_comm = reader.get_bool("overlap_comm", loop.overlap_comm);
+    loop.threads = reader.get_int("threads", loop.threads, 0, 1024);
     reader.finish();
     return loop;
 }
@@ -532,8 +538,19 @@ nlohmann::json run_train(const TrainFlags& flags) {
         double train_loss = NAN;
         EvalResult last_eval;
         bool evaluated = false;
+        // CPU threads: train.threads, else OMP_NUM_THREADS, else auto (the cores other processes leave
+        // free, re-read between steps).
+        if (config.train.threads > 0) {
+            omp_set_num_threads(static_cast<int>(config.train.threads));
+            openblas_set_num_threads(static_cast<int>(config.train.threads));
+        }
+        ThreadGovernor governor(omp_get_max_threads(),
+                                config.train.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr);
+        int64_t peak_step_bytes = 0;  // the allocator's peak within one step (the largest over the steps)
         model.train();
         for (int64_t step = start_step + 1; step <= end_step; ++step) {
+            governor.update();
+            reset_peak(config.device);  // the peak below is this step's: state + activations + temporaries
             auto t0 = std::chrono::steady_clock::now();
             double grad_norm = 0.0;
             const double lr = schedule.lr_at(step - 1);
@@ -578,6 +595,7 @@ nlohmann::json run_train(const TrainFlags& flags) {
                 train_loss = loss_value;
             }
             step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            peak_step_bytes = std::max(peak_step_bytes, memory_stats(config.device).peak_bytes);
             train_seconds += step_seconds.back();
             profiled_seconds += step_seconds.back();
             ++profiled_steps;
@@ -604,6 +622,9 @@ nlohmann::json run_train(const TrainFlags& flags) {
                          format_number(progress.elapsed_seconds())});
             std::string fields = fmt::format("loss {:.4f} lr {:.2e} | {:.0f} tok/s", train_loss, lr, tokens_per_s);
             if (world > 1) fields += fmt::format(" | {} ranks", world);
+            if (governor.threads() < governor.max_threads())
+                fields += fmt::format(" | {} of {} threads (cores busy elsewhere)", governor.threads(),
+                                      governor.max_threads());
             if (evaluated)
                 fields += data->has_accuracy()
                               ? fmt::format(" | val {:.4f} acc {:.2f}%", last_eval.loss, 100 * last_eval.accuracy)
@@ -645,6 +666,8 @@ nlohmann::json run_train(const TrainFlags& flags) {
             {"grad_shards", plan.shards},
             {"comm_wait_seconds", data_parallel.comm_wait_seconds()},
             {"median_step_seconds", median_of(step_seconds)},
+            {"peak_step_bytes", peak_step_bytes},
+            {"threads", governor.threads()},
         };
         if (data->has_accuracy()) {
             summary["val_accuracy"] = last_eval.accuracy;
@@ -656,9 +679,10 @@ nlohmann::json run_train(const TrainFlags& flags) {
                                        ? fmt::format(", exact-sequence accuracy {:.2f}% on {} held-out sequences",
                                                      100 * last_eval.accuracy, config.data.eval_sequences)
                                        : "";
-            fmt::print("train: step {}: train loss {:.4f}, val loss {:.4f}{}, {:.0f} tokens/s, {:.1f} s -> {}\n",
+            fmt::print("train: step {}: train loss {:.4f}, val loss {:.4f}{}, {:.0f} tokens/s, peak memory {:.1f} MiB "
+                       "per step, {:.1f} s -> {}\n",
                        steps, train_loss, last_eval.loss, accuracy, summary["tokens_per_s"].get<double>(),
-                       progress.elapsed_seconds(), run_dir);
+                       static_cast<double>(peak_step_bytes) / (1 << 20), progress.elapsed_seconds(), run_dir);
         }
         return summary;
     } catch (const std::exception& e) {

@@ -43,6 +43,7 @@ struct LoopConfig {
     int64_t grad_shards = 0;        // the batch's gradient is a fixed-order sum over this many shards; 0: one per rank
     int64_t bucket_kb = 256;        // gradients are summed over ranks in buckets of about this size
     bool overlap_comm = true;       // start each bucket's sum during backward (false: after it, for measuring)
+    int64_t threads = 0;            // CPU threads; 0: auto, the cores other processes leave free (core/cpu/thread_governor.h)
 };
 
 struct TrainConfig {

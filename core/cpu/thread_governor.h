@@ -1,0 +1,55 @@
+// The thread count a training loop uses when the user has not fixed one: the cores that other
+// processes leave free. OpenMP's parallel regions end in barriers, so a team of N threads on a
+// machine where another process keeps a core busy waits, at every region, for the thread that the
+// scheduler put beside it (measured: 100 toy-transformer steps with a busy loop on one of two cores
+// took 6.4 s on 2 threads and 1.5 s on 1; docs/benchmarks.md). Linux's /proc/stat says how busy all
+// cores were and /proc/self/stat how much of that was this process; the difference is the others'.
+// Results do not depend on the thread count (every reduction sums in fixed chunks and a fixed
+// order), so changing it between steps changes speed, not bits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace nl {
+
+class ThreadGovernor {
+public:
+    // Up to max_threads (OpenMP's count when the program started). enabled = false: a fixed count,
+    // update() does nothing.
+    ThreadGovernor(int max_threads, bool enabled);
+
+    // Between steps: 0.1 s after construction, then at most every 0.5 s, re-reads the load and sets OpenMP's and OpenBLAS's
+    // thread count to the free cores (at least 1, at most max_threads). Returns the count in force.
+    int update();
+    int threads() const { return threads_; }
+    int max_threads() const { return max_threads_; }
+    bool enabled() const { return enabled_; }
+
+    // Cores busy with other processes between two readings, from the two files' contents (exposed
+    // for tests). cpu_line: /proc/stat's first line; self_stat: /proc/self/stat. Returns false when
+    // either does not parse.
+    struct Reading {
+        int64_t busy = 0, total = 0, self = 0;  // clock ticks: all cores' busy and total, this process's
+    };
+    static bool parse(const char* cpu_line, const char* self_stat, Reading& out);
+    static double others_busy_cores(const Reading& before, const Reading& after, int cores);
+    // The thread count for a number of free cores: floor(free + 0.25), within [1, max_threads], so a
+    // core that others keep 80% busy or more is not counted.
+    static int threads_for(double free_cores, int max_threads);
+
+private:
+    bool read(Reading& out) const;
+
+    int max_threads_;
+    bool enabled_;
+    int threads_;
+    int cores_;
+    bool have_reading_ = false;
+    int64_t decisions_ = 0;
+    Reading last_;
+    std::chrono::steady_clock::time_point last_time_;
+    std::chrono::milliseconds interval_{500};
+};
+
+}  // namespace nl
