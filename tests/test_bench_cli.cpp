@@ -99,6 +99,28 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("stability layernorm s/epoch"));
     CHECK_THAT(run.output, Catch::Contains("transformer tokens/s"));
     CHECK_THAT(run.output, Catch::Contains("PyTorch side skipped: --skip-torch was given"));
+    CHECK_THAT(run.output, Catch::Contains("model FLOP/s: ") && Catch::Contains("x OpenBLAS sgemm at the model's GEMM shapes"));
+    CHECK_THAT(run.output, Catch::Contains("peak memory per training step (normlab's allocator): fused attention"));
+}
+
+TEST_CASE("bench torch --set changes the model, and fused attention needs less memory than composed at T 128",
+          "[bench_cli]") {
+    BenchRun run = run_bench("bench torch --quick --skip-torch --config configs/char_text.json --set model.n_layers=1 "
+                             "--set data.seq_len=128 --set train.batch_size=2");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("1 layers") && Catch::Contains("batch 2 x seq 128"));
+    const std::string marker = "fused attention ";
+    const size_t at = run.output.find(marker);
+    REQUIRE(at != std::string::npos);
+    const double fused = std::stod(run.output.substr(at + marker.size()));
+    const size_t composed_at = run.output.find("composed attention ", at);
+    REQUIRE(composed_at != std::string::npos);
+    const double composed = std::stod(run.output.substr(composed_at + std::string("composed attention ").size()));
+    CHECK(fused < composed);
+    BenchRun bad = run_bench("bench torch --quick --skip-torch --set model.dimm=3");
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Catch::Contains("model.dimm") || Catch::Contains("/model/dimm"));
 }
 
 TEST_CASE("bench torch rejects a zero --rounds or --steps before any work", "[bench_cli]") {

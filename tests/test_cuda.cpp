@@ -618,6 +618,32 @@ TEST_CASE("cuda: RoPE rotation and its inverse match the CPU", "[cuda]") {
     }
 }
 
+TEST_CASE("cuda: fused causal attention forward and backward match the CPU (GQA, cached offset)", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    struct Case {
+        int64_t B, T, L, H, KV, hd;
+    };
+    for (const Case& c : {Case{2, 5, 5, 4, 2, 6}, Case{1, 3, 9, 3, 1, 4}, Case{1, 70, 70, 2, 2, 8}}) {
+        for (DType dtype : {DType::F32, DType::F64}) {
+            const std::string what = std::string("attention ") + dtype_name(dtype) + " T " + std::to_string(c.T) +
+                                     " L " + std::to_string(c.L);
+            const Tensor q = random_normal({c.B, c.T, c.H, c.hd}, 41, dtype);
+            const Tensor k = random_normal({c.B, c.L, c.KV, c.hd}, 42, dtype);
+            const Tensor v = random_normal({c.B, c.L, c.KV, c.hd}, 43, dtype);
+            const Tensor dout = random_normal({c.B, c.T, c.H, c.hd}, 44, dtype);
+            const AttentionForward host = attention_forward(q, k, v);
+            const AttentionForward dev = attention_forward(gpu(q), gpu(k), gpu(v));
+            require_close(host.out, dev.out, 10 * tolerance(dtype), what + " out");
+            require_close(host.lse, dev.lse, 10 * tolerance(dtype), what + " lse");
+            const AttentionBackward hg = attention_backward(dout, q, k, v, host.out, host.lse);
+            const AttentionBackward dg = attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), dev.out, dev.lse);
+            require_close(hg.dq, dg.dq, 10 * tolerance(dtype), what + " dq");
+            require_close(hg.dk, dg.dk, 10 * tolerance(dtype), what + " dk");
+            require_close(hg.dv, dg.dv, 10 * tolerance(dtype), what + " dv");
+        }
+    }
+}
+
 TEST_CASE("cuda: TF32 setting is off by default and can be switched", "[cuda]") {
     CUDA_TEST_OR_SKIP();
 #ifdef NORMLAB_HAVE_CUDA

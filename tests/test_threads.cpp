@@ -1,0 +1,97 @@
+// The runtime settings normlab chooses for itself: the thread governor's reading of /proc (the cores
+// other processes keep busy, and the thread count that follows), train's threads and peak-memory
+// report, and the OpenBLAS kernel correction (a fallback to Prescott on a CPU that can do better).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+
+#include "cli_test_util.h"
+#include "core/cpu/blas_kernel_choice.h"
+#include "core/cpu/thread_governor.h"
+
+using namespace nl;
+
+TEST_CASE("thread governor: /proc/stat and /proc/self/stat are read as busy, total and own ticks", "[threads]") {
+    ThreadGovernor::Reading r;
+    REQUIRE(ThreadGovernor::parse("cpu  100 5 20 800 10 3 2 7 0 0",
+                                  "4242 (normlab (x) y) R 1 2 3 4 5 6 7 8 9 10 60 15 0 0 20 0", r));
+    CHECK(r.busy == 100 + 5 + 20 + 3 + 2 + 7);
+    CHECK(r.total == r.busy + 800 + 10);
+    CHECK(r.self == 60 + 15);  // utime and stime, counted from the last ')' of the command name
+    CHECK_FALSE(ThreadGovernor::parse("intr 1 2 3", "1 (a) R 1", r));
+    CHECK_FALSE(ThreadGovernor::parse("cpu  1 2 3 4 5 6 7", "no parenthesis here", r));
+}
+
+TEST_CASE("thread governor: another process's busy core leaves one thread of two", "[threads]") {
+    // Two cores over 100 ticks each (200 in all): this process used 95 ticks, another one 98.
+    const ThreadGovernor::Reading before{1000, 5000, 300};
+    const ThreadGovernor::Reading after{1000 + 95 + 98, 5000 + 200, 300 + 95};
+    const double others = ThreadGovernor::others_busy_cores(before, after, 2);
+    CHECK(others == Approx(0.98));
+    CHECK(ThreadGovernor::threads_for(2 - others, 2) == 1);
+    // Background noise of 0.1 core keeps both threads; nothing busy: both.
+    CHECK(ThreadGovernor::threads_for(1.9, 2) == 2);
+    CHECK(ThreadGovernor::threads_for(2.0, 2) == 2);
+    // Never below one thread or above the maximum.
+    CHECK(ThreadGovernor::threads_for(0.0, 2) == 1);
+    CHECK(ThreadGovernor::threads_for(16.0, 4) == 4);
+    // A reading taken backwards in time (no ticks) reports nothing busy.
+    CHECK(ThreadGovernor::others_busy_cores(after, after, 2) == 0.0);
+}
+
+TEST_CASE("thread governor: a disabled governor keeps its count", "[threads]") {
+    ThreadGovernor fixed(3, false);
+    CHECK(fixed.update() == 3);
+    CHECK_FALSE(fixed.enabled());
+}
+
+TEST_CASE("OpenBLAS kernel: a user's OPENBLAS_CORETYPE is never overridden", "[threads]") {
+    const char* previous = std::getenv("OPENBLAS_CORETYPE");
+    const std::string saved = previous ? previous : "";
+    setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+    CHECK(blas_kernel_override() == nullptr);
+    if (previous)
+        setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+    else
+        unsetenv("OPENBLAS_CORETYPE");
+}
+
+TEST_CASE("normlab info: the BLAS kernel is not the Prescott fallback on a CPU with AVX2, unless the user chose it",
+          "[threads][cli]") {
+    const std::string dir = nl_test::make_temp_dir("blas");
+    const nl_test::CliRun chosen = nl_test::run_normlab_env(dir, "OPENBLAS_CORETYPE=Prescott ", "info");
+    INFO(chosen.output);
+    REQUIRE(chosen.status == 0);
+    CHECK_THAT(chosen.output, Catch::Contains("(kernel: Prescott,"));
+    const nl_test::CliRun spin = nl_test::run_normlab_env(dir, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ", "info");
+    INFO(spin.output);
+    CHECK_THAT(spin.output, Catch::Contains("idle threads: GOMP_SPINCOUNT=10000, set by normlab"));
+#if defined(__x86_64__)
+    if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        const nl_test::CliRun own = nl_test::run_normlab_env(dir, "", "info");
+        INFO(own.output);
+        REQUIRE(own.status == 0);
+        CHECK_THAT(own.output, !Catch::Contains("(kernel: Prescott,"));
+    }
+#endif
+}
+
+TEST_CASE("train: train.threads fixes the thread count, and the summary has the peak memory per step",
+          "[threads][cli]") {
+    const std::string dir = nl_test::make_temp_dir("threads");
+    const nl_test::CliRun run = nl_test::run_normlab_in(
+        dir, "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
+                 " --set train.steps=3 --set optim.warmup_steps=1 --set train.threads=1 --out run");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("MiB per step"));
+    const std::string summary = nl_test::read_text(dir + "/run/summary.json");
+    CHECK_THAT(summary, Catch::Contains("\"threads\": 1"));
+    CHECK_THAT(summary, Catch::Contains("\"peak_step_bytes\""));
+    const nl_test::CliRun bad = nl_test::run_normlab_in(
+        dir, "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
+                 " --set train.threads=-1 --out bad");
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Catch::Contains("/train/threads"));
+}
