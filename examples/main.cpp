@@ -50,6 +50,10 @@ int fail_alone(const std::exception& e, int exit_code) {
 //   with the default, 18,000 with 10,000 spins (docs/benchmarks.md).
 // The new process finds the variables set and does not restart again; if the restart fails, carry on.
 void restart_with_better_runtime_settings(char** argv) {
+    // Not under an MPI launcher: OpenMPI's process setup does not survive an exec before MPI_Init
+    // (orte_init fails). There, pass the variables with the launcher (docs/distributed.md).
+    for (const char* launcher_variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+        if (std::getenv(launcher_variable) != nullptr) return;
     bool restart = false;
     if (const char* core = nl::blas_kernel_override()) {
         setenv("NORMLAB_BLAS_FALLBACK", nl::blas_kernel_name(), 1);  // for `normlab info`

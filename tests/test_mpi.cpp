@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/cpu/blas_kernel_choice.h"
 #include "autograd/autograd.h"
 #include "autograd/grad_ready.h"
 #include "cli_test_util.h"
@@ -142,7 +143,11 @@ const std::string kSource = NORMLAB_SOURCE_DIR;
 
 // One OpenMP thread per rank (results are bit-identical across rank counts at a fixed thread count),
 // passive waiting on this oversubscribed machine, and a time limit: a hang fails the test (status 124).
-const std::string kEnv = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive ";
+// The same OpenBLAS kernel everywhere: the ranks do not restart to correct OpenBLAS's choice, a
+// process alone would (examples/main.cpp), and two kernels sum in different orders. This process
+// (not restarted) runs the kernel OpenBLAS picked by itself, which the ranks would get too.
+const std::string kEnv = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OPENBLAS_CORETYPE=" +
+                         std::string(nl::blas_kernel_name()) + " ";
 
 struct Timed {
     CliRun cli;
@@ -159,7 +164,7 @@ Timed run_ranks(const TempDir& dir, int ranks, const std::string& args, const st
     if (ranks > 0) {
         launcher = shell_arg(NORMLAB_MPIEXEC) + (mpirun_quiet ? " --quiet" : "") +
                    " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
-                   " -x OMP_NUM_THREADS -x OMP_WAIT_POLICY" + (env.empty() ? "" : " -x NORMLAB_TEST_FAULT");
+                   " -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x OPENBLAS_CORETYPE" + (env.empty() ? "" : " -x NORMLAB_TEST_FAULT");
 #if NL_TEST_ASAN
         // A sanitizer build (CI's second build): OpenMPI never frees what MPI_Init allocates, through
         // components it has unloaded by exit, so LeakSanitizer would fail every rank, and suppressions

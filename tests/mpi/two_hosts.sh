@@ -55,11 +55,15 @@ chmod +x "$work/agent"
 args=(train configs/toy_transformer.json --quiet --set train.steps=12 --set optim.warmup_steps=3
       --set train.eval_every=6 --set train.batch_size=16 --set data.eval_sequences=64 --set train.grad_shards=2)
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+# One OpenBLAS kernel for both runs (the program alone may correct OpenBLAS's choice by restarting
+# itself; a rank under mpirun does not): the one `normlab info` reports.
+OPENBLAS_CORETYPE="$("$binary" info | sed -n 's/.*(kernel: \([A-Za-z0-9]*\).*/\1/p')"
+export OPENBLAS_CORETYPE
 "$binary" "${args[@]}" --out "$work/one"
 mpi=(mpirun --allow-run-as-root -np 2 --host 10.77.0.1:1,10.77.0.2:1
      --mca plm_rsh_agent "$work/agent" --mca btl self,tcp
      --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
-     -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+     -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x OPENBLAS_CORETYPE)
 in_a() { timeout -k 10 120 ip netns exec "$a" unshare --uts sh -c "hostname host-a; exec \"\$@\"" sh "$@"; }
 # Each rank's host and network: rank 0 must be host-a at 10.77.0.1, rank 1 host-b at 10.77.0.2.
 where="$(in_a "${mpi[@]}" sh -c 'echo "rank $OMPI_COMM_WORLD_RANK $(hostname) $(ip -o -4 addr show | grep -o "10\.77\.0\.[0-9]")"' | sort)"
