@@ -19,7 +19,13 @@ namespace nl {
 namespace {
 
 constexpr int64_t kQueryTile = 32;  // query rows per task: a (32 x 64) score tile lives in L1
-constexpr int64_t kKeyTile = 64;    // keys per inner tile
+constexpr int64_t kKeyTile = 64;    // keys per inner tile, at most
+constexpr int64_t kKeyStep = 16;    // a tile's width is a multiple of this (one AVX-512 vector of f32)
+constexpr int64_t kRowBlock = 4;    // query rows computed together: one packed column load serves four
+
+// The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
+// the causal diagonal) does not compute the full kKeyTile columns.
+inline int64_t tile_width(int64_t count) { return std::min(kKeyTile, (count + kKeyStep - 1) / kKeyStep * kKeyStep); }
 constexpr double kParallelFlops = 1 << 20;  // below this much work one thread is faster
 
 // The sizes of one call, and where row i of a head starts in each operand.
@@ -52,35 +58,66 @@ inline void axpy(T alpha, const T* x, T* y, int64_t n) {  // y += alpha * x
     for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
+// y += sum_{c < count} w[c] * row(c), four rows per pass over y, so y is loaded and stored once per
+// four terms (the weighted sums of attention: p v, ds k, p^T dout, ds^T q). Summed in order of c.
+template <typename T, typename Row>
+inline void weighted_rows_add(const T* w, int64_t count, const Row& row, T* y, int64_t n) {
+    int64_t c = 0;
+    for (; c + 4 <= count; c += 4) {
+        const T *x0 = row(c), *x1 = row(c + 1), *x2 = row(c + 2), *x3 = row(c + 3);
+        const T w0 = w[c], w1 = w[c + 1], w2 = w[c + 2], w3 = w[c + 3];
+#pragma omp simd
+        for (int64_t d = 0; d < n; ++d) y[d] += (w0 * x0[d] + w1 * x1[d]) + (w2 * x2[d] + w3 * x3[d]);
+    }
+    for (; c < count; ++c) axpy(w[c], row(c), y, n);
+}
+
 // e^x: cpu_math's vectorizable exp for f32; f64 (gradient checks) takes std::exp.
 inline float exp_of(float x) { return cpu_math::exp_f32(x); }
 inline double exp_of(double x) { return std::exp(x); }
 
-// Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, kKeyTile) with zero columns
-// past count, so a row of scores is one loop of fixed length over contiguous keys that vectorizes
-// without horizontal sums. Packed once per tile, read by every query row of the task.
+// Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
+// past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that
+// vectorizes without horizontal sums. Packed once per tile, read by every query row of the task.
 template <typename T>
 void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t count, int64_t g, T* packed) {
-    const int64_t hd = s.head_dim;
-    std::fill(packed, packed + hd * kKeyTile, T(0));
+    const int64_t hd = s.head_dim, width = tile_width(count);
+    std::fill(packed, packed + hd * width, T(0));
     for (int64_t c = 0; c < count; ++c) {
         const T* row = src + s.kv_row(b, j0 + c, g);
-        for (int64_t d = 0; d < hd; ++d) packed[d * kKeyTile + c] = row[d];
+        for (int64_t d = 0; d < hd; ++d) packed[d * width + c] = row[d];
     }
 }
 
-// out[c] = sum_d a[d] * packed[d][c] for the kKeyTile columns, summed over d in order: every pass
-// computes a score (or dp) the same way, so the backward's probabilities are the forward's.
-template <typename T>
-inline void row_times_packed(const T* a, const T* packed, int64_t hd, T* out) {
-    T acc[kKeyTile] = {};
+// out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the tile's `width` columns, summed
+// over d in order: every pass computes a score (or dp) the same way, whatever block a row is in, so
+// the backward's probabilities are the forward's. The width is a compile-time constant inside (16,
+// 32, 48 or 64), so the block's accumulators stay in vector registers and each packed column loaded
+// serves four rows. A block of fewer rows passes a row of zeros for the rest.
+template <int64_t Width, typename T>
+inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t hd, T (*out)[kKeyTile]) {
+    T acc[kRowBlock][Width] = {};
     for (int64_t d = 0; d < hd; ++d) {
-        const T ad = a[d];
-        const T* col = packed + d * kKeyTile;
+        const T* col = packed + d * Width;
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const T ad = a[r][d];
 #pragma omp simd
-        for (int64_t c = 0; c < kKeyTile; ++c) acc[c] += ad * col[c];
+            for (int64_t c = 0; c < Width; ++c) acc[r][c] += ad * col[c];
+        }
     }
-    std::copy_n(acc, kKeyTile, out);
+    for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Width, out[r]);
+}
+
+template <typename T>
+inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int64_t hd, int64_t width,
+                              T (*out)[kKeyTile]) {
+    static_assert(kKeyTile == 4 * kKeyStep, "one case per tile width");
+    switch (width) {
+        case kKeyStep: return rows_times_packed_fixed<kKeyStep>(a, packed, hd, out);
+        case 2 * kKeyStep: return rows_times_packed_fixed<2 * kKeyStep>(a, packed, hd, out);
+        case 3 * kKeyStep: return rows_times_packed_fixed<3 * kKeyStep>(a, packed, hd, out);
+        default: return rows_times_packed_fixed<kKeyTile>(a, packed, hd, out);
+    }
 }
 
 // ---- forward ----
@@ -93,7 +130,8 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
     {
         std::vector<T> acc(static_cast<size_t>(kQueryTile * hd));   // (rows, hd): unnormalized output
         std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile));  // (hd, kKeyTile): the key tile, transposed
-        T score[kKeyTile], row_max[kQueryTile], row_sum[kQueryTile];
+        const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
+        T scores[kRowBlock][kKeyTile], row_max[kQueryTile], row_sum[kQueryTile];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
@@ -104,31 +142,41 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
             std::fill(row_sum, row_sum + rows, T(0));
             const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
             for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
-                pack_transposed(s, k, b, j0, std::min(kKeyTile, keys - j0), g, keys_t.data());
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t n = std::min(s.visible(i0 + r) - j0, kKeyTile);  // this row's keys in the tile
-                    if (n <= 0) continue;
-                    row_times_packed(q + s.q_row(b, i0 + r, h), keys_t.data(), hd, score);
-                    // Fixed-length loops (kKeyTile) with the keys past n masked, so each one vectorizes.
-                    T m = row_max[r];
+                const int64_t count = std::min(kKeyTile, keys - j0), width = tile_width(count);
+                pack_transposed(s, k, b, j0, count, g, keys_t.data());
+                for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+                    const int64_t block = std::min(kRowBlock, rows - r0);
+                    if (s.visible(i0 + r0 + block - 1) <= j0) continue;  // no row of the block sees the tile
+                    const T* q_rows[kRowBlock];
+                    for (int64_t r = 0; r < kRowBlock; ++r)
+                        q_rows[r] = r < block ? q + s.q_row(b, i0 + r0 + r, h) : zero_row.data();
+                    rows_times_packed(q_rows, keys_t.data(), hd, width, scores);
+                    for (int64_t r = r0; r < r0 + block; ++r) {
+                        const int64_t n = std::min(s.visible(i0 + r) - j0, count);  // this row's keys in the tile
+                        if (n <= 0) continue;
+                        T* score = scores[r - r0];
+                        // Loops over the whole width with the keys past n masked, so each one vectorizes.
+                        T m = row_max[r];
 #pragma omp simd reduction(max : m)
-                    for (int64_t c = 0; c < kKeyTile; ++c) {
-                        score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
-                        m = score[c] > m ? score[c] : m;
-                    }
-                    // Online softmax: rescale what was summed under the old max to the new one.
-                    const T rescale = exp_of(row_max[r] - m);
-                    T sum = T(0);
+                        for (int64_t c = 0; c < width; ++c) {
+                            score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
+                            m = score[c] > m ? score[c] : m;
+                        }
+                        // Online softmax: rescale what was summed under the old max to the new one.
+                        const T rescale = exp_of(row_max[r] - m);
+                        // The masked keys hold -inf, so their exp is 0. (Two loops: with the sum in the
+                        // same loop GCC leaves the exp scalar.)
+#pragma omp simd
+                        for (int64_t c = 0; c < width; ++c) score[c] = exp_of(score[c] - m);
+                        T sum = T(0);
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t c = 0; c < kKeyTile; ++c) {
-                        score[c] = c < n ? exp_of(score[c] - m) : T(0);
-                        sum += score[c];
+                        for (int64_t c = 0; c < width; ++c) sum += score[c];
+                        T* a = acc.data() + r * hd;
+                        for (int64_t d = 0; d < hd; ++d) a[d] *= rescale;
+                        weighted_rows_add(score, n, [&](int64_t c) { return v + s.kv_row(b, j0 + c, g); }, a, hd);
+                        row_max[r] = m;
+                        row_sum[r] = row_sum[r] * rescale + sum;
                     }
-                    T* a = acc.data() + r * hd;
-                    for (int64_t d = 0; d < hd; ++d) a[d] *= rescale;
-                    for (int64_t c = 0; c < n; ++c) axpy(score[c], v + s.kv_row(b, j0 + c, g), a, hd);
-                    row_max[r] = m;
-                    row_sum[r] = row_sum[r] * rescale + sum;
                 }
             }
             for (int64_t r = 0; r < rows; ++r) {
@@ -145,19 +193,32 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
 // ---- backward ----
 // (Dao 2023, Algorithm 2, with the outer loop over key tiles; the dq sums stay in the task.)
 
-// p_c and ds_c of query row (b, h, i) against the packed key tile's first n keys (0 past n).
+// p and ds of a block of query rows i0.. (rows of them, n[r] keys of the packed tile each; 0 past n
+// up to width; padding rows get 0).
 template <typename T>
 inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse, const T* delta, const T* keys_t,
-                          const T* values_t, int64_t b, int64_t h, int64_t i, int64_t n, T scale, T* p, T* ds) {
+                          const T* values_t, int64_t width, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                          const int64_t* n, T scale, const T* zero_row, T (*p)[kKeyTile], T (*ds)[kKeyTile]) {
     const int64_t hd = s.head_dim;
-    row_times_packed(q + s.q_row(b, i, h), keys_t, hd, p);
-    row_times_packed(dout + s.q_row(b, i, h), values_t, hd, ds);
-    const T l = lse[s.stat(b, h, i)], di = delta[s.stat(b, h, i)];
+    const T* q_rows[kRowBlock];
+    const T* dout_rows[kRowBlock];
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+        q_rows[r] = r < rows ? q + s.q_row(b, i0 + r, h) : zero_row;
+        dout_rows[r] = r < rows ? dout + s.q_row(b, i0 + r, h) : zero_row;
+    }
+    rows_times_packed(q_rows, keys_t, hd, width, p);
+    rows_times_packed(dout_rows, values_t, hd, width, ds);
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+        const int64_t nr = r < rows ? n[r] : 0;
+        const T l = r < rows ? lse[s.stat(b, h, i0 + r)] : T(0), di = r < rows ? delta[s.stat(b, h, i0 + r)] : T(0);
+        // The keys past n get -inf, so their probability is exp(-inf) = 0.
 #pragma omp simd
-    for (int64_t c = 0; c < kKeyTile; ++c) {
-        const T pc = c < n ? exp_of(p[c] * scale - l) : T(0);
-        p[c] = pc;
-        ds[c] = pc * (ds[c] - di);
+        for (int64_t c = 0; c < width; ++c)
+            p[r][c] = c < nr ? p[r][c] * scale - l : -std::numeric_limits<T>::infinity();
+#pragma omp simd
+        for (int64_t c = 0; c < width; ++c) p[r][c] = exp_of(p[r][c]);
+#pragma omp simd
+        for (int64_t c = 0; c < width; ++c) ds[r][c] = p[r][c] * (ds[r][c] - di);
     }
 }
 
@@ -183,7 +244,8 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
     {
         std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile)), values_t(keys_t.size());  // (hd, kKeyTile)
         std::vector<T> dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size());     // (kKeyTile, hd)
-        T p[kKeyTile], ds[kKeyTile];
+        const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
+        T p[kRowBlock][kKeyTile], ds[kRowBlock][kKeyTile];              // a block of rows' probabilities and ds
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t g = task % s.kv_heads, b = task / s.kv_heads;
@@ -192,24 +254,42 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
                 for (int64_t i = 0; i < s.q_len; ++i) std::fill_n(dq + s.q_row(b, i, h), hd, T(0));
             for (int64_t tile = 0; tile < key_tiles; ++tile) {
                 const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
+                const int64_t width = tile_width(count);
                 pack_transposed(s, k, b, j0, count, g, keys_t.data());
                 pack_transposed(s, v, b, j0, count, g, values_t.data());
                 std::fill(dk_acc.begin(), dk_acc.end(), T(0));
                 std::fill(dv_acc.begin(), dv_acc.end(), T(0));
                 const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());  // the first row that sees key j0
+                auto key_row = [&](int64_t c) { return k + s.kv_row(b, j0 + c, g); };
                 for (int64_t h = h_begin; h < h_end; ++h) {
-                    for (int64_t i = first_row; i < s.q_len; ++i) {
-                        const int64_t n = std::min(s.visible(i) - j0, count);  // keys of the tile this row sees
-                        probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), b, h, i, n, scale, p,
-                                      ds);
-                        const T* qi = q + s.q_row(b, i, h);
-                        const T* doi = dout + s.q_row(b, i, h);
-                        T* dqi = dq + s.q_row(b, i, h);
-                        for (int64_t c = 0; c < n; ++c) {
-                            const T dsc = scale * ds[c];
-                            axpy(p[c], doi, dv_acc.data() + c * hd, hd);
-                            axpy(dsc, qi, dk_acc.data() + c * hd, hd);
-                            axpy(dsc, k + s.kv_row(b, j0 + c, g), dqi, hd);
+                    // Query rows in blocks of kRowBlock, so dk and dv take four rows per pass.
+                    for (int64_t i0 = first_row; i0 < s.q_len; i0 += kRowBlock) {
+                        const int64_t rows = std::min(kRowBlock, s.q_len - i0);
+                        const T* q_rows[kRowBlock];
+                        const T* dout_rows[kRowBlock];
+                        int64_t n[kRowBlock];
+                        for (int64_t r = 0; r < rows; ++r)
+                            n[r] = std::min(s.visible(i0 + r) - j0, count);  // keys of the tile row r sees
+                        const int64_t n_max = n[rows - 1];  // later rows see more keys
+                        probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width, b, h, i0, rows,
+                                      n, scale, zero_row.data(), p, ds);
+                        for (int64_t r = 0; r < rows; ++r) {
+                            for (int64_t c = 0; c < width; ++c) ds[r][c] *= scale;  // dq and dk take scale * ds
+                            q_rows[r] = q + s.q_row(b, i0 + r, h);
+                            dout_rows[r] = dout + s.q_row(b, i0 + r, h);
+                            weighted_rows_add(ds[r], n[r], key_row, dq + s.q_row(b, i0 + r, h), hd);
+                        }
+                        // Past a row's n its p and ds are 0.
+                        for (int64_t c = 0; c < n_max; ++c) {
+                            T p_c[kRowBlock] = {}, ds_c[kRowBlock] = {};
+                            for (int64_t r = 0; r < rows; ++r) {
+                                p_c[r] = p[r][c];
+                                ds_c[r] = ds[r][c];
+                            }
+                            weighted_rows_add(p_c, rows, [&](int64_t r) { return dout_rows[r]; },
+                                              dv_acc.data() + c * hd, hd);
+                            weighted_rows_add(ds_c, rows, [&](int64_t r) { return q_rows[r]; },
+                                              dk_acc.data() + c * hd, hd);
                         }
                     }
                 }
