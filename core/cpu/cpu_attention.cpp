@@ -26,7 +26,7 @@ constexpr int64_t kRowBlock = 4;    // query rows computed together: one packed 
 // The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
 // the causal diagonal) does not compute the full kKeyTile columns.
 inline int64_t tile_width(int64_t count) { return std::min(kKeyTile, (count + kKeyStep - 1) / kKeyStep * kKeyStep); }
-constexpr double kParallelFlops = 1 << 20;  // below this much work one thread is faster
+constexpr double kParallelFlops = 1 << 18;  // below this much work one thread is faster
 
 // The sizes of one call, and where row i of a head starts in each operand.
 struct Dims {
