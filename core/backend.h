@@ -138,6 +138,15 @@ public:
     // With `inverse`, by -angle (sin negated): the backward, since a rotation's transpose is its inverse.
     virtual void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch,
                       int64_t seq, int64_t heads, int64_t head_dim, bool inverse) = 0;
+    // SwiGLU's gate (Shazeer 2020, "GLU Variants Improve Transformer"; LLaMA's FeedForward): over n
+    // contiguous elements of f32 or f64, with s = sigmoid(a) and silu(a) = a * s,
+    //   forward:  out = silu(a) * b
+    //   backward: da = dout * b * s * (1 + a * (1 - s)),  db = dout * silu(a)
+    // One pass each way instead of silu, mul and their backwards.
+    virtual void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) = 0;
+    virtual void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
+                                 int64_t n) = 0;
+
     // Causal scaled dot-product attention (FlashAttention's algorithm: Dao et al. 2022, and
     // FlashAttention-2, Dao 2023). q and out (batch, q_len, heads, head_dim), k and v (batch, kv_len,
     // kv_heads, head_dim), all contiguous `dtype` (f32 or f64); heads % kv_heads == 0 and query head h

@@ -338,6 +338,35 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool i
     return out.to(x.dtype());
 }
 
+Tensor swiglu_forward(const Tensor& a, const Tensor& b) {
+    const char* op = "swiglu";
+    require_floating(op, "a", a);
+    require_like(op, "b", b, "a", a, false);
+    const DType compute = compute_dtype(a.dtype());
+    const Tensor ac = a.to(compute).contiguous(), bc = b.to(compute).contiguous();
+    Tensor out = Tensor::empty(a.shape(), compute, a.device());
+    if (out.numel() > 0)
+        backend_for(a.device()).swiglu_forward(compute, ac.data_ptr(), bc.data_ptr(), out.data_ptr(), out.numel());
+    return out.to(a.dtype());
+}
+
+SwigluBackward swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor& b) {
+    const char* op = "swiglu_backward";
+    require_floating(op, "a", a);
+    require_like(op, "b", b, "a", a, false);
+    require_like(op, "dout", dout, "a", a, false);
+    const DType compute = compute_dtype(a.dtype());
+    const Tensor ac = a.to(compute).contiguous(), bc = b.to(compute).contiguous(), dc = dout.to(compute).contiguous();
+    SwigluBackward g{Tensor::empty(a.shape(), compute, a.device()), Tensor::empty(a.shape(), compute, a.device())};
+    if (ac.numel() > 0)
+        backend_for(a.device())
+            .swiglu_backward(compute, ac.data_ptr(), bc.data_ptr(), dc.data_ptr(), g.da.data_ptr(), g.db.data_ptr(),
+                             ac.numel());
+    g.da = g.da.to(a.dtype());
+    g.db = g.db.to(b.dtype());
+    return g;
+}
+
 namespace {
 
 // Checks q (B, T, H, hd) and k, v (B, L, KV, hd) of causal attention; returns (B, T, L, H, KV, hd).

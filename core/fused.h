@@ -100,6 +100,17 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
 // f32 and rounded once.
 Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
 
+// ---- SwiGLU's gate (core/backend.h has the formulas) ----
+
+// silu(a) * b for a and b of one shape, floating dtype and device; bf16/f16 computed in f32 and
+// rounded once.
+Tensor swiglu_forward(const Tensor& a, const Tensor& b);
+struct SwigluBackward {
+    Tensor da;  // a's shape and dtype
+    Tensor db;  // b's shape and dtype
+};
+SwigluBackward swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor& b);
+
 // ---- causal attention (FlashAttention's algorithm; core/backend.h has the formulas) ----
 
 struct AttentionForward {

@@ -211,6 +211,13 @@ public:
         timed(inverse ? "rope_backward" : "rope", 0, 2 * bytes_of(dtype, batch * seq * heads * head_dim),
               [&] { inner_.rope(dtype, x, cos, sin, out, batch, seq, heads, head_dim, inverse); });
     }
+    void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) override {
+        timed("swiglu", 0, 3 * bytes_of(dtype, n), [&] { inner_.swiglu_forward(dtype, a, b, out, n); });
+    }
+    void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
+                         int64_t n) override {
+        timed("swiglu_backward", 0, 5 * bytes_of(dtype, n), [&] { inner_.swiglu_backward(dtype, a, b, dout, da, db, n); });
+    }
     // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
     // products (q k, p v), the backward five (s, dp, dv, dk, dq).
     void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,

@@ -134,6 +134,7 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
     model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
     model.max_seq_len = reader.get_int("max_seq_len", 256, 1, 1 << 20);
     model.fused_attention = reader.get_bool("fused_attention", true);
+    model.fused_swiglu = reader.get_bool("fused_swiglu", true);
     model.seed = seed;
     reader.finish();
     return model;

@@ -49,8 +49,22 @@ std::string FeedForward::extra_repr() const {
     return detail::concat("dim=", options_.dim, ", hidden=", hidden_);
 }
 
+Var swiglu(const Var& a, const Var& b, bool fused) {
+    if (!fused) return silu(a) * b;
+    std::vector<SavedTensor> saved;
+    saved.emplace_back("a", a.data());
+    saved.emplace_back("b", b.data());
+    return make_result(swiglu_forward(a.data(), b.data()), "swiglu", {a, b}, std::move(saved),
+                       [](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
+                           NL_REQUIRE(!is_grad_enabled(), "swiglu (fused): the fused backward is first-order only; "
+                                      "use the composed form (fused_swiglu = false) for backward(create_graph=true)");
+                           SwigluBackward g = swiglu_backward(dout.data(), s[0].data(), s[1].data());
+                           return {Var(g.da), Var(g.db)};
+                       });
+}
+
 Var FeedForward::forward(const Var& x) {
-    return w2_->forward(silu(w1_->forward(x)) * w3_->forward(x));
+    return w2_->forward(swiglu(w1_->forward(x), w3_->forward(x), options_.fused));
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -280,6 +294,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     fo.dim = options.dim;
     fo.hidden_dim = options_.ffn_hidden_dim;
     fo.multiple_of = options.multiple_of;
+    fo.fused = options.fused_swiglu;
     fo.dtype = options.dtype;
     fo.generator = options.generator;
     // LLaMA's order (named_parameters and init): attention, feed_forward, attention_norm, ffn_norm.
@@ -383,6 +398,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.rope_theta = options.rope_theta;
         bo.max_seq_len = options.max_seq_len;
         bo.fused_attention = options.fused_attention;
+        bo.fused_swiglu = options.fused_swiglu;
         bo.dtype = options.dtype;
         bo.generator = &gen;
         layers->push_back(std::make_shared<TransformerBlock>(bo));

@@ -30,7 +30,12 @@ struct FeedForwardOptions {
     int64_t multiple_of = 256;  // the article's LLaMAFeedForward(dim, hidden_dim, multiple_of=256)
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
+    bool fused = true;               // swiglu()'s fused form (else the composed reference)
 };
+
+// SwiGLU's gate, silu(a) * b (a, b one shape). fused: one graph node over a kernel pair
+// (core/fused.h), saving a and b; composed: silu and mul in autograd ops, twice differentiable.
+Var swiglu(const Var& a, const Var& b, bool fused);
 
 // out = w2(silu(w1 x) * w3 x); w1, w3 (hidden, dim), w2 (dim, hidden), no biases.
 class FeedForward : public UnaryModule {
@@ -140,6 +145,7 @@ struct TransformerBlockOptions {
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;
     bool fused_attention = true;  // AttentionOptions::fused
+    bool fused_swiglu = true;     // FeedForwardOptions::fused
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
 };
@@ -194,6 +200,7 @@ struct TransformerOptions {
     double rope_theta = 10000.0;
     int64_t max_seq_len = 256;
     bool fused_attention = true;  // AttentionOptions::fused
+    bool fused_swiglu = true;     // FeedForwardOptions::fused
     uint64_t seed = 0;           // initial weights are drawn from Generator(seed)
     DType dtype = DType::F32;
 

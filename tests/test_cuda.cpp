@@ -644,6 +644,19 @@ TEST_CASE("cuda: fused causal attention forward and backward match the CPU (GQA,
     }
 }
 
+TEST_CASE("cuda: the fused SwiGLU gate forward and backward match the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        const Tensor a = random_normal({5, 33}, 45, dtype), b = random_normal({5, 33}, 46, dtype);
+        const Tensor dout = random_normal({5, 33}, 47, dtype);
+        const std::string what = std::string("swiglu ") + dtype_name(dtype);
+        require_close(swiglu_forward(a, b), swiglu_forward(gpu(a), gpu(b)), what);
+        const SwigluBackward host = swiglu_backward(dout, a, b), dev = swiglu_backward(gpu(dout), gpu(a), gpu(b));
+        require_close(host.da, dev.da, what + " da");
+        require_close(host.db, dev.db, what + " db");
+    }
+}
+
 TEST_CASE("cuda: TF32 setting is off by default and can be switched", "[cuda]") {
     CUDA_TEST_OR_SKIP();
 #ifdef NORMLAB_HAVE_CUDA

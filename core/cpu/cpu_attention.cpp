@@ -72,9 +72,7 @@ inline void weighted_rows_add(const T* w, int64_t count, const Row& row, T* y, i
     for (; c < count; ++c) axpy(w[c], row(c), y, n);
 }
 
-// e^x: cpu_math's vectorizable exp for f32; f64 (gradient checks) takes std::exp.
-inline float exp_of(float x) { return cpu_math::exp_f32(x); }
-inline double exp_of(double x) { return std::exp(x); }
+using cpu_math::exp_of;  // the vectorizable exp for f32; std::exp for f64 (gradient checks)
 
 // Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
 // past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that

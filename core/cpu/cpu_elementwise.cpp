@@ -139,24 +139,8 @@ void binary_loop(const Loop& loop, const StridedArg& out, const StridedArg& a, c
     });
 }
 
-// e^x: the vectorizable f32 exp (core/cpu/cpu_math.h), std::exp for f64.
-template <typename T>
-inline T exp_of(T x) {
-    if constexpr (std::is_same_v<T, float>) {
-        return cpu_math::exp_f32(x);
-    } else {
-        return std::exp(x);
-    }
-}
-
-// Stable for large |x|: never evaluates exp of a large positive number. One exp of -|x| and a
-// select instead of a branch on the sign, which mispredicts half the time on activations.
-template <typename T>
-inline T stable_sigmoid(T x) {
-    const T e = exp_of(-std::abs(x));
-    const T one_plus = T(1) + e;
-    return x >= T(0) ? T(1) / one_plus : e / one_plus;
-}
+using cpu_math::exp_of;
+using cpu_math::stable_sigmoid;
 
 template <typename T>
 void binary_typed(BinaryOp op, const Loop& loop, const StridedArg& out, const StridedArg& a,

@@ -73,6 +73,10 @@ public:
     void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) override;
+    // cuda_swiglu.cu
+    void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) override;
+    void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
+                         int64_t n) override;
     // cuda_attention.cu
     void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,

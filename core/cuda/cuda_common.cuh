@@ -117,6 +117,14 @@ __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }
 __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
+
+// Stable for large |x|: never evaluates exp of a large positive number (as the CPU kernel).
+template <typename T>
+__device__ __forceinline__ T stable_sigmoid(T x) {
+    if (x >= T(0)) return T(1) / (T(1) + m_exp(-x));
+    const T e = m_exp(x);
+    return e / (T(1) + e);
+}
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }

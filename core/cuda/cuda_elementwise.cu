@@ -15,13 +15,7 @@ namespace {
 
 using cuda::StridedLoop;
 
-// Stable for large |x|: never evaluates exp of a large positive number (as the CPU kernel).
-template <typename T>
-__device__ __forceinline__ T stable_sigmoid(T x) {
-    if (x >= T(0)) return T(1) / (T(1) + cuda::m_exp(-x));
-    const T e = cuda::m_exp(x);
-    return e / (T(1) + e);
-}
+using cuda::stable_sigmoid;
 
 // ---- copy ----
 

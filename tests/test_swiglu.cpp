@@ -1,0 +1,83 @@
+// SwiGLU's fused gate, silu(a) * b, against the composed silu and mul: forward and both gradients in
+// f32 and f64, an f64 gradcheck of the fused node, bf16 inputs, large |a| (the stable sigmoid), the
+// FeedForward with either form, and its first-order-only refusal.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "autograd/autograd.h"
+#include "core/fused.h"
+#include "layers/transformer.h"
+#include "layers_test_util.h"
+
+using namespace nl;
+using nl::test::check_close;
+
+TEST_CASE("swiglu: the fused gate matches silu(a) * b, forward and backward, f32 and f64", "[swiglu]") {
+    for (DType dtype : {DType::F64, DType::F32}) {
+        INFO(dtype_name(dtype));
+        const double tol = dtype == DType::F64 ? 1e-13 : 1e-6;
+        Generator gen(3);
+        // (3, 40000) crosses the kernel's threading threshold; |a| up to ~90 checks the stable sigmoid.
+        Tensor a_data = randn({3, 40000}, gen, dtype) * 4.0;
+        a_data.narrow(1, 0, 4).copy_(from_vector(std::vector<double>{-90, -30, 30, 90}, {1, 4}, dtype).expand({3, 4}));
+        Var a(a_data, true), b(randn({3, 40000}, gen, dtype), true);
+        Var w(randn({3, 40000}, gen, dtype));
+        std::vector<Tensor> out, da, db;
+        for (bool fused : {true, false}) {
+            a.zero_grad();
+            b.zero_grad();
+            Var y = swiglu(a, b, fused);
+            sum(y * w).backward();
+            out.push_back(y.data());
+            da.push_back(a.grad().data());
+            db.push_back(b.grad().data());
+        }
+        check_close(out[0], out[1], tol, tol, "out");
+        check_close(da[0], da[1], tol, tol, "da");
+        check_close(db[0], db[1], tol, tol, "db");
+    }
+}
+
+TEST_CASE("swiglu: the fused node passes gradcheck in f64, and bf16 is computed in f32", "[swiglu]") {
+    Generator gen(5);
+    Var a(randn({4, 7}, gen, DType::F64), true), b(randn({4, 7}, gen, DType::F64), true);
+    GradcheckResult r = gradcheck([](const std::vector<Var>& x) { return swiglu(x[0], x[1], true); }, {a, b});
+    INFO(r.message);
+    CHECK(r.ok);
+
+    const Tensor a32 = randn({64}, gen), b32 = randn({64}, gen);
+    const Tensor half = swiglu_forward(a32.to(DType::BF16), b32.to(DType::BF16));
+    CHECK(half.dtype() == DType::BF16);
+    check_close(half.to(DType::F32), swiglu_forward(a32.to(DType::BF16).to(DType::F32), b32.to(DType::BF16).to(DType::F32)),
+                0.02, 0.01, "bf16");
+    CHECK_THROWS_WITH(swiglu_forward(a32, randn({63}, gen)), Catch::Contains("b has shape [63] but a has shape [64]"));
+}
+
+TEST_CASE("swiglu: FeedForward gives the same output and gradients with either form", "[swiglu][transformer]") {
+    std::vector<Tensor> outs, grads;
+    for (bool fused : {true, false}) {
+        FeedForwardOptions o;
+        o.dim = 16;
+        o.hidden_dim = 64;
+        o.multiple_of = 8;
+        o.dtype = DType::F64;
+        o.fused = fused;
+        Generator init(2);
+        o.generator = &init;
+        FeedForward ffn(o);
+        Generator gen(9);
+        Var x(randn({2, 5, 16}, gen, DType::F64), true);
+        Var y = ffn.forward(x);
+        sum(y * y).backward();
+        outs.push_back(y.data());
+        grads.push_back(x.grad().data());
+        if (fused) {
+            Var x2(randn({2, 5, 16}, gen, DType::F64), true);
+            CHECK_THROWS_WITH(gradients(sum(ffn.forward(x2)), {x2}, Var(), false, true),
+                              Catch::Contains("first-order only"));
+        }
+    }
+    check_close(outs[0], outs[1], 1e-12, 1e-12, "FeedForward output");
+    check_close(grads[0], grads[1], 1e-12, 1e-12, "FeedForward input gradient");
+}
