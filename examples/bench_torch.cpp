@@ -418,6 +418,7 @@ void run_bench_torch(TorchCommand cmd) {
     std::vector<std::vector<double>> ours(rows), theirs(rows), ratios(rows);  // (rows, rounds): s/epoch or s/step
     std::vector<std::vector<double>> ours_composed(norms.size());              // (norms, rounds)
     std::string why, torch_version;
+    double torch_gemm_flops = 0.0;  // torch.mm at the model's GEMM shapes, from the last round
     bool have_torch = true;
     for (int64_t round = 0; round < cmd.rounds; ++round) {
         fmt::print(stderr, "  round {}/{}: timing normlab ...\n", round + 1, cmd.rounds);
@@ -437,6 +438,7 @@ void run_bench_torch(TorchCommand cmd) {
         for (size_t i = 0; i < norms.size(); ++i)
             theirs[i].push_back(torch->at("stability").at(norms[i]).at("median_s").get<double>());
         theirs[norms.size()].push_back(torch->at("transformer").at("median_s").get<double>());
+        torch_gemm_flops = torch->at("transformer").value("gemm_flops_per_s", 0.0);
         for (size_t i = 0; i < rows; ++i) ratios[i].push_back(theirs[i].back() / ours[i].back());
     }
 
@@ -487,6 +489,10 @@ void run_bench_torch(TorchCommand cmd) {
                    "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
                    "measured now)\n",
                    model_flops / 1e9, model_flops_per_token(spec) / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
+        if (torch_gemm_flops > 0)
+            fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
+                       "GEMM engines side by side)\n",
+                       torch_gemm_flops / 1e9, torch_gemm_flops / sgemm);
     }
     const int64_t peak_fused = peak_step_bytes(spec, true, device);
     const int64_t peak_composed = peak_step_bytes(spec, false, device);

@@ -11,6 +11,8 @@
 // Reads top to bottom: config -> data and model -> train -> report.
 #include "examples/commands.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +31,7 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/cpu/thread_governor.h"
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -630,6 +633,9 @@ void run_stability(const Options& opt) {
         Progress progress(static_cast<int64_t>(mine.size()) * copies * c.epochs, opt.quiet || !root_rank, c.epochs);
         int64_t done = 0;
         std::vector<std::optional<RunResult>> slots(specs.size());
+        // As train: the cores other processes leave free, re-read between epochs, unless OMP_NUM_THREADS
+        // is set (results do not depend on the thread count).
+        ThreadGovernor governor(omp_get_max_threads(), std::getenv("OMP_NUM_THREADS") == nullptr);
 
         // 2. each run: data and model from its seed (or the files), then train it and its copy.
         for (size_t index : mine) {
@@ -649,6 +655,7 @@ void run_stability(const Options& opt) {
             auto train_copy = [&](SimpleModel& m, const std::string& label) {
                 const int64_t start = done;
                 Curve curve = train(m, data, spec.lr, c, [&](int64_t epoch, double loss) {
+                    governor.update();
                     progress.update(start + epoch, fmt::format("{}{} loss {:.6g}", spec.id, label, loss));
                 });
                 done = start + c.epochs;

@@ -186,6 +186,32 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
+def gemm_flops_at_model_shapes(model, rows, device, reps=5):
+    """torch.mm on every forward and backward GEMM shape of one training step (as normlab's
+    sgemm_flops_at_model_shapes): per Linear (out, in) at M rows, X W^T, dY W and dY^T X."""
+    mats, flops = [], 0.0
+    for name, p in model.named_parameters():
+        if p.dim() != 2 or "embeddings" in name:
+            continue
+        out_f, in_f = p.shape
+        for (m, n, k, ta, tb) in ((rows, out_f, in_f, False, True), (rows, in_f, out_f, False, False),
+                                  (out_f, in_f, rows, True, False)):
+            a_ = torch.randn(k, m, device=device).t() if ta else torch.randn(m, k, device=device)
+            b_ = torch.randn(n, k, device=device).t() if tb else torch.randn(k, n, device=device)
+            mats.append((a_, b_))
+            flops += 2.0 * m * n * k
+    times = []
+    for rep in range(reps + 1):  # the first pass warms up
+        synchronize(device)
+        start = time.perf_counter()
+        for a_, b_ in mats:
+            torch.mm(a_, b_)
+        synchronize(device)
+        if rep > 0:
+            times.append(time.perf_counter() - start)
+    return flops / statistics.median(times)
+
+
 def bench_transformer(a, device):
     torch.manual_seed(a.seed)
     model = Transformer(a).to(device)  # before AdamW, so its moments are created on the device
@@ -215,6 +241,7 @@ def bench_transformer(a, device):
             times.append(elapsed)
     profiler.__exit__(None, None, None)
     out = summarize(times)
+    out["gemm_flops_per_s"] = gemm_flops_at_model_shapes(model, a.batch * a.seq_len, device)
     if a.profile:
         out["profile_table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     out["tokens_per_s"] = a.batch * a.seq_len / out["median_s"]
