@@ -242,9 +242,9 @@ double sgemm_flops_at_model_shapes(const ToySpec& spec, int reps) {
     return flops / summarize(times).median;
 }
 
-// The allocator's peak over one training step (after one untimed step), with the fused or the
-// composed attention.
-int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device) {
+// The allocator's peak over one training step (the second of `steps`: the first also creates
+// AdamW's moments), with the fused or the composed attention.
+int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device, int steps) {
     spec.model.fused_attention = fused_attention;
     Transformer model(spec.model);
     model.to(device);
@@ -253,7 +253,7 @@ int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device) {
     AdamW opt(model.named_parameters(), ao);
     Generator gen(1);
     int64_t peak = 0;
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < steps; ++step) {
         std::vector<int64_t> ids(static_cast<size_t>(spec.batch * (spec.seq_len + 1)));
         for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(spec.model.vocab_size)));
         Tensor seq = from_vector(ids, {spec.batch, spec.seq_len + 1});
@@ -494,8 +494,9 @@ void run_bench_torch(TorchCommand cmd) {
                        "GEMM engines side by side)\n",
                        torch_gemm_flops / 1e9, torch_gemm_flops / sgemm);
     }
-    const int64_t peak_fused = peak_step_bytes(spec, true, device);
-    const int64_t peak_composed = peak_step_bytes(spec, false, device);
+    const int peak_steps = cmd.quick ? 1 : 2;  // --quick: the first step's peak, a smoke run
+    const int64_t peak_fused = peak_step_bytes(spec, true, device, peak_steps);
+    const int64_t peak_composed = peak_step_bytes(spec, false, device, peak_steps);
     fmt::print("peak memory per training step (normlab's allocator): fused attention {:.1f} MiB, composed attention "
                "{:.1f} MiB (T = {})\n",
                static_cast<double>(peak_fused) / (1 << 20), static_cast<double>(peak_composed) / (1 << 20),
