@@ -10,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/shape.h"
 
 namespace nl {
@@ -170,6 +171,16 @@ public:
                                     int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, double scale) = 0;
 };
+
+// The sizes attention_forward/backward accept: the op layer (core/fused.cpp) has already refused bad
+// ones with a message for the user, so a backend only checks the invariant (InternalError).
+inline void check_attention_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                                  int64_t head_dim) {
+    NL_CHECK(batch >= 0 && q_len >= 0 && kv_len >= q_len && (kv_len > 0 || q_len == 0) && head_dim > 0 &&
+                 kv_heads > 0 && heads % kv_heads == 0,
+             "attention sizes: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len, ", heads ", heads,
+             ", kv_heads ", kv_heads, ", head_dim ", head_dim);
+}
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.
 Backend& backend_for(Device device);

@@ -199,8 +199,7 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
 // The model's matmul FLOPs per token (nanoGPT's estimate_mfu, after the PaLM paper's appendix B): 6
 // per weight of every Linear (forward 2, backward 4) plus the attention products, 12 * layers * dim * T
 // (scores and the weighted sum, forward and backward, counted without the causal half).
-double model_flops_per_token(const ToySpec& spec) {
-    Transformer model(spec.model);
+double model_flops_per_token(const ToySpec& spec, const Transformer& model) {
     const double matmul_weights = static_cast<double>(count_parameters(model, false));  // all but the lookup table
     const double attention = 12.0 * static_cast<double>(spec.model.n_layers * spec.model.dim * spec.seq_len);
     return 6.0 * matmul_weights + attention;
@@ -209,8 +208,7 @@ double model_flops_per_token(const ToySpec& spec) {
 // cblas_sgemm on the model's own GEMM shapes: every Linear (out x in) of one training step at
 // M = batch * T rows, forward Y = X W^T (M, out, in), backward dX = dY W (M, in, out) and dW = dY^T X
 // (out, in, M). Returns the FLOP/s of the whole set, timed `reps` times, median.
-double sgemm_flops_at_model_shapes(const ToySpec& spec, int reps) {
-    Transformer model(spec.model);
+double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model, int reps) {
     const int rows = static_cast<int>(spec.batch * spec.seq_len);
     struct Shape3 {
         int m, n, k;
@@ -483,12 +481,14 @@ void run_bench_torch(TorchCommand cmd) {
     // Model FLOP/s against OpenBLAS's sgemm at the model's own GEMM shapes, measured now.
     if (device.is_cpu()) {
         const double ours_tokens = tokens / summarize(ours[norms.size()]).median;
-        const double model_flops = model_flops_per_token(spec) * ours_tokens;
-        const double sgemm = sgemm_flops_at_model_shapes(spec, 5);
+        const Transformer model(spec.model);  // its weights' shapes: the FLOP count and the GEMM shapes
+        const double flops_per_token = model_flops_per_token(spec, model);
+        const double model_flops = flops_per_token * ours_tokens;
+        const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5);
         fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
                    "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
                    "measured now)\n",
-                   model_flops / 1e9, model_flops_per_token(spec) / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
+                   model_flops / 1e9, flops_per_token / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
         if (torch_gemm_flops > 0)
             fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
                        "GEMM engines side by side)\n",

@@ -186,6 +186,11 @@ TEST_CASE("attention: bad shapes are refused by name, and the fused backward is 
     CHECK_THROWS_WITH(attention_forward(q.data(), k.data().narrow(2, 0, 2), k.data().narrow(2, 0, 2).to(DType::F32)),
                       Catch::Contains("share a dtype"));
 
+    const AttentionForward f = attention_forward(q.data(), k.data().narrow(2, 0, 2), k.data().narrow(2, 0, 2));
+    CHECK_THROWS_WITH(attention_backward(f.out, q.data(), k.data().narrow(2, 0, 2), k.data().narrow(2, 0, 2), f.out,
+                                         f.lse.narrow(2, 0, 3)),
+                      Catch::Contains("lse must be f64 of shape [1, 4, 4]") && Catch::Contains("[1, 4, 3]"));
+
     Var kv(randn({1, 4, 2, 8}, gen, DType::F64), true);
     Var out = causal_attention(q, kv, kv, true);
     CHECK_THROWS_WITH(gradients(sum(out), {q}, Var(), false, true), Catch::Contains("first-order only"));

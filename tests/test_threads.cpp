@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "core/cpu/blas_kernel_choice.h"
@@ -94,4 +96,14 @@ TEST_CASE("train: train.threads fixes the thread count, and the summary has the 
                  " --set train.threads=-1 --out bad");
     CHECK(bad.status == 2);
     CHECK_THAT(bad.output, Catch::Contains("/train/threads"));
+    const std::vector<std::pair<std::string, std::string>> bool_keys = {
+        {"model.fused_attention", "/model/fused_attention"}, {"model.fused_swiglu", "/model/fused_swiglu"}};
+    for (const auto& [key, path] : bool_keys) {
+        const nl_test::CliRun not_bool = nl_test::run_normlab_in(
+            dir, "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
+                     " --set " + key + "=3 --out bad2");
+        INFO(not_bool.output);
+        CHECK(not_bool.status == 2);
+        CHECK_THAT(not_bool.output, Catch::Contains(path + ": expected true or false, got 3"));
+    }
 }

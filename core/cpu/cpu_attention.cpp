@@ -300,11 +300,9 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
     }
 }
 
-Dims check_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-    NL_CHECK(batch >= 0 && q_len >= 0 && kv_len >= q_len && head_dim > 0 && kv_heads > 0 && heads % kv_heads == 0,
-             "attention sizes: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len, ", heads ", heads,
-             ", kv_heads ", kv_heads, ", head_dim ", head_dim);
-    NL_CHECK(kv_len > 0 || q_len == 0, "attention: no keys");
+Dims check_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim) {
+    check_attention_sizes(batch, q_len, kv_len, heads, kv_heads, head_dim);
     return {batch, q_len, kv_len, heads, kv_heads, head_dim};
 }
 

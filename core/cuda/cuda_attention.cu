@@ -147,9 +147,7 @@ void attention_backward_typed(const AttnDims& s, const void* q, const void* k, c
 
 AttnDims attention_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
                         int64_t head_dim) {
-    NL_CHECK(batch >= 0 && q_len >= 0 && kv_len >= q_len && head_dim > 0 && kv_heads > 0 && heads % kv_heads == 0,
-             "attention sizes: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len, ", heads ", heads,
-             ", kv_heads ", kv_heads, ", head_dim ", head_dim);
+    check_attention_sizes(batch, q_len, kv_len, heads, kv_heads, head_dim);
     return {batch, q_len, kv_len, heads, kv_heads, head_dim};
 }
 
