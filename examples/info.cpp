@@ -2,6 +2,8 @@
 // BLAS library and threads, OpenMP threads, devices (CPU; CUDA GPUs when built with CUDA), dtypes, memory.
 #include "examples/commands.h"
 
+#include "core/cpu/cpu_sgemm.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -108,6 +110,10 @@ void run_info() {
         fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
     print_row("BLAS", fmt::format("{} (kernel: {}{}, {} threads)", trim(openblas_get_config()),
                                   openblas_get_corename(), chosen, openblas_get_num_threads()));
+    const char* gemm_env = std::getenv("NORMLAB_GEMM");
+    print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(),
+                                      gemm_env ? fmt::format("NORMLAB_GEMM={}", gemm_env)
+                                               : std::string("NORMLAB_GEMM unset: the best this CPU runs")));
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)

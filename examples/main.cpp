@@ -19,6 +19,7 @@
 #include <fmt/core.h>
 
 #include "core/cpu/blas_kernel_choice.h"
+#include "core/cpu/cpu_sgemm.h"
 #include "core/dist.h"
 #include "core/error.h"
 #include "examples/commands.h"
@@ -98,6 +99,7 @@ int run_program(int argc, char** argv) {
 
     // Subcommand callbacks run inside parse(), so a job's exceptions arrive here too.
     try {
+        nl::sgemm_engine_name();  // a bad NORMLAB_GEMM is a user mistake: report it before any work
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return nl::dist::is_root() ? app.exit(e) : 0;  // --help, --version

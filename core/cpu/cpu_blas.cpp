@@ -1,4 +1,5 @@
-// CPU gemm: row-major batched matrix multiply on OpenBLAS (cblas_sgemm / cblas_dgemm).
+// CPU gemm: row-major batched matrix multiply, f32 on normlab's own engine (core/cpu/cpu_sgemm.h)
+// where the CPU has AVX2 or AVX-512, else on OpenBLAS (cblas_sgemm); f64 on OpenBLAS (cblas_dgemm).
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "core/cpu/blas_kernel_choice.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_sgemm.h"
 #include "core/error.h"
 
 namespace nl {
@@ -59,6 +61,23 @@ bool openblas_omp_build() {
     return omp;
 }
 
+// f32 on normlab's engine: it threads inside each gemm past a small size, so only small gemms are
+// spread over the batch (each then runs on its own thread: the engine sees the parallel region).
+void gemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const float* a,
+                 int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, double beta,
+                 float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+    auto one = [&](int64_t p) {
+        sgemm_native(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a + p * stride_a, lda,
+                     b + p * stride_b, ldb, static_cast<float>(beta), c + p * stride_c, ldc);
+    };
+    if (batch > 1 && m * n * k < 64 * 64 * 64) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < batch; ++p) one(p);
+    } else {
+        for (int64_t p = 0; p < batch; ++p) one(p);
+    }
+}
+
 template <typename T>
 void gemm_typed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a,
                 int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b, double beta,
@@ -100,6 +119,12 @@ void CpuBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_
                       int64_t stride_c, int64_t batch) {
     switch (dtype) {
         case DType::F32:
+            if (m != 0 && n != 0 && batch != 0 && k != 0 && sgemm_engine_is_native()) {
+                gemm_native(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a), lda, stride_a,
+                            static_cast<const float*>(b), ldb, stride_b, beta, static_cast<float*>(c), ldc,
+                            stride_c, batch);
+                return;
+            }
             gemm_typed(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a), lda, stride_a,
                        static_cast<const float*>(b), ldb, stride_b, beta, static_cast<float*>(c), ldc,
                        stride_c, batch);

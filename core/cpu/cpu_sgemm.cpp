@@ -1,0 +1,469 @@
+// normlab's f32 gemm engine: the loop nest of BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
+// Rapidly Instantiating BLAS Functionality", TOMS 2015) around one register-tile micro-kernel.
+//
+//   for jc in n, step NC:            B block (kc, nc) packed once, shared by all threads (L3)
+//     for pc in k, step KC:
+//       pack op(B)[pc:pc+kc, jc:jc+nc] into NR-wide panels
+//       for each task (a block of MC rows x a group of NR panels), over the threads:
+//         pack op(A)[ic:ic+mc, pc:pc+kc] into MR-tall panels (L2)
+//         for jr, ir: micro-kernel: an MR x NR tile of C += A panel (kc, MR) . B panel (kc, NR)
+//
+// The packed panels make every micro-kernel read contiguous whatever the transposes, and
+// zero-padded, so partial tiles need no special loads. Where an operand's k rows are already
+// contiguous across a whole tile (A transposed, B not), the kernel reads it in place: packing would
+// only copy it, and at the small sizes of a training step that copy measured a third of the time. The sum over k for any element of C runs
+// in the same KC blocks and the same order whatever the thread count: the bits do not change with it.
+#include "core/cpu/cpu_sgemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define NL_SGEMM_X86 1
+#endif
+
+#include "core/error.h"
+
+namespace nl {
+
+namespace {
+
+// One micro-kernel: C tile (mr, nr) at c, row stride ldc, = alpha * sum_p a[p] (x) b[p] + beta * C,
+// where a[p] is the mr values at a + p * a_step and b[p] the nr values at b + p * b_step: a packed
+// panel (steps mr and nr), or the operand itself where its k rows are already contiguous across the
+// tile (step lda or ldb). read_c false means beta == 0: C is written without being read (it may hold NaN).
+using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                             float* c, int64_t ldc, float alpha, float beta, bool read_c);
+// A (tw, tw) block transpose for the packs (see transpose_16x16_avx512); nullptr: scalar packs.
+using Transpose = void (*)(const float* src, int64_t ld, int rows, float* dst, int64_t dst_ld, int lanes);
+
+struct Engine {
+    const char* key;     // NORMLAB_GEMM's name for it
+    const char* name;    // what `normlab info` shows
+    int mr, nr;          // register tile
+    int64_t kc_max;      // k block: the B panel (kc, nr) stays in L1 while A panels stream past it
+    int64_t mc_max;      // row block: the packed A block (mc, kc) stays in L2
+    MicroKernel kernel;  // nullptr: OpenBLAS
+    Transpose transpose;
+    int tw;              // the transpose's block size; mr <= tw and nr a multiple of it
+};
+
+#ifdef NL_SGEMM_X86
+
+// 12 x 32 on AVX-512: 24 accumulators, two B vectors, one broadcast of A: 27 of 32 registers. Per k
+// step 24 FMAs against 2 loads and 12 broadcasts, so the two FMA ports stay busy.
+__attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const float* a, int64_t a_step,
+                                                            const float* b, int64_t b_step, float* c,
+                                                            int64_t ldc, float alpha, float beta,
+                                                            bool read_c) {
+    __m512 acc[12][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < 12; ++i) {  // the C tile is read only at the end: fetch it while the FMAs run
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 31), _MM_HINT_T0);
+    }
+    // Four k steps per trip when k allows: the loop overhead is then a few percent of the FMA time.
+    for (int64_t p = 0; p < kc;) {
+        const int steps = kc - p >= 4 ? 4 : 1;
+#pragma GCC unroll 4
+        for (int u = 0; u < steps; ++u) {
+            const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < 12; ++i) {
+                const __m512 ai = _mm512_set1_ps(a[i]);
+                acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+            }
+            a += a_step;
+            b += b_step;
+        }
+        p += steps;
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+        float* row = c + i * ldc;  // (32)
+        if (read_c) {
+            _mm512_storeu_ps(row, _mm512_fmadd_ps(acc[i][0], va, _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
+            _mm512_storeu_ps(row + 16,
+                             _mm512_fmadd_ps(acc[i][1], va, _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+        } else {
+            _mm512_storeu_ps(row, _mm512_mul_ps(acc[i][0], va));
+            _mm512_storeu_ps(row + 16, _mm512_mul_ps(acc[i][1], va));
+        }
+    }
+}
+
+// 6 x 16 on AVX2 + FMA: 12 accumulators, two B vectors, one broadcast: 15 of 16 registers.
+__attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_step,
+                                                          const float* b, int64_t b_step, float* c,
+                                                          int64_t ldc, float alpha, float beta,
+                                                          bool read_c) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < kc; ++p) {
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; ++i) {
+            const __m256 ai = _mm256_broadcast_ss(a + i);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += a_step;
+        b += b_step;
+    }
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; ++i) {
+        float* row = c + i * ldc;  // (16)
+        if (read_c) {
+            _mm256_storeu_ps(row, _mm256_fmadd_ps(acc[i][0], va, _mm256_mul_ps(vb, _mm256_loadu_ps(row))));
+            _mm256_storeu_ps(row + 8,
+                             _mm256_fmadd_ps(acc[i][1], va, _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8))));
+        } else {
+            _mm256_storeu_ps(row, _mm256_mul_ps(acc[i][0], va));
+            _mm256_storeu_ps(row + 8, _mm256_mul_ps(acc[i][1], va));
+        }
+    }
+}
+
+// Rows [0, rows) of a (16, 16) block at src (row stride ld), rows past `rows` taken as zero, written
+// transposed: dst row q (stride dst_ld) gets column q, its first `lanes` values. The packs' inner step:
+// four rounds of shuffles instead of 256 scalar moves (the classic unpack / shuffle_f32x4 transpose).
+// GCC 12's own headers trip -Wuninitialized in the unpack intrinsics (their _mm512_undefined_ps
+// masks; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+__attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src, int64_t ld, int rows,
+                                                               float* dst, int64_t dst_ld, int lanes) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // r[4i + c]: columns c, c+4, c+8, c+12 of rows 4i..4i+3
+        const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
+    for (int c = 0; c < 4; ++c) {
+        const __m512 v0 = _mm512_shuffle_f32x4(r[c], r[c + 4], 0x88);   // columns c, c+8 of rows 0..7
+        const __m512 w0 = _mm512_shuffle_f32x4(r[c], r[c + 4], 0xdd);   // columns c+4, c+12
+        const __m512 v1 = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0x88);  // the same of rows 8..15
+        const __m512 w1 = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0xdd);
+        _mm512_mask_storeu_ps(dst + c * dst_ld, mask, _mm512_shuffle_f32x4(v0, v1, 0x88));
+        _mm512_mask_storeu_ps(dst + (c + 8) * dst_ld, mask, _mm512_shuffle_f32x4(v0, v1, 0xdd));
+        _mm512_mask_storeu_ps(dst + (c + 4) * dst_ld, mask, _mm512_shuffle_f32x4(w0, w1, 0x88));
+        _mm512_mask_storeu_ps(dst + (c + 12) * dst_ld, mask, _mm512_shuffle_f32x4(w0, w1, 0xdd));
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // NL_SGEMM_X86
+
+// Every kernel normlab has, best first: "auto" takes the first this CPU runs.
+struct KernelEntry {
+    Engine engine;
+    bool (*cpu_runs)();
+};
+
+#ifdef NL_SGEMM_X86
+// __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0).
+bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+const KernelEntry kKernels[] = {
+    {{"avx512", "normlab avx512 12x32", 12, 32, 256, 480, kernel_avx512_12x32, transpose_16x16_avx512, 16},
+     cpu_has_avx512},
+    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2},
+};
+#else
+const KernelEntry* const kKernels = nullptr;
+#endif
+
+const Engine kOpenBlas{"openblas", "openblas", 0, 0, 0, 0, nullptr, nullptr, 0};
+
+std::vector<const KernelEntry*> all_kernels() {
+    std::vector<const KernelEntry*> out;
+#ifdef NL_SGEMM_X86
+    for (const KernelEntry& k : kKernels) out.push_back(&k);
+#endif
+    return out;
+}
+
+// The kernel named `name` ("avx512", "avx2"), which this CPU must run; throws nl::Error otherwise.
+const Engine& kernel_named(const std::string& name, const char* what) {
+    std::string known;
+    for (const KernelEntry* k : all_kernels()) {
+        if (name == k->engine.key) {
+            NL_REQUIRE(k->cpu_runs(), what, ": this CPU cannot run normlab's ", name, " gemm kernel");
+            return k->engine;
+        }
+        known += std::string(k->engine.key) + ", ";
+    }
+    NL_REQUIRE(false, what, ": expected auto, ", known, "or openblas, found '", name, "'");
+    return kOpenBlas;  // not reached
+}
+
+// The engine for this CPU and NORMLAB_GEMM, chosen once.
+const Engine& choose_engine() {
+    const char* env = std::getenv("NORMLAB_GEMM");
+    const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
+    if (want == "openblas") return kOpenBlas;
+    if (want != "auto") return kernel_named(want, "NORMLAB_GEMM");
+    for (const KernelEntry* k : all_kernels())
+        if (k->cpu_runs()) return k->engine;
+    return kOpenBlas;
+}
+
+const Engine& engine() {
+    static const Engine& chosen = choose_engine();
+    return chosen;
+}
+
+// A 64-byte-aligned float buffer that only grows, one per thread, so a gemm allocates nothing once
+// warm. Its contents are scratch.
+class PackBuffer {
+public:
+    float* get(int64_t floats) {
+        if (floats > capacity_) {
+            const int64_t rounded = (floats + 15) / 16 * 16;  // aligned_alloc wants a multiple of 64 B
+            data_.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(rounded) * sizeof(float))));
+            NL_CHECK(data_ != nullptr, "gemm pack buffer: out of memory for ", rounded, " floats");
+            capacity_ = rounded;
+        }
+        return data_.get();
+    }
+
+private:
+    struct Free {
+        void operator()(float* p) const { std::free(p); }
+    };
+    std::unique_ptr<float, Free> data_;
+    int64_t capacity_ = 0;
+};
+
+// count floats from src to dst, then zeros up to width. The whole-width copies of the tile widths
+// get a size known at compile time, so they compile to a few vector moves instead of a memcpy call.
+inline void copy_padded(float* dst, const float* src, int count, int width) {
+    if (count == width) {
+        switch (width) {
+            case 6: std::memcpy(dst, src, 6 * sizeof(float)); return;
+            case 12: std::memcpy(dst, src, 12 * sizeof(float)); return;
+            case 16: std::memcpy(dst, src, 16 * sizeof(float)); return;
+            case 32: std::memcpy(dst, src, 32 * sizeof(float)); return;
+            default: break;
+        }
+    }
+    std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+    for (int j = count; j < width; ++j) dst[j] = 0.0f;
+}
+
+// op(A)[i0:i0+mc, p0:p0+kc] into panels of mr rows, each (kc, mr), rows past mc zero.
+void pack_a(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+            int64_t kc, float* dst) {
+    const int mr = e.mr;
+    for (int64_t ir = 0; ir < mc; ir += mr) {
+        const int rows = static_cast<int>(std::min<int64_t>(mr, mc - ir));
+        float* panel = dst + ir * kc;  // (kc, mr)
+        if (trans_a) {
+            // A is stored (k, m): row p of the storage holds column p of op(A), contiguous in i, so
+            // a whole panel is read in place (see a_direct); only the last, partial one is copied.
+            if (rows == mr) continue;
+            for (int64_t p = 0; p < kc; ++p) {
+                const float* src = a + (p0 + p) * lda + i0 + ir;
+                copy_padded(panel + p * mr, src, rows, mr);
+            }
+            continue;
+        }
+        // A is stored (m, k): each row of the panel is contiguous in p, so the panel is a transpose.
+        const float* src = a + (i0 + ir) * lda + p0;
+        int64_t p = 0;
+        if (e.transpose != nullptr)
+            for (; p + e.tw <= kc; p += e.tw) e.transpose(src + p, lda, rows, panel + p * mr, mr, mr);
+        for (; p < kc; ++p)
+            for (int r = 0; r < mr; ++r) panel[p * mr + r] = r < rows ? src[r * lda + p] : 0.0f;
+    }
+}
+
+// Panel jp (columns j0 + jp*nr ...) of op(B)[p0:p0+kc, j0:j0+nc], as (kc, nr), columns past nc zero.
+void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc,
+                  int64_t j0, int64_t nc, int64_t jp, float* panel) {
+    const int nr = e.nr;
+    const int64_t jr = jp * nr;
+    const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
+    if (!trans_b) {
+        // B is stored (k, n): a whole panel is read in place (see b_direct); only a partial one is copied.
+        if (cols == nr) return;
+        for (int64_t p = 0; p < kc; ++p) {
+            const float* src = b + (p0 + p) * ldb + j0 + jr;
+            copy_padded(panel + p * nr, src, cols, nr);
+        }
+        return;
+    }
+    // B is stored (n, k): row j of the storage is column j of op(B), contiguous in p: a transpose.
+    const float* src = b + (j0 + jr) * ldb + p0;
+    int64_t p = 0;
+    if (e.transpose != nullptr) {
+        for (; p + e.tw <= kc; p += e.tw) {
+            for (int g = 0; g < nr; g += e.tw) {
+                const int rows = std::clamp(cols - g, 0, e.tw);
+                e.transpose(src + g * ldb + p, ldb, rows, panel + p * nr + g, nr, e.tw);
+            }
+        }
+    }
+    for (; p < kc; ++p)
+        for (int j = 0; j < nr; ++j) panel[p * nr + j] = j < cols ? src[j * ldb + p] : 0.0f;
+}
+
+// One tile of C: the full micro-kernel when the tile is whole, else the kernel into a scratch tile
+// and the valid part merged with the same arithmetic (alpha * acc, or fma(acc, alpha, beta * c)).
+void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_step, const float* b_panel,
+              int64_t b_step, float* c, int64_t ldc, int rows, int cols, float alpha, float beta,
+              bool read_c) {
+    if (rows == e.mr && cols == e.nr) {
+        e.kernel(kc, a_panel, a_step, b_panel, b_step, c, ldc, alpha, beta, read_c);
+        return;
+    }
+    alignas(64) float tile[12 * 32];  // (mr, nr): the largest register tile
+    e.kernel(kc, a_panel, a_step, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
+    for (int i = 0; i < rows; ++i) {
+        float* row = c + i * ldc;
+        const float* acc = tile + i * e.nr;
+        for (int j = 0; j < cols; ++j)
+            row[j] = read_c ? std::fma(acc[j], alpha, beta * row[j]) : acc[j] * alpha;
+    }
+}
+
+// Below this many multiply-adds a gemm runs on the calling thread: waking the team costs more.
+constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;
+constexpr int64_t kNcMax = 4096;  // the packed B block: kc_max x 4096 floats = 4 MiB at most
+
+}  // namespace
+
+const char* sgemm_engine_name() { return engine().name; }
+
+bool sgemm_engine_is_native() { return engine().kernel != nullptr; }
+
+std::vector<std::string> sgemm_kernels_this_cpu_runs() {
+    std::vector<std::string> out;
+    for (const KernelEntry* k : all_kernels())
+        if (k->cpu_runs()) out.emplace_back(k->engine.key);
+    return out;
+}
+
+namespace {
+
+void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    NL_CHECK(e.kernel != nullptr, "sgemm_native called with the OpenBLAS engine");
+    NL_CHECK(m >= 0 && n >= 0 && k >= 0, "sgemm_native: negative size");
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum: C = beta * C, and beta == 0 must not read C
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    // k blocks of equal size (so a k of 300 runs as 150 + 150, not 256 + 44); they depend on k only.
+    const int64_t k_blocks = (k + e.kc_max - 1) / e.kc_max;
+    const int64_t kc_step = (k + k_blocks - 1) / k_blocks;
+    const int64_t nc_max = std::min(kNcMax, (n + e.nr - 1) / e.nr * e.nr);
+
+    const int threads = omp_in_parallel() || m * n * k < kThreadedMinWork ? 1 : omp_get_max_threads();
+    // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
+    // they are handed out dynamically, so a thread slowed by another process on its core (a shared
+    // machine) does not hold the others at the barrier.
+    const int64_t m_panels = (m + e.mr - 1) / e.mr;
+    const int64_t max_panels = e.mc_max / e.mr;
+    int64_t m_blocks = (m_panels + max_panels - 1) / max_panels;
+    if (threads > 1) m_blocks = std::min(m_panels, std::max<int64_t>(m_blocks, 4 * threads));
+    const int64_t mc_step = (m_panels + m_blocks - 1) / m_blocks * e.mr;
+    m_blocks = (m + mc_step - 1) / mc_step;
+
+    thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
+    float* b_packed = b_buffer.get(kc_step * nc_max);  // (nc / nr panels, kc, nr)
+
+#pragma omp parallel num_threads(threads)
+    {
+        thread_local PackBuffer a_buffer;
+        float* a_packed = a_buffer.get(mc_step * kc_step);  // (mc / mr panels, kc, mr)
+        for (int64_t jc = 0; jc < n; jc += nc_max) {
+            const int64_t nc = std::min(nc_max, n - jc);
+            const int64_t n_panels = (nc + e.nr - 1) / e.nr;
+            // When there are fewer row blocks than threads, the B panels are shared out too.
+            const int64_t n_groups = std::min<int64_t>(n_panels, (threads + m_blocks - 1) / m_blocks);
+            const int64_t panels_per_group = (n_panels + n_groups - 1) / n_groups;
+            for (int64_t pc = 0; pc < k; pc += kc_step) {
+                const int64_t kc = std::min(kc_step, k - pc);
+                const bool first = pc == 0;
+                const float block_beta = first ? beta : 1.0f;
+                const bool read_c = !(first && beta == 0.0f);
+#pragma omp for schedule(static)
+                for (int64_t jp = 0; jp < n_panels; ++jp)
+                    pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
+                int64_t packed_block = -1;  // the row block now in a_packed
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < m_blocks * n_groups; ++task) {
+                    const int64_t ib = task / n_groups, group = task % n_groups;
+                    const int64_t ic = ib * mc_step, mc = std::min(mc_step, m - ic);
+                    if (ib != packed_block) {
+                        pack_a(e, trans_a, a, lda, ic, mc, pc, kc, a_packed);
+                        packed_block = ib;
+                    }
+                    const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
+                    // One A panel against the group's B panels in turn: the A panel stays in L1 while
+                    // the B panels stream from the packed block in L2, and C is written row tile by row tile.
+                    for (int64_t ir = 0; ir < mc; ir += e.mr) {
+                        const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
+                        const bool a_direct = trans_a && rows == e.mr;
+                        const float* a_panel = a_direct ? a + pc * lda + ic + ir : a_packed + ir * kc;
+                        const int64_t a_step = a_direct ? lda : e.mr;
+                        for (int64_t jp = group * panels_per_group; jp < jp_end; ++jp) {
+                            const int64_t jr = jp * e.nr;
+                            const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
+                            const bool b_direct = !trans_b && cols == e.nr;
+                            const float* b_panel = b_direct ? b + pc * ldb + jc + jr : b_packed + jp * kc * e.nr;
+                            run_tile(e, kc, a_panel, a_step, b_panel, b_direct ? ldb : e.nr,
+                                     c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, block_beta, read_c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) {
+    sgemm_on(engine(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                       int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float beta, float* c, int64_t ldc) {
+    sgemm_on(kernel_named(kernel, "sgemm_with_kernel"), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+             beta, c, ldc);
+}
+
+}  // namespace nl

@@ -1,0 +1,40 @@
+// normlab's own f32 gemm engine: BLIS-style blocking and packing around an AVX-512 (12 x 32) or AVX2
+// (6 x 16) register-tile micro-kernel, chosen at run time. The CPU backend runs f32 gemms on it where
+// the CPU has one of those; elsewhere (and for f64) it runs OpenBLAS.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nl {
+
+// The f32 gemm engine the CPU backend uses, for `normlab info` and the benchmarks: "normlab avx512
+// 12x32", "normlab avx2 6x16" or "openblas". Chosen once, from the environment variable NORMLAB_GEMM
+// and the CPU: auto (the default) takes the best kernel this CPU runs, else OpenBLAS; avx512 or avx2
+// ask for that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
+// nl::Error naming the variable.
+const char* sgemm_engine_name();
+
+// Whether f32 gemms run on normlab's engine (sgemm_engine_name() is not "openblas").
+bool sgemm_engine_is_native();
+
+// C = alpha * op(A) * op(B) + beta * C, row-major, on normlab's engine (requires
+// sgemm_engine_is_native()). op(A) is (m, k): A is stored (m, k) with row stride lda, or (k, m) when
+// trans_a. op(B) is (k, n): B is stored (k, n) with row stride ldb, or (n, k) when trans_b. C is
+// (m, n) with row stride ldc; beta == 0 never reads C. Threads over OpenMP's current team size
+// unless called inside a parallel region. The bits do not depend on the thread count: the sum over
+// k runs in the same blocks and order for every element however the rows are shared out.
+void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc);
+
+// The kernels this CPU runs ("avx512", "avx2"), best first: for tests and benchmarks.
+std::vector<std::string> sgemm_kernels_this_cpu_runs();
+
+// sgemm_native on the named kernel rather than the chosen engine (tests compare them).
+void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                       int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float beta, float* c, int64_t ldc);
+
+}  // namespace nl
