@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -37,11 +38,11 @@ namespace nl {
 namespace {
 
 // One micro-kernel: C tile (mr, nr) at c, row stride ldc, = alpha * sum_p a[p] (x) b[p] + beta * C,
-// where a[p] is the mr values at a + p * a_step and b[p] the nr values at b + p * b_step: a packed
-// panel (steps mr and nr), or the operand itself where its k rows are already contiguous across the
-// tile (step lda or ldb). read_c false means beta == 0: C is written without being read (it may hold NaN).
-using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_step, const float* b, int64_t b_step,
-                             float* c, int64_t ldc, float alpha, float beta, bool read_c);
+// where a[p] is the mr values a[i * a_rs + p * a_cs] and b[p] the nr values at b + p * b_step: a
+// packed panel (a_rs 1, a_cs mr, b_step nr), or the operand itself (A with its own strides, B where
+// its k rows are contiguous across the tile: b_step ldb). read_c false means beta == 0: C is written without being read (it may hold NaN).
+using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                             int64_t b_step, float* c, int64_t ldc, float alpha, float beta, bool read_c);
 // A (tw, tw) block transpose for the packs (see transpose_16x16_avx512); nullptr: scalar packs.
 using Transpose = void (*)(const float* src, int64_t ld, int rows, float* dst, int64_t dst_ld, int lanes);
 
@@ -60,10 +61,16 @@ struct Engine {
 
 // 12 x 32 on AVX-512: 24 accumulators, two B vectors, one broadcast of A: 27 of 32 registers. Per k
 // step 24 FMAs against 2 loads and 12 broadcasts, so the two FMA ports stay busy.
-__attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const float* a, int64_t a_step,
-                                                            const float* b, int64_t b_step, float* c,
-                                                            int64_t ldc, float alpha, float beta,
+__attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const float* a, int64_t a_rs,
+                                                            int64_t a_cs, const float* b, int64_t b_step,
+                                                            float* c, int64_t ldc, float alpha, float beta,
                                                             bool read_c) {
+    // Row i of the A panel from one of three bases (rows 0-3, 4-7, 8-11) plus 0, 1, 2 or 3 row
+    // strides: x86 addressing does base + index * {1, 2}, so twelve rows cost five registers.
+    const float* a0 = a;
+    const float* a4 = a + 4 * a_rs;
+    const float* a8 = a + 8 * a_rs;
+    const int64_t rs1 = a_rs, rs3 = 3 * a_rs;
     __m512 acc[12][2];
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -79,11 +86,16 @@ __attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const fl
             const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
             for (int i = 0; i < 12; ++i) {
-                const __m512 ai = _mm512_set1_ps(a[i]);
+                const float* base = i < 4 ? a0 : i < 8 ? a4 : a8;
+                const int r = i % 4;
+                const float* ap = r == 0 ? base : r == 1 ? base + rs1 : r == 2 ? base + 2 * rs1 : base + rs3;
+                const __m512 ai = _mm512_set1_ps(*ap);
                 acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
             }
-            a += a_step;
+            a0 += a_cs;
+            a4 += a_cs;
+            a8 += a_cs;
             b += b_step;
         }
         p += steps;
@@ -104,10 +116,13 @@ __attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const fl
 }
 
 // 6 x 16 on AVX2 + FMA: 12 accumulators, two B vectors, one broadcast: 15 of 16 registers.
-__attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_step,
-                                                          const float* b, int64_t b_step, float* c,
-                                                          int64_t ldc, float alpha, float beta,
+__attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_rs,
+                                                          int64_t a_cs, const float* b, int64_t b_step,
+                                                          float* c, int64_t ldc, float alpha, float beta,
                                                           bool read_c) {
+    const float* a0 = a;  // rows 0-3 as in the AVX-512 kernel; rows 4-5 from a second base
+    const float* a4 = a + 4 * a_rs;
+    const int64_t rs1 = a_rs, rs3 = 3 * a_rs;
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -115,11 +130,15 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const floa
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < 6; ++i) {
-            const __m256 ai = _mm256_broadcast_ss(a + i);
+            const float* base = i < 4 ? a0 : a4;
+            const int r = i % 4;
+            const float* ap = r == 0 ? base : r == 1 ? base + rs1 : r == 2 ? base + 2 * rs1 : base + rs3;
+            const __m256 ai = _mm256_broadcast_ss(ap);
             acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
         }
-        a += a_step;
+        a0 += a_cs;
+        a4 += a_cs;
         b += b_step;
     }
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -286,7 +305,7 @@ void pack_a(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t 
         float* panel = dst + ir * kc;  // (kc, mr)
         if (trans_a) {
             // A is stored (k, m): row p of the storage holds column p of op(A), contiguous in i, so
-            // a whole panel is read in place (see a_direct); only the last, partial one is copied.
+            // a whole panel is read in place; only the last, partial one is copied.
             if (rows == mr) continue;
             for (int64_t p = 0; p < kc; ++p) {
                 const float* src = a + (p0 + p) * lda + i0 + ir;
@@ -295,6 +314,7 @@ void pack_a(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t 
             continue;
         }
         // A is stored (m, k): each row of the panel is contiguous in p, so the panel is a transpose.
+        if (rows == mr) continue;  // read in place, like the transposed A above
         const float* src = a + (i0 + ir) * lda + p0;
         int64_t p = 0;
         if (e.transpose != nullptr)
@@ -311,7 +331,7 @@ void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, in
     const int64_t jr = jp * nr;
     const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
     if (!trans_b) {
-        // B is stored (k, n): a whole panel is read in place (see b_direct); only a partial one is copied.
+        // B is stored (k, n): a whole panel is read in place; only a partial one is copied.
         if (cols == nr) return;
         for (int64_t p = 0; p < kc; ++p) {
             const float* src = b + (p0 + p) * ldb + j0 + jr;
@@ -336,15 +356,15 @@ void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, in
 
 // One tile of C: the full micro-kernel when the tile is whole, else the kernel into a scratch tile
 // and the valid part merged with the same arithmetic (alpha * acc, or fma(acc, alpha, beta * c)).
-void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_step, const float* b_panel,
-              int64_t b_step, float* c, int64_t ldc, int rows, int cols, float alpha, float beta,
-              bool read_c) {
+void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, int64_t a_cs,
+              const float* b_panel, int64_t b_step, float* c, int64_t ldc, int rows, int cols, float alpha,
+              float beta, bool read_c) {
     if (rows == e.mr && cols == e.nr) {
-        e.kernel(kc, a_panel, a_step, b_panel, b_step, c, ldc, alpha, beta, read_c);
+        e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, c, ldc, alpha, beta, read_c);
         return;
     }
     alignas(64) float tile[12 * 32];  // (mr, nr): the largest register tile
-    e.kernel(kc, a_panel, a_step, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
+    e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
     for (int i = 0; i < rows; ++i) {
         float* row = c + i * ldc;
         const float* acc = tile + i * e.nr;
@@ -398,52 +418,91 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     const int64_t mc_step = (m_panels + m_blocks - 1) / m_blocks * e.mr;
     m_blocks = (m + mc_step - 1) / mc_step;
 
+    // The tasks of one column block: m_blocks row blocks x n_groups groups of B panels, at least 4
+    // per thread where the sizes allow (so small-m shapes such as a weight gradient split along n).
+    const int64_t want_tasks = threads > 1 ? 4 * threads : 1;
+    auto groups_for = [&](int64_t n_panels) {
+        return std::max<int64_t>(1, std::min<int64_t>(n_panels, (want_tasks + m_blocks - 1) / m_blocks));
+    };
+
+    // The tile loop of one task over one k block: one A panel against the task's B panels in turn
+    // (the A panel stays in L1 while the B panels stream from L2), C row tile by row tile. b_panel(jp)
+    // gives B panel jp's start and step. Whole A panels are read in place; the partial one is packed.
+    auto tiles = [&](int64_t ic, int64_t mc, int64_t jp_begin, int64_t jp_end, int64_t pc, int64_t kc,
+                     int64_t jc, int64_t nc, float* a_packed, auto&& b_panel) {
+        const bool first = pc == 0;
+        const float block_beta = first ? beta : 1.0f;
+        const bool read_c = !(first && beta == 0.0f);
+        pack_a(e, trans_a, a, lda, ic, mc, pc, kc, a_packed);
+        for (int64_t ir = 0; ir < mc; ir += e.mr) {
+            const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
+            const bool a_direct = rows == e.mr;
+            const float* a_panel = !a_direct ? a_packed + ir * kc
+                                   : trans_a ? a + pc * lda + ic + ir
+                                             : a + (ic + ir) * lda + pc;
+            const int64_t a_rs = !a_direct ? 1 : trans_a ? 1 : lda;
+            const int64_t a_cs = !a_direct ? e.mr : trans_a ? lda : 1;
+            for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
+                const int64_t jr = jp * e.nr;
+                const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
+                const auto [b_start, b_step] = b_panel(jp, cols);
+                run_tile(e, kc, a_panel, a_rs, a_cs, b_start, b_step, c + (ic + ir) * ldc + jc + jr, ldc, rows,
+                         cols, alpha, block_beta, read_c);
+            }
+        }
+    };
+
     thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
-    float* b_packed = b_buffer.get(kc_step * nc_max);  // (nc / nr panels, kc, nr)
+    float* b_packed = b_buffer.get(kc_step * (trans_b ? nc_max : e.nr));  // (nc / nr panels, kc, nr)
 
 #pragma omp parallel num_threads(threads)
     {
-        thread_local PackBuffer a_buffer;
-        float* a_packed = a_buffer.get(mc_step * kc_step);  // (mc / mr panels, kc, mr)
+        thread_local PackBuffer a_buffer, b_edge_buffer;
+        float* a_packed = a_buffer.get(mc_step * kc_step);  // (mc / mr panels, kc, mr): the partial one
         for (int64_t jc = 0; jc < n; jc += nc_max) {
             const int64_t nc = std::min(nc_max, n - jc);
             const int64_t n_panels = (nc + e.nr - 1) / e.nr;
-            // When there are fewer row blocks than threads, the B panels are shared out too.
-            const int64_t n_groups = std::min<int64_t>(n_panels, (threads + m_blocks - 1) / m_blocks);
+            const int64_t n_groups = groups_for(n_panels);
             const int64_t panels_per_group = (n_panels + n_groups - 1) / n_groups;
-            for (int64_t pc = 0; pc < k; pc += kc_step) {
-                const int64_t kc = std::min(kc_step, k - pc);
-                const bool first = pc == 0;
-                const float block_beta = first ? beta : 1.0f;
-                const bool read_c = !(first && beta == 0.0f);
+            const int64_t tasks = m_blocks * n_groups;
+            if (trans_b) {
+                // B needs a transpose: pack each k block of it once, shared by all tasks, then the tasks.
+                for (int64_t pc = 0; pc < k; pc += kc_step) {
+                    const int64_t kc = std::min(kc_step, k - pc);
 #pragma omp for schedule(static)
-                for (int64_t jp = 0; jp < n_panels; ++jp)
-                    pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
-                int64_t packed_block = -1;  // the row block now in a_packed
+                    for (int64_t jp = 0; jp < n_panels; ++jp)
+                        pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t task = 0; task < m_blocks * n_groups; ++task) {
-                    const int64_t ib = task / n_groups, group = task % n_groups;
-                    const int64_t ic = ib * mc_step, mc = std::min(mc_step, m - ic);
-                    if (ib != packed_block) {
-                        pack_a(e, trans_a, a, lda, ic, mc, pc, kc, a_packed);
-                        packed_block = ib;
+                    for (int64_t task = 0; task < tasks; ++task) {
+                        const int64_t ib = task / n_groups, group = task % n_groups;
+                        const int64_t ic = ib * mc_step;
+                        tiles(ic, std::min(mc_step, m - ic), group * panels_per_group,
+                              std::min(n_panels, (group + 1) * panels_per_group), pc, kc, jc, nc, a_packed,
+                              [&](int64_t jp, int) { return std::pair<const float*, int64_t>(b_packed + jp * kc * e.nr, e.nr); });
                     }
-                    const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
-                    // One A panel against the group's B panels in turn: the A panel stays in L1 while
-                    // the B panels stream from the packed block in L2, and C is written row tile by row tile.
-                    for (int64_t ir = 0; ir < mc; ir += e.mr) {
-                        const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
-                        const bool a_direct = trans_a && rows == e.mr;
-                        const float* a_panel = a_direct ? a + pc * lda + ic + ir : a_packed + ir * kc;
-                        const int64_t a_step = a_direct ? lda : e.mr;
-                        for (int64_t jp = group * panels_per_group; jp < jp_end; ++jp) {
-                            const int64_t jr = jp * e.nr;
-                            const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
-                            const bool b_direct = !trans_b && cols == e.nr;
-                            const float* b_panel = b_direct ? b + pc * ldb + jc + jr : b_packed + jp * kc * e.nr;
-                            run_tile(e, kc, a_panel, a_step, b_panel, b_direct ? ldb : e.nr,
-                                     c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, block_beta, read_c);
-                        }
+                }
+            } else {
+                // B's k rows are contiguous: it is read in place (a partial panel aside), so nothing is
+                // shared and no barrier is needed. Each thread takes a fixed run of tasks and walks the
+                // k blocks outermost, so the k slices of A and B it reads stay in its L2 across its tasks.
+                float* b_edge = b_edge_buffer.get(kc_step * e.nr);  // (kc, nr): a partial B panel
+                const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+                const int64_t task_begin = tasks * t / team, task_end = tasks * (t + 1) / team;
+                for (int64_t pc = 0; pc < k; pc += kc_step) {
+                    const int64_t kc = std::min(kc_step, k - pc);
+                    for (int64_t task = task_begin; task < task_end; ++task) {
+                        const int64_t ib = task / n_groups, group = task % n_groups;
+                        const int64_t ic = ib * mc_step;
+                        const int64_t jp_begin = group * panels_per_group;
+                        const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
+                        if (jp_end == n_panels)  // copies the last panel if partial
+                            pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, b_edge);
+                        tiles(ic, std::min(mc_step, m - ic), jp_begin, jp_end, pc, kc, jc, nc, a_packed,
+                              [&](int64_t jp, int cols) {
+                                  if (cols == e.nr)
+                                      return std::pair<const float*, int64_t>(b + pc * ldb + jc + jp * e.nr, ldb);
+                                  return std::pair<const float*, int64_t>(b_edge, e.nr);
+                              });
                     }
                 }
             }
