@@ -22,6 +22,7 @@ constexpr int64_t kQueryTile = 32;  // query rows per task: a (32 x 64) score ti
 constexpr int64_t kKeyTile = 64;    // keys per inner tile, at most
 constexpr int64_t kKeyStep = 16;    // a tile's width is a multiple of this (one AVX-512 vector of f32)
 constexpr int64_t kRowBlock = 4;    // query rows computed together: one packed column load serves four
+constexpr int64_t kRowChunk = 64;   // backward: query rows whose P and dS are kept (a multiple of kRowBlock)
 
 // The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
 // the causal diagonal) does not compute the full kKeyTile columns.
@@ -52,27 +53,8 @@ inline T dot(const T* a, const T* b, int64_t n) {
     return s;
 }
 
-template <typename T>
-inline void axpy(T alpha, const T* x, T* y, int64_t n) {  // y += alpha * x
-#pragma omp simd
-    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
-
-// y += sum_{c < count} w[c] * row(c), four rows per pass over y, so y is loaded and stored once per
-// four terms (the weighted sums of attention: p v, ds k, p^T dout, ds^T q). Summed in order of c.
-template <typename T, typename Row>
-inline void weighted_rows_add(const T* w, int64_t count, const Row& row, T* y, int64_t n) {
-    int64_t c = 0;
-    for (; c + 4 <= count; c += 4) {
-        const T *x0 = row(c), *x1 = row(c + 1), *x2 = row(c + 2), *x3 = row(c + 3);
-        const T w0 = w[c], w1 = w[c + 1], w2 = w[c + 2], w3 = w[c + 3];
-#pragma omp simd
-        for (int64_t d = 0; d < n; ++d) y[d] += (w0 * x0[d] + w1 * x1[d]) + (w2 * x2[d] + w3 * x3[d]);
-    }
-    for (; c < count; ++c) axpy(w[c], row(c), y, n);
-}
-
 using cpu_math::exp_of;  // the vectorizable exp for f32; std::exp for f64 (gradient checks)
+using cpu_math::mul_add;
 
 // Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
 // past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that
@@ -100,7 +82,7 @@ inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed
         for (int64_t r = 0; r < kRowBlock; ++r) {
             const T ad = a[r][d];
 #pragma omp simd
-            for (int64_t c = 0; c < Width; ++c) acc[r][c] += ad * col[c];
+            for (int64_t c = 0; c < Width; ++c) acc[r][c] = mul_add(ad, col[c], acc[r][c]);
         }
     }
     for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Width, out[r]);
@@ -118,6 +100,47 @@ inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int6
     }
 }
 
+// y[r] = y[r] * y_scale[r] (when given) + sum_{c < count} w[r][c] * x[c] for kRowBlock rows, where x[c]
+// is the row at x + c * x_stride and w[r][c] is at w + r * w_rs + c * w_cs (so P^T is P read the
+// other way, not a copy): the products P V, dS K, P^T dO and dS^T Q, each a small gemm over the tile. The y rows are summed in registers over the whole count,
+// a chunk of columns at a time (Chunk a compile-time width: 4, 2 or 1 vectors), and in order of c.
+template <int64_t Chunk, typename T>
+inline void rows_accumulate_fixed(const T* w, int64_t w_rs, int64_t w_cs, int64_t count, const T* x,
+                                  int64_t x_stride, T* const y[kRowBlock], const T* y_scale, int64_t d0) {
+    T acc[kRowBlock][Chunk];
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+        const T f = y_scale != nullptr ? y_scale[r] : T(1);
+#pragma omp simd
+        for (int64_t d = 0; d < Chunk; ++d) acc[r][d] = y[r][d0 + d] * f;
+    }
+    for (int64_t c = 0; c < count; ++c) {
+        const T* xc = x + c * x_stride + d0;
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const T wr = w[r * w_rs + c * w_cs];
+#pragma omp simd
+            for (int64_t d = 0; d < Chunk; ++d) acc[r][d] = mul_add(wr, xc[d], acc[r][d]);
+        }
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Chunk, y[r] + d0);
+}
+
+template <typename T>
+inline void rows_accumulate(const T* w, int64_t w_rs, int64_t w_cs, int64_t count, const T* x, int64_t x_stride,
+                            T* const y[kRowBlock], const T* y_scale, int64_t hd) {
+    constexpr int64_t kVec = 64 / sizeof(T);  // one AVX-512 vector
+    int64_t d0 = 0;
+    for (; d0 + 4 * kVec <= hd; d0 += 4 * kVec) rows_accumulate_fixed<4 * kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+    if (d0 + 2 * kVec <= hd) {
+        rows_accumulate_fixed<2 * kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+        d0 += 2 * kVec;
+    }
+    if (d0 + kVec <= hd) {
+        rows_accumulate_fixed<kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+        d0 += kVec;
+    }
+    for (; d0 < hd; ++d0) rows_accumulate_fixed<1>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+}
+
 // ---- forward ----
 
 template <typename T>
@@ -129,6 +152,7 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
         std::vector<T> acc(static_cast<size_t>(kQueryTile * hd));   // (rows, hd): unnormalized output
         std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile));  // (hd, kKeyTile): the key tile, transposed
         const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
+        std::vector<T> spare_row(static_cast<size_t>(hd));            // their output goes here, unread
         T scores[kRowBlock][kKeyTile], row_max[kQueryTile], row_sum[kQueryTile];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
@@ -149,19 +173,27 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
                     for (int64_t r = 0; r < kRowBlock; ++r)
                         q_rows[r] = r < block ? q + s.q_row(b, i0 + r0 + r, h) : zero_row.data();
                     rows_times_packed(q_rows, keys_t.data(), hd, width, scores);
-                    for (int64_t r = r0; r < r0 + block; ++r) {
-                        const int64_t n = std::min(s.visible(i0 + r) - j0, count);  // this row's keys in the tile
-                        if (n <= 0) continue;
-                        T* score = scores[r - r0];
+                    T rescale[kRowBlock];
+                    T* acc_rows[kRowBlock];
+                    for (int64_t r = 0; r < kRowBlock; ++r) {
+                        const int64_t row = r0 + r;
+                        T* score = scores[r];
+                        const int64_t n = r < block ? std::min(s.visible(i0 + row) - j0, count) : 0;  // its keys here
+                        acc_rows[r] = r < block ? acc.data() + row * hd : spare_row.data();
+                        if (n <= 0) {  // the row sees no key of the tile, or pads the block: it adds nothing
+                            std::fill_n(score, width, T(0));
+                            rescale[r] = T(1);
+                            continue;
+                        }
                         // Loops over the whole width with the keys past n masked, so each one vectorizes.
-                        T m = row_max[r];
+                        T m = row_max[row];
 #pragma omp simd reduction(max : m)
                         for (int64_t c = 0; c < width; ++c) {
                             score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
                             m = score[c] > m ? score[c] : m;
                         }
-                        // Online softmax: rescale what was summed under the old max to the new one.
-                        const T rescale = exp_of(row_max[r] - m);
+                        // Online softmax: what was summed under the old max is rescaled to the new one.
+                        rescale[r] = exp_of(row_max[row] - m);
                         // The masked keys hold -inf, so their exp is 0. (Two loops: with the sum in the
                         // same loop GCC leaves the exp scalar.)
 #pragma omp simd
@@ -169,12 +201,13 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
                         T sum = T(0);
 #pragma omp simd reduction(+ : sum)
                         for (int64_t c = 0; c < width; ++c) sum += score[c];
-                        T* a = acc.data() + r * hd;
-                        for (int64_t d = 0; d < hd; ++d) a[d] *= rescale;
-                        weighted_rows_add(score, n, [&](int64_t c) { return v + s.kv_row(b, j0 + c, g); }, a, hd);
-                        row_max[r] = m;
-                        row_sum[r] = row_sum[r] * rescale + sum;
+                        row_max[row] = m;
+                        row_sum[row] = row_sum[row] * rescale[r] + sum;
                     }
+                    // acc = acc * rescale + P V over the keys the block's last row sees (the others' P is 0 there).
+                    const int64_t n_max = std::min(s.visible(i0 + r0 + block - 1) - j0, count);
+                    rows_accumulate(&scores[0][0], kKeyTile, 1, n_max, v + s.kv_row(b, j0, g), s.kv_heads * hd, acc_rows,
+                                    rescale, hd);
                 }
             }
             for (int64_t r = 0; r < rows; ++r) {
@@ -235,15 +268,18 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
 
     // One task per (batch, kv head): it owns dk and dv of its keys and dq of its group's query heads,
     // so each probability tile is computed once and every sum has one owner and a fixed order (key
-    // tiles in order, then heads, then rows; no atomics, the same bits for any thread count).
+    // tiles in order, then heads, then rows; no atomics, the same bits for any thread count). The
+    // query rows go in chunks of kRowChunk: P and dS of a chunk are kept so that dV
+    // += P^T dO and dK += dS^T Q are register-blocked sums over the chunk's rows, four keys at a time.
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
     const int64_t tasks = s.batch * s.kv_heads;
 #pragma omp parallel if (parallel)
     {
         std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile)), values_t(keys_t.size());  // (hd, kKeyTile)
         std::vector<T> dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size());     // (kKeyTile, hd)
+        std::vector<T> p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size());   // (kRowChunk, kKeyTile)
         const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
-        T p[kRowBlock][kKeyTile], ds[kRowBlock][kKeyTile];              // a block of rows' probabilities and ds
+        std::vector<T> spare_row(static_cast<size_t>(hd));            // their dq goes here, unread
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t g = task % s.kv_heads, b = task / s.kv_heads;
@@ -253,41 +289,50 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
             for (int64_t tile = 0; tile < key_tiles; ++tile) {
                 const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
                 const int64_t width = tile_width(count);
+                const int64_t count4 = std::min(width, (count + kRowBlock - 1) / kRowBlock * kRowBlock);
                 pack_transposed(s, k, b, j0, count, g, keys_t.data());
                 pack_transposed(s, v, b, j0, count, g, values_t.data());
                 std::fill(dk_acc.begin(), dk_acc.end(), T(0));
                 std::fill(dv_acc.begin(), dv_acc.end(), T(0));
                 const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());  // the first row that sees key j0
-                auto key_row = [&](int64_t c) { return k + s.kv_row(b, j0 + c, g); };
+                const T* key_rows = k + s.kv_row(b, j0, g);
                 for (int64_t h = h_begin; h < h_end; ++h) {
-                    // Query rows in blocks of kRowBlock, so dk and dv take four rows per pass.
-                    for (int64_t i0 = first_row; i0 < s.q_len; i0 += kRowBlock) {
-                        const int64_t rows = std::min(kRowBlock, s.q_len - i0);
-                        const T* q_rows[kRowBlock];
-                        const T* dout_rows[kRowBlock];
-                        int64_t n[kRowBlock];
-                        for (int64_t r = 0; r < rows; ++r)
-                            n[r] = std::min(s.visible(i0 + r) - j0, count);  // keys of the tile row r sees
-                        const int64_t n_max = n[rows - 1];  // later rows see more keys
-                        probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width, b, h, i0, rows,
-                                      n, scale, zero_row.data(), p, ds);
-                        for (int64_t r = 0; r < rows; ++r) {
-                            for (int64_t c = 0; c < width; ++c) ds[r][c] *= scale;  // dq and dk take scale * ds
-                            q_rows[r] = q + s.q_row(b, i0 + r, h);
-                            dout_rows[r] = dout + s.q_row(b, i0 + r, h);
-                            weighted_rows_add(ds[r], n[r], key_row, dq + s.q_row(b, i0 + r, h), hd);
-                        }
-                        // Past a row's n its p and ds are 0.
-                        for (int64_t c = 0; c < n_max; ++c) {
-                            T p_c[kRowBlock] = {}, ds_c[kRowBlock] = {};
-                            for (int64_t r = 0; r < rows; ++r) {
-                                p_c[r] = p[r][c];
-                                ds_c[r] = ds[r][c];
+                    for (int64_t c0 = first_row; c0 < s.q_len; c0 += kRowChunk) {
+                        const int64_t chunk = std::min(kRowChunk, s.q_len - c0);
+                        // P and dS of the chunk, four rows at a time (rows past the chunk get zeros), and
+                        // dq += dS K for those rows.
+                        for (int64_t r0 = 0; r0 < chunk; r0 += kRowBlock) {
+                            const int64_t rows = std::min(kRowBlock, chunk - r0);
+                            int64_t n[kRowBlock];
+                            for (int64_t r = 0; r < rows; ++r)
+                                n[r] = std::min(s.visible(c0 + r0 + r) - j0, count);  // keys of the tile row r sees
+                            T(*p_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(p.data() + r0 * kKeyTile);
+                            T(*ds_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(ds.data() + r0 * kKeyTile);
+                            probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width, b, h, c0 + r0,
+                                          rows, n, scale, zero_row.data(), p_block, ds_block);
+                            T* dq_rows[kRowBlock];
+                            for (int64_t r = 0; r < kRowBlock; ++r) {
+                                for (int64_t c = 0; c < width; ++c) ds_block[r][c] *= scale;  // dq and dk take scale * ds
+                                dq_rows[r] = r < rows ? dq + s.q_row(b, c0 + r0 + r, h) : spare_row.data();
                             }
-                            weighted_rows_add(p_c, rows, [&](int64_t r) { return dout_rows[r]; },
-                                              dv_acc.data() + c * hd, hd);
-                            weighted_rows_add(ds_c, rows, [&](int64_t r) { return q_rows[r]; },
-                                              dk_acc.data() + c * hd, hd);
+                            rows_accumulate(&ds_block[0][0], kKeyTile, 1, n[rows - 1], key_rows, s.kv_heads * hd, dq_rows,
+                                            static_cast<const T*>(nullptr), hd);
+                        }
+                        // Transposed, four keys per pass: dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]
+                        // (zeros where a row does not see key c, and past count).
+                        const T* dout_rows = dout + s.q_row(b, c0, h);
+                        const T* q_rows = q + s.q_row(b, c0, h);
+                        for (int64_t c = 0; c < count4; c += kRowBlock) {
+                            T* dv_rows[kRowBlock];
+                            T* dk_rows[kRowBlock];
+                            for (int64_t r = 0; r < kRowBlock; ++r) {
+                                dv_rows[r] = dv_acc.data() + (c + r) * hd;
+                                dk_rows[r] = dk_acc.data() + (c + r) * hd;
+                            }
+                            rows_accumulate(p.data() + c, 1, kKeyTile, chunk, dout_rows, s.heads * hd, dv_rows,
+                                            static_cast<const T*>(nullptr), hd);
+                            rows_accumulate(ds.data() + c, 1, kKeyTile, chunk, q_rows, s.heads * hd, dk_rows,
+                                            static_cast<const T*>(nullptr), hd);
                         }
                     }
                 }
