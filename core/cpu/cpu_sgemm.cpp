@@ -1,18 +1,16 @@
 // normlab's f32 gemm engine: the loop nest of BLIS (Van Zee & van de Geijn, "BLIS: A Framework for
 // Rapidly Instantiating BLAS Functionality", TOMS 2015) around one register-tile micro-kernel.
 //
-//   for jc in n, step NC:            B block (kc, nc) packed once, shared by all threads (L3)
+//   for jc in n, step NC:
 //     for pc in k, step KC:
-//       pack op(B)[pc:pc+kc, jc:jc+nc] into NR-wide panels
-//       for each task (a block of MC rows x a group of NR panels), over the threads:
-//         pack op(A)[ic:ic+mc, pc:pc+kc] into MR-tall panels (L2)
-//         for jr, ir: micro-kernel: an MR x NR tile of C += A panel (kc, MR) . B panel (kc, NR)
+//       pack op(B)[pc:pc+kc, jc:jc+nc] into NR-wide panels (kc, NR), shared by the threads (L2/L3)
+//       for each task (a block of MC rows x a group of B panels), over the threads:
+//         for ir, jr: micro-kernel: an MR x NR tile of C += op(A) rows (kc, MR) . B panel (kc, NR)
 //
-// The packed panels make every micro-kernel read contiguous whatever the transposes, and
-// zero-padded, so partial tiles need no special loads. Where an operand's k rows are already
-// contiguous across a whole tile (A transposed, B not), the kernel reads it in place: packing would
-// only copy it, and at the small sizes of a training step that copy measured a third of the time. The sum over k for any element of C runs
-// in the same KC blocks and the same order whatever the thread count: the bits do not change with it.
+// B's packed panels make the micro-kernel's vector loads contiguous whatever the transpose, and are
+// zero-padded, so a partial tile needs no special loads. A is read in place, through its own row
+// and column strides, except for a last partial panel. The sum over k for any element of C runs in
+// the same KC blocks and the same order whatever the thread count: the bits do not change with it.
 #include "core/cpu/cpu_sgemm.h"
 
 #include <omp.h>
@@ -38,9 +36,10 @@ namespace nl {
 namespace {
 
 // One micro-kernel: C tile (mr, nr) at c, row stride ldc, = alpha * sum_p a[p] (x) b[p] + beta * C,
-// where a[p] is the mr values a[i * a_rs + p * a_cs] and b[p] the nr values at b + p * b_step: a
-// packed panel (a_rs 1, a_cs mr, b_step nr), or the operand itself (A with its own strides, B where
-// its k rows are contiguous across the tile: b_step ldb). read_c false means beta == 0: C is written without being read (it may hold NaN).
+// where a[p] is the mr values a[i * a_rs + p * a_cs] (A in place with its own strides, or a packed
+// panel: a_rs 1, a_cs mr) and b[p] the nr values at b + p * b_step (a packed B panel, b_step nr, or
+// B in place, b_step ldb). read_c false means beta == 0: C is written without being read (it may
+// hold NaN).
 using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                              int64_t b_step, float* c, int64_t ldc, float alpha, float beta, bool read_c);
 // A (tw, tw) block transpose for the packs (see transpose_16x16_avx512); nullptr: scalar packs.
@@ -51,7 +50,7 @@ struct Engine {
     const char* name;    // what `normlab info` shows
     int mr, nr;          // register tile
     int64_t kc_max;      // k block: the B panel (kc, nr) stays in L1 while A panels stream past it
-    int64_t mc_max;      // row block: the packed A block (mc, kc) stays in L2
+    int64_t mc_max;      // row block: the A block (mc, kc) a task reads stays in L2
     MicroKernel kernel;  // nullptr: OpenBLAS
     Transpose transpose;
     int tw;              // the transpose's block size; mr <= tw and nr a multiple of it
@@ -296,31 +295,18 @@ inline void copy_padded(float* dst, const float* src, int count, int width) {
     for (int j = count; j < width; ++j) dst[j] = 0.0f;
 }
 
-// op(A)[i0:i0+mc, p0:p0+kc] into panels of mr rows, each (kc, mr), rows past mc zero.
-void pack_a(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
-            int64_t kc, float* dst) {
-    const int mr = e.mr;
-    for (int64_t ir = 0; ir < mc; ir += mr) {
-        const int rows = static_cast<int>(std::min<int64_t>(mr, mc - ir));
-        float* panel = dst + ir * kc;  // (kc, mr)
-        if (trans_a) {
-            // A is stored (k, m): row p of the storage holds column p of op(A), contiguous in i, so
-            // a whole panel is read in place; only the last, partial one is copied.
-            if (rows == mr) continue;
-            for (int64_t p = 0; p < kc; ++p) {
-                const float* src = a + (p0 + p) * lda + i0 + ir;
-                copy_padded(panel + p * mr, src, rows, mr);
-            }
-            continue;
-        }
-        // A is stored (m, k): each row of the panel is contiguous in p, so the panel is a transpose.
-        if (rows == mr) continue;  // read in place, like the transposed A above
-        const float* src = a + (i0 + ir) * lda + p0;
-        int64_t p = 0;
-        if (e.transpose != nullptr)
-            for (; p + e.tw <= kc; p += e.tw) e.transpose(src + p, lda, rows, panel + p * mr, mr, mr);
-        for (; p < kc; ++p)
-            for (int r = 0; r < mr; ++r) panel[p * mr + r] = r < rows ? src[r * lda + p] : 0.0f;
+// op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: the last, partial
+// panel of A (whole panels are read in place).
+void pack_a_panel(bool trans_a, const float* a, int64_t lda, int64_t i0, int rows, int64_t p0, int64_t kc, int mr,
+                  float* panel) {
+    if (trans_a) {  // A is stored (k, m): the panel's row p is a contiguous piece of A's row p
+        for (int64_t p = 0; p < kc; ++p) copy_padded(panel + p * mr, a + (p0 + p) * lda + i0, rows, mr);
+        return;
+    }
+    for (int64_t p = 0; p < kc; ++p) {
+        float* out = panel + p * mr;
+        for (int r = 0; r < mr; ++r)
+            out[r] = r >= rows ? 0.0f : trans_a ? a[(p0 + p) * lda + i0 + r] : a[(i0 + r) * lda + p0 + p];
     }
 }
 
@@ -331,8 +317,7 @@ void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, in
     const int64_t jr = jp * nr;
     const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
     if (!trans_b) {
-        // B is stored (k, n): a whole panel is read in place; only a partial one is copied.
-        if (cols == nr) return;
+        // B is stored (k, n): row p of the panel is a contiguous piece of row p of B.
         for (int64_t p = 0; p < kc; ++p) {
             const float* src = b + (p0 + p) * ldb + j0 + jr;
             copy_padded(panel + p * nr, src, cols, nr);
@@ -376,6 +361,7 @@ void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, i
 // Below this many multiply-adds a gemm runs on the calling thread: waking the team costs more.
 constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;
 constexpr int64_t kNcMax = 4096;  // the packed B block: kc_max x 4096 floats = 4 MiB at most
+constexpr int64_t kDirectBMaxRows = 256;  // up to this m, a non-transposed B is read in place
 
 }  // namespace
 
@@ -406,104 +392,94 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     const int64_t k_blocks = (k + e.kc_max - 1) / e.kc_max;
     const int64_t kc_step = (k + k_blocks - 1) / k_blocks;
     const int64_t nc_max = std::min(kNcMax, (n + e.nr - 1) / e.nr * e.nr);
-
+    // Whole A panels are read in place: packing them would be a copy of one read (at the sizes of a
+    // training step that copy measured a fifth of the time); only a partial panel is packed.
+    //
+    // B is packed, once per k block and shared by the threads (a barrier each side), when its panels
+    // are read by many A panels, or when it is stored transposed. A gemm of few rows (a weight
+    // gradient dW = dY^T X of a small layer, k the batch's rows) reuses each B panel a few times
+    // only: there B is read in place (b_step ldb) and nothing is shared, so each thread runs a fixed
+    // run of tasks with the k blocks outermost and no barrier (measured 1.5-2x at m 65 and 128).
+    // In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats, 4 KiB)
+    // maps them all to the same L1 sets: that is why larger gemms pack.
+    const bool direct_b = !trans_b && m <= kDirectBMaxRows;
     const int threads = omp_in_parallel() || m * n * k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
-    // they are handed out dynamically, so a thread slowed by another process on its core (a shared
-    // machine) does not hold the others at the barrier.
+    // with packed B they are handed out dynamically, so a thread slowed by another process on its
+    // core (a shared machine) does not hold the others at the barrier.
     const int64_t m_panels = (m + e.mr - 1) / e.mr;
     const int64_t max_panels = e.mc_max / e.mr;
-    int64_t m_blocks = (m_panels + max_panels - 1) / max_panels;
-    if (threads > 1) m_blocks = std::min(m_panels, std::max<int64_t>(m_blocks, 4 * threads));
+    const int64_t want_tasks = threads > 1 ? 4 * threads : 1;
+    int64_t m_blocks = std::max((m_panels + max_panels - 1) / max_panels, std::min(m_panels, want_tasks));
     const int64_t mc_step = (m_panels + m_blocks - 1) / m_blocks * e.mr;
     m_blocks = (m + mc_step - 1) / mc_step;
 
-    // The tasks of one column block: m_blocks row blocks x n_groups groups of B panels, at least 4
-    // per thread where the sizes allow (so small-m shapes such as a weight gradient split along n).
-    const int64_t want_tasks = threads > 1 ? 4 * threads : 1;
-    auto groups_for = [&](int64_t n_panels) {
-        return std::max<int64_t>(1, std::min<int64_t>(n_panels, (want_tasks + m_blocks - 1) / m_blocks));
-    };
-
-    // The tile loop of one task over one k block: one A panel against the task's B panels in turn
-    // (the A panel stays in L1 while the B panels stream from L2), C row tile by row tile. b_panel(jp)
-    // gives B panel jp's start and step. Whole A panels are read in place; the partial one is packed.
-    auto tiles = [&](int64_t ic, int64_t mc, int64_t jp_begin, int64_t jp_end, int64_t pc, int64_t kc,
-                     int64_t jc, int64_t nc, float* a_packed, auto&& b_panel) {
-        const bool first = pc == 0;
-        const float block_beta = first ? beta : 1.0f;
-        const bool read_c = !(first && beta == 0.0f);
-        pack_a(e, trans_a, a, lda, ic, mc, pc, kc, a_packed);
-        for (int64_t ir = 0; ir < mc; ir += e.mr) {
-            const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
-            const bool a_direct = rows == e.mr;
-            const float* a_panel = !a_direct ? a_packed + ir * kc
-                                   : trans_a ? a + pc * lda + ic + ir
-                                             : a + (ic + ir) * lda + pc;
-            const int64_t a_rs = !a_direct ? 1 : trans_a ? 1 : lda;
-            const int64_t a_cs = !a_direct ? e.mr : trans_a ? lda : 1;
-            for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
-                const int64_t jr = jp * e.nr;
-                const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
-                const auto [b_start, b_step] = b_panel(jp, cols);
-                run_tile(e, kc, a_panel, a_rs, a_cs, b_start, b_step, c + (ic + ir) * ldc + jc + jr, ldc, rows,
-                         cols, alpha, block_beta, read_c);
-            }
-        }
-    };
-
     thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
-    float* b_packed = b_buffer.get(kc_step * (trans_b ? nc_max : e.nr));  // (nc / nr panels, kc, nr)
+    float* b_packed = direct_b ? nullptr : b_buffer.get(kc_step * nc_max);  // (nc / nr panels, kc, nr)
 
 #pragma omp parallel num_threads(threads)
     {
         thread_local PackBuffer a_buffer, b_edge_buffer;
-        float* a_packed = a_buffer.get(mc_step * kc_step);  // (mc / mr panels, kc, mr): the partial one
+        float* a_packed = a_buffer.get(e.mr * kc_step);                          // (kc, mr): a partial A panel
+        float* b_edge = direct_b ? b_edge_buffer.get(kc_step * e.nr) : nullptr;  // (kc, nr): a partial B panel
         for (int64_t jc = 0; jc < n; jc += nc_max) {
             const int64_t nc = std::min(nc_max, n - jc);
             const int64_t n_panels = (nc + e.nr - 1) / e.nr;
-            const int64_t n_groups = groups_for(n_panels);
+            // Tasks: m_blocks row blocks x n_groups groups of B panels, at least 4 per thread where
+            // the sizes allow (so a small-m gemm also splits along n).
+            const int64_t n_groups =
+                std::max<int64_t>(1, std::min<int64_t>(n_panels, (want_tasks + m_blocks - 1) / m_blocks));
             const int64_t panels_per_group = (n_panels + n_groups - 1) / n_groups;
             const int64_t tasks = m_blocks * n_groups;
-            if (trans_b) {
-                // B needs a transpose: pack each k block of it once, shared by all tasks, then the tasks.
+
+            // One task over one k block: one A panel against the task's B panels in turn (the A panel
+            // stays in L1 while the B panels stream from L2), C row tile by row tile.
+            auto run_task = [&](int64_t task, int64_t pc, int64_t kc) {
+                const int64_t ic = task / n_groups * mc_step, mc = std::min(mc_step, m - ic);
+                const int64_t group = task % n_groups;
+                const int64_t jp_begin = group * panels_per_group;
+                const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
+                const float block_beta = pc == 0 ? beta : 1.0f;
+                const bool read_c = !(pc == 0 && beta == 0.0f);
+                if (direct_b && jp_end == n_panels && nc % e.nr != 0)  // the partial last B panel
+                    pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, b_edge);
+                for (int64_t ir = 0; ir < mc; ir += e.mr) {
+                    const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
+                    const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
+                    int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
+                    if (rows < e.mr) {
+                        pack_a_panel(trans_a, a, lda, ic + ir, rows, pc, kc, e.mr, a_packed);
+                        a_panel = a_packed;
+                        a_rs = 1;
+                        a_cs = e.mr;
+                    }
+                    for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
+                        const int64_t jr = jp * e.nr;
+                        const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
+                        const bool in_place = direct_b && cols == e.nr;
+                        const float* b_panel = in_place ? b + pc * ldb + jc + jr
+                                               : direct_b ? b_edge
+                                                          : b_packed + jp * kc * e.nr;
+                        run_tile(e, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr,
+                                 c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, block_beta, read_c);
+                    }
+                }
+            };
+
+            if (direct_b) {
+                const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+                const int64_t task_begin = tasks * t / team, task_end = tasks * (t + 1) / team;
+                for (int64_t pc = 0; pc < k; pc += kc_step)
+                    for (int64_t task = task_begin; task < task_end; ++task)
+                        run_task(task, pc, std::min(kc_step, k - pc));
+            } else {
                 for (int64_t pc = 0; pc < k; pc += kc_step) {
                     const int64_t kc = std::min(kc_step, k - pc);
 #pragma omp for schedule(static)
                     for (int64_t jp = 0; jp < n_panels; ++jp)
                         pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
 #pragma omp for schedule(dynamic, 1)
-                    for (int64_t task = 0; task < tasks; ++task) {
-                        const int64_t ib = task / n_groups, group = task % n_groups;
-                        const int64_t ic = ib * mc_step;
-                        tiles(ic, std::min(mc_step, m - ic), group * panels_per_group,
-                              std::min(n_panels, (group + 1) * panels_per_group), pc, kc, jc, nc, a_packed,
-                              [&](int64_t jp, int) { return std::pair<const float*, int64_t>(b_packed + jp * kc * e.nr, e.nr); });
-                    }
-                }
-            } else {
-                // B's k rows are contiguous: it is read in place (a partial panel aside), so nothing is
-                // shared and no barrier is needed. Each thread takes a fixed run of tasks and walks the
-                // k blocks outermost, so the k slices of A and B it reads stay in its L2 across its tasks.
-                float* b_edge = b_edge_buffer.get(kc_step * e.nr);  // (kc, nr): a partial B panel
-                const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
-                const int64_t task_begin = tasks * t / team, task_end = tasks * (t + 1) / team;
-                for (int64_t pc = 0; pc < k; pc += kc_step) {
-                    const int64_t kc = std::min(kc_step, k - pc);
-                    for (int64_t task = task_begin; task < task_end; ++task) {
-                        const int64_t ib = task / n_groups, group = task % n_groups;
-                        const int64_t ic = ib * mc_step;
-                        const int64_t jp_begin = group * panels_per_group;
-                        const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
-                        if (jp_end == n_panels)  // copies the last panel if partial
-                            pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, b_edge);
-                        tiles(ic, std::min(mc_step, m - ic), jp_begin, jp_end, pc, kc, jc, nc, a_packed,
-                              [&](int64_t jp, int cols) {
-                                  if (cols == e.nr)
-                                      return std::pair<const float*, int64_t>(b + pc * ldb + jc + jp * e.nr, ldb);
-                                  return std::pair<const float*, int64_t>(b_edge, e.nr);
-                              });
-                    }
+                    for (int64_t task = 0; task < tasks; ++task) run_task(task, pc, kc);
                 }
             }
         }
