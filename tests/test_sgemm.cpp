@@ -106,6 +106,8 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
         {true, true, 12, 32, 16},     {false, true, 25, 65, 300},  {true, false, 47, 31, 600},
         {false, false, 24, 96, 64},   {true, true, 7, 100, 257},   {false, true, 130, 40, 129},
         {true, false, 64, 128, 2048},
+        // More than 256 rows: a non-transposed B is packed too (below, it is read in place).
+        {false, false, 300, 50, 70},  {true, false, 270, 40, 300},
     };
     for (const std::string& kernel : kernels)
         for (const Case& shape : shapes) check_case(kernel, shape, 1.0f, 0.0f);
@@ -115,6 +117,7 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
             for (const bool tb : {false, true}) {
                 check_case(kernel, {ta, tb, 29, 50, 70}, 0.5f, 1.0f);
                 check_case(kernel, {ta, tb, 29, 50, 70}, -2.0f, 0.25f);
+                check_case(kernel, {ta, tb, 290, 50, 70}, -2.0f, 0.25f);
             }
         }
     }
@@ -135,7 +138,8 @@ TEST_CASE("sgemm engine: the bits are the same on 1 and 2 threads", "[sgemm][thr
     const int saved = omp_get_max_threads();
     for (const std::string& kernel : sgemm_kernels_this_cpu_runs()) {
         // Big enough to be threaded (m * n * k >= 64^3), with edge tiles and two k blocks.
-        for (const Case& t : {Case{false, true, 301, 77, 300}, Case{true, false, 130, 130, 513}}) {
+        for (const Case& t : {Case{false, true, 301, 77, 300}, Case{true, false, 130, 130, 513},
+                              Case{false, false, 300, 100, 300}}) {
             omp_set_num_threads(1);
             const Result one = run_case(kernel, t, 1.0f, 0.0f);
             omp_set_num_threads(2);
