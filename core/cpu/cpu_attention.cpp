@@ -54,7 +54,6 @@ inline T dot(const T* a, const T* b, int64_t n) {
 }
 
 using cpu_math::exp_of;  // the vectorizable exp for f32; std::exp for f64 (gradient checks)
-using cpu_math::mul_add;
 
 // Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
 // past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that
@@ -82,7 +81,7 @@ inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed
         for (int64_t r = 0; r < kRowBlock; ++r) {
             const T ad = a[r][d];
 #pragma omp simd
-            for (int64_t c = 0; c < Width; ++c) acc[r][c] = mul_add(ad, col[c], acc[r][c]);
+            for (int64_t c = 0; c < Width; ++c) acc[r][c] += ad * col[c];
         }
     }
     for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Width, out[r]);
@@ -118,7 +117,7 @@ inline void rows_accumulate_fixed(const T* w, int64_t w_rs, int64_t w_cs, int64_
         for (int64_t r = 0; r < kRowBlock; ++r) {
             const T wr = w[r * w_rs + c * w_cs];
 #pragma omp simd
-            for (int64_t d = 0; d < Chunk; ++d) acc[r][d] = mul_add(wr, xc[d], acc[r][d]);
+            for (int64_t d = 0; d < Chunk; ++d) acc[r][d] += wr * xc[d];
         }
     }
     for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Chunk, y[r] + d0);

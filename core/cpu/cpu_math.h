@@ -43,19 +43,6 @@ inline float exp_f32(float x) {
     return x < kMin ? 0.0f : (x > kMax ? __builtin_inff() : (x != x ? x : result));
 }
 
-// a * b + c, in one rounding where the build targets FMA hardware (-march=native on any x86 CPU since
-// Haswell), else a multiply and an add. The build's -ffp-contract=off stops the compiler fusing on
-// its own, so a kernel's arithmetic is what its source says; in a vectorized loop std::fma becomes
-// one vfmadd, but without __FMA__ it would be a libm call per element.
-template <typename T>
-inline T mul_add(T a, T b, T c) {
-#if defined(__FMA__)
-    return std::fma(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
 // e^x: the vectorizable f32 exp above, std::exp for f64.
 template <typename T>
 inline T exp_of(T x) {
