@@ -30,6 +30,7 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
+#include "core/cpu/cpu_sgemm.h"
 #include "core/cpu/thread_governor.h"
 #include "core/profiler.h"
 #include "examples/bench_util.h"
@@ -205,10 +206,11 @@ double model_flops_per_token(const ToySpec& spec, const Transformer& model) {
     return 6.0 * matmul_weights + attention;
 }
 
-// cblas_sgemm on the model's own GEMM shapes: every Linear (out x in) of one training step at
-// M = batch * T rows, forward Y = X W^T (M, out, in), backward dX = dY W (M, in, out) and dW = dY^T X
-// (out, in, M). Returns the FLOP/s of the whole set, timed `reps` times, median.
-double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model, int reps) {
+// cblas_sgemm (or normlab's own engine, `native`) on the model's own GEMM shapes: every Linear
+// (out x in) of one training step at M = batch * T rows, forward Y = X W^T (M, out, in), backward
+// dX = dY W (M, in, out) and dW = dY^T X (out, in, M). Returns the FLOP/s of the whole set, timed
+// `reps` times, median.
+double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model, int reps, bool native) {
     const int rows = static_cast<int>(spec.batch * spec.seq_len);
     struct Shape3 {
         int m, n, k;
@@ -232,9 +234,15 @@ double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model
     std::vector<double> times;
     for (int r = 0; r < reps + 1; ++r) {  // the first pass warms the caches and OpenBLAS's buffers
         const double start = now_s();
-        for (const Shape3& g : shapes)
+        for (const Shape3& g : shapes) {
+            if (native) {
+                sgemm_native(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n,
+                             0.0f, c.data(), g.n);
+                continue;
+            }
             cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n,
                         g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
+        }
         if (r > 0) times.push_back(now_s() - start);
     }
     return flops / summarize(times).median;
@@ -484,11 +492,17 @@ void run_bench_torch(TorchCommand cmd) {
         const Transformer model(spec.model);  // its weights' shapes: the FLOP count and the GEMM shapes
         const double flops_per_token = model_flops_per_token(spec, model);
         const double model_flops = flops_per_token * ours_tokens;
-        const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5);
+        const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5, false);
         fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
                    "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
                    "measured now)\n",
                    model_flops / 1e9, flops_per_token / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
+        if (sgemm_engine_is_native()) {
+            const double own = sgemm_flops_at_model_shapes(spec, model, 5, true);
+            fmt::print("normlab's own gemm engine ({}) at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS "
+                       "sgemm\n",
+                       sgemm_engine_name(), own / 1e9, own / sgemm);
+        }
         if (torch_gemm_flops > 0)
             fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
                        "GEMM engines side by side)\n",

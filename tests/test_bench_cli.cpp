@@ -100,6 +100,10 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("transformer tokens/s"));
     CHECK_THAT(run.output, Catch::Contains("PyTorch side skipped: --skip-torch was given"));
     CHECK_THAT(run.output, Catch::Contains("model FLOP/s: ") && Catch::Contains("x OpenBLAS sgemm at the model's GEMM shapes"));
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))  // normlab's engine runs here
+        CHECK_THAT(run.output, Catch::Contains("normlab's own gemm engine (normlab "));
+#endif
     CHECK_THAT(run.output, Catch::Contains("peak memory per training step (normlab's allocator): fused attention"));
 }
 
