@@ -113,7 +113,7 @@ void run_info() {
     const char* gemm_env = std::getenv("NORMLAB_GEMM");
     print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(),
                                       gemm_env ? fmt::format("NORMLAB_GEMM={}", gemm_env)
-                                               : std::string("NORMLAB_GEMM unset: the best this CPU runs")));
+                                               : std::string("NORMLAB_GEMM unset: auto")));
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)

@@ -1,5 +1,5 @@
 // CPU gemm: row-major batched matrix multiply, f32 on normlab's own engine (core/cpu/cpu_sgemm.h)
-// where the CPU has AVX2 or AVX-512, else on OpenBLAS (cblas_sgemm); f64 on OpenBLAS (cblas_dgemm).
+// where the CPU has AVX-512 (or NORMLAB_GEMM asks for it), else on OpenBLAS (cblas_sgemm); f64 on OpenBLAS.
 #include <cblas.h>
 
 #include <algorithm>

@@ -198,10 +198,14 @@ __attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src,
 
 #endif  // NL_SGEMM_X86
 
-// Every kernel normlab has, best first: "auto" takes the first this CPU runs.
+// Every kernel normlab has, best first. "auto" takes the first this CPU runs among those marked
+// for it; the AVX2 kernel is not: measured against OpenBLAS's Haswell kernels (on an AVX-512 CPU)
+// it was 1.05x at char_text's GEMM shapes and 0.88x at the nanoGPT-sized model's, so on an
+// AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks for it.
 struct KernelEntry {
     Engine engine;
     bool (*cpu_runs)();
+    bool automatic;
 };
 
 #ifdef NL_SGEMM_X86
@@ -210,8 +214,8 @@ bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
 bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 const KernelEntry kKernels[] = {
     {{"avx512", "normlab avx512 12x32", 12, 32, 256, 480, kernel_avx512_12x32, transpose_16x16_avx512, 16},
-     cpu_has_avx512},
-    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2},
+     cpu_has_avx512, true},
+    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
 };
 #else
 const KernelEntry* const kKernels = nullptr;
@@ -248,7 +252,7 @@ const Engine& choose_engine() {
     if (want == "openblas") return kOpenBlas;
     if (want != "auto") return kernel_named(want, "NORMLAB_GEMM");
     for (const KernelEntry* k : all_kernels())
-        if (k->cpu_runs()) return k->engine;
+        if (k->automatic && k->cpu_runs()) return k->engine;
     return kOpenBlas;
 }
 
@@ -295,19 +299,22 @@ inline void copy_padded(float* dst, const float* src, int count, int width) {
     for (int j = count; j < width; ++j) dst[j] = 0.0f;
 }
 
-// op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: the last, partial
-// panel of A (whole panels are read in place).
-void pack_a_panel(bool trans_a, const float* a, int64_t lda, int64_t i0, int rows, int64_t p0, int64_t kc, int mr,
-                  float* panel) {
+// op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: the last,
+// partial panel of A (whole panels are read in place; packing them measured no faster).
+void pack_a_panel(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t i0, int rows, int64_t p0,
+                  int64_t kc, float* panel) {
+    const int mr = e.mr;
     if (trans_a) {  // A is stored (k, m): the panel's row p is a contiguous piece of A's row p
         for (int64_t p = 0; p < kc; ++p) copy_padded(panel + p * mr, a + (p0 + p) * lda + i0, rows, mr);
         return;
     }
-    for (int64_t p = 0; p < kc; ++p) {
-        float* out = panel + p * mr;
-        for (int r = 0; r < mr; ++r)
-            out[r] = r >= rows ? 0.0f : trans_a ? a[(p0 + p) * lda + i0 + r] : a[(i0 + r) * lda + p0 + p];
-    }
+    // A is stored (m, k): the panel is a transpose of `rows` rows of A.
+    const float* src = a + i0 * lda + p0;
+    int64_t p = 0;
+    if (e.transpose != nullptr)
+        for (; p + e.tw <= kc; p += e.tw) e.transpose(src + p, lda, rows, panel + p * mr, mr, mr);
+    for (; p < kc; ++p)
+        for (int r = 0; r < mr; ++r) panel[p * mr + r] = r < rows ? src[r * lda + p] : 0.0f;
 }
 
 // Panel jp (columns j0 + jp*nr ...) of op(B)[p0:p0+kc, j0:j0+nc], as (kc, nr), columns past nc zero.
@@ -448,7 +455,7 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
                     const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
                     int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
                     if (rows < e.mr) {
-                        pack_a_panel(trans_a, a, lda, ic + ir, rows, pc, kc, e.mr, a_packed);
+                        pack_a_panel(e, trans_a, a, lda, ic + ir, rows, pc, kc, a_packed);
                         a_panel = a_packed;
                         a_rs = 1;
                         a_cs = e.mr;

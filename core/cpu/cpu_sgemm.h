@@ -1,6 +1,6 @@
 // normlab's own f32 gemm engine: BLIS-style blocking and packing around an AVX-512 (12 x 32) or AVX2
 // (6 x 16) register-tile micro-kernel, chosen at run time. The CPU backend runs f32 gemms on it where
-// the CPU has one of those; elsewhere (and for f64) it runs OpenBLAS.
+// the CPU has AVX-512 (or where NORMLAB_GEMM asks for it); elsewhere, and for f64, on OpenBLAS.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,8 @@ namespace nl {
 
 // The f32 gemm engine the CPU backend uses, for `normlab info` and the benchmarks: "normlab avx512
 // 12x32", "normlab avx2 6x16" or "openblas". Chosen once, from the environment variable NORMLAB_GEMM
-// and the CPU: auto (the default) takes the best kernel this CPU runs, else OpenBLAS; avx512 or avx2
-// ask for that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
+// and the CPU: auto (the default) takes the AVX-512 kernel where the CPU has AVX-512, else OpenBLAS;
+// avx512 or avx2 ask for that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
 // nl::Error naming the variable.
 const char* sgemm_engine_name();
 
@@ -29,7 +29,8 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc);
 
-// The kernels this CPU runs ("avx512", "avx2"), best first: for tests and benchmarks.
+// The kernels this CPU runs ("avx512", "avx2"), best first, whether or not auto takes them: for
+// tests and benchmarks.
 std::vector<std::string> sgemm_kernels_this_cpu_runs();
 
 // sgemm_native on the named kernel rather than the chosen engine (tests compare them).
