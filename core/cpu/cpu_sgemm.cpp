@@ -406,7 +406,7 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     // are read by many A panels, or when it is stored transposed. A gemm of few rows (a weight
     // gradient dW = dY^T X of a small layer, k the batch's rows) reuses each B panel a few times
     // only: there B is read in place (b_step ldb) and nothing is shared, so each thread runs a fixed
-    // run of tasks with the k blocks outermost and no barrier (measured 1.5-2x at m 65 and 128).
+    // run of tasks with the k blocks outermost and no barrier (measured 1.3-2x at m 65 and 128).
     // In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats, 4 KiB)
     // maps them all to the same L1 sets: that is why larger gemms pack.
     const bool direct_b = !trans_b && m <= kDirectBMaxRows;
