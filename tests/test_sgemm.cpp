@@ -123,6 +123,12 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
     }
 }
 
+TEST_CASE("sgemm engine: an unknown kernel name is refused by name", "[sgemm]") {
+    float c = 0.0f;
+    CHECK_THROWS_WITH(sgemm_with_kernel("avx1024", false, false, 1, 1, 1, 1.0f, &c, 1, &c, 1, 0.0f, &c, 1),
+                      Catch::Contains("expected auto, ") && Catch::Contains("found 'avx1024'"));
+}
+
 TEST_CASE("sgemm engine: k == 0 scales C by beta, and beta == 0 writes zeros without reading C", "[sgemm]") {
     for (const std::string& kernel : sgemm_kernels_this_cpu_runs()) {
         std::vector<float> c = {1.0f, 2.0f, 3.0f, 4.0f};
