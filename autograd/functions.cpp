@@ -452,6 +452,35 @@ Var matmul(const Var& a, const Var& b) {
                        });
 }
 
+// Its own node rather than matmul(x, t(W)): the weight's gradient dW = dY^T X comes out (out, in) and
+// contiguous, as the weight is. Through matmul it would be X^T dY, (in, out), and t's backward would
+// then copy it transposed into .grad, one strided pass per weight per step.
+Var linear(const Var& x, const Var& weight) {
+    NL_REQUIRE(x.defined() && weight.defined(), "linear: expected defined input and weight");
+    NL_REQUIRE(weight.dim() == 2, "linear: expected weight (out_features, in_features), found ",
+               shape_str(weight.shape()));
+    NL_REQUIRE(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: expected input (..., ", weight.size(1),
+               ") for weight ", shape_str(weight.shape()), ", found ", shape_str(x.shape()));
+    const bool gx = wants(x), gw = wants(weight);
+    std::vector<SavedTensor> saved;  // dx = dY W needs W; dW = dY^T X needs x
+    if (gx) saved.emplace_back("weight", weight);
+    if (gw) saved.emplace_back("x", x);
+    return make_result(matmul(x.data(), weight.data().t()), "linear", {x, weight}, std::move(saved),
+                       [gx, gw, sx = x.shape()](const Var& g, const Saved& s) -> Grads {
+                           Var dx, dw;
+                           if (gx) dx = matmul(g, s[0]);  // (..., out) @ (out, in) = (..., in)
+                           if (gw) {
+                               const Var& x = s[gx ? 1 : 0];
+                               const int64_t in = sx.back(), out = g.size(-1);
+                               int64_t rows = 1;  // every dim of x but the last, as one
+                               for (size_t d = 0; d + 1 < sx.size(); ++d) rows *= sx[d];
+                               const Var g_rows = reshape(g, {rows, out}), x_rows = reshape(x, {rows, in});
+                               dw = matmul(transpose(g_rows, 0, 1), x_rows);  // (out, rows) @ (rows, in)
+                           }
+                           return {dx, dw};
+                       });
+}
+
 // ---- views and copies ----
 
 Var reshape(const Var& a, const Shape& shape) { return reshaped(a, a.data().reshape(shape), "reshape"); }

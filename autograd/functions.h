@@ -73,6 +73,8 @@ Var log_softmax(const Var& a, int64_t dim);
 
 // ---- linear algebra (1-D, 2-D, batched with broadcast batch dims) ----
 Var matmul(const Var& a, const Var& b);
+// y = x W^T, torch.nn.functional.linear without a bias: x (..., in), weight (out, in), y (..., out).
+Var linear(const Var& x, const Var& weight);
 
 // ---- views and copies ----
 Var reshape(const Var& a, const Shape& shape);

@@ -58,7 +58,7 @@ Var Linear::forward(const Var& x) {
     NL_REQUIRE(xc.dtype() == w.dtype(), "Linear: expected input of dtype ", dtype_name(w.dtype()),
                is_autocast_enabled() ? " (the autocast dtype)" : " (the weight's)", ", found ",
                dtype_name(x.dtype()));
-    Var y = matmul(xc, t(w));  // (..., out)
+    Var y = linear(xc, w);  // (..., out)
     if (options_.bias) y = y + autocast_lower(bias());
     return y;
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "autograd/autograd.h"
+#include "core/profiler.h"
 
 using namespace nl;
 
@@ -186,6 +187,46 @@ TEST_CASE("autograd ops: matmul 1-D, 2-D, batched and broadcast", "[autograd]") 
     // Only one side requires grad.
     Var constant(leaf({4, 5}, 82).data());
     check([&](const Vars& v) { return matmul(v[0], constant); }, {leaf({3, 4}, 83)});
+}
+
+TEST_CASE("autograd ops: linear is matmul(x, t(W)), with W's gradient made contiguous and no copy", "[autograd]") {
+    auto lin = [](const Vars& v) { return linear(v[0], v[1]); };
+    check(lin, {leaf({3, 4}, 100), leaf({5, 4}, 101)});
+    check(lin, {leaf({4}, 102), leaf({5, 4}, 103)});
+    check(lin, {leaf({2, 3, 4}, 104), leaf({5, 4}, 105)});
+    check(lin, {leaf_t(3, 4, 106), leaf_t(5, 4, 107)});  // transposed views of both
+    check(lin, {leaf({0, 4}, 108), leaf({5, 4}, 109)});  // no rows: dW is zeros
+    Var constant_w(leaf({5, 4}, 110).data());
+    check([&](const Vars& v) { return linear(v[0], constant_w); }, {leaf({3, 4}, 111)});
+    Var constant_x(leaf({2, 3, 4}, 112).data());
+    check([&](const Vars& v) { return linear(constant_x, v[0]); }, {leaf({5, 4}, 113)});
+    check2(lin, {leaf({3, 4}, 114), leaf({5, 4}, 115)});
+
+    // The same values and gradients as the composed form; .grad is contiguous (out, in).
+    Generator gen(116);
+    const Tensor x0 = randn({2, 3, 4}, gen, DType::F32), w0 = randn({5, 4}, gen, DType::F32);
+    Var x(x0.clone(), true), w(w0.clone(), true), xr(x0.clone(), true), wr(w0.clone(), true);
+    const Var y = linear(x, w), yr = matmul(xr, t(wr));
+    CHECK(y.shape() == Shape{2, 3, 5});
+    CHECK(allclose(y.data(), yr.data(), 1e-6, 1e-6));
+    profiler::reset();
+    {
+        profiler::EnableGuard on(true);
+        sum(y * y).backward();
+    }
+    sum(yr * yr).backward();
+    CHECK(allclose(x.grad().data(), xr.grad().data(), 1e-5, 1e-5));
+    CHECK(allclose(w.grad().data(), wr.grad().data(), 1e-5, 1e-5));
+    CHECK(w.grad().data().is_contiguous());
+    bool copied = false;  // the composed form's t backward copies; linear's must not
+    for (const profiler::OpStats& row : profiler::collected())
+        if (row.kind == "copy" && row.phase == profiler::Phase::Backward && row.calls > 0) copied = true;
+    CHECK_FALSE(copied);
+
+    CHECK_THROWS_WITH(linear(leaf({3, 4}, 117), leaf({5, 3}, 118)),
+                      Catch::Contains("linear: expected input (..., 3) for weight [5, 3], found [3, 4]"));
+    CHECK_THROWS_WITH(linear(leaf({3, 4}, 119), leaf({4}, 120)),
+                      Catch::Contains("linear: expected weight (out_features, in_features), found [4]"));
 }
 
 TEST_CASE("autograd ops: views and copies", "[autograd]") {
