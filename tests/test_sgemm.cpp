@@ -123,6 +123,30 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
     }
 }
 
+TEST_CASE("transpose_pad_f32 transposes, pads with zeros and reads only the given columns", "[sgemm]") {
+    for (const int64_t rows : {0, 1, 15, 16, 17, 40})
+        for (const int64_t cols : {1, 15, 16, 17, 64})
+            for (const int64_t pad : {0, 1, 23}) {
+                const int64_t ld = cols + 3, dst_cols = rows + pad, dst_ld = dst_cols + 2;
+                // src holds exactly the rows it names, so a read past the last row's `cols` values
+                // is out of bounds (the sanitizer build catches it); the gaps hold NaN.
+                std::vector<float> src(rows > 0 ? static_cast<size_t>((rows - 1) * ld + cols) : 0,
+                                       std::numeric_limits<float>::quiet_NaN());
+                for (int64_t i = 0; i < rows; ++i)
+                    for (int64_t q = 0; q < cols; ++q) src[i * ld + q] = static_cast<float>(i * 1000 + q);
+                std::vector<float> dst(static_cast<size_t>(cols * dst_ld), -7.0f);
+                transpose_pad_f32(src.data(), ld, rows, cols, dst.data(), dst_ld, dst_cols);
+                INFO("rows " << rows << " cols " << cols << " pad " << pad);
+                bool ok = true;
+                for (int64_t q = 0; q < cols; ++q) {
+                    for (int64_t i = 0; i < dst_cols; ++i)
+                        ok = ok && dst[q * dst_ld + i] == (i < rows ? static_cast<float>(i * 1000 + q) : 0.0f);
+                    for (int64_t i = dst_cols; i < dst_ld; ++i) ok = ok && dst[q * dst_ld + i] == -7.0f;  // untouched
+                }
+                CHECK(ok);
+            }
+}
+
 TEST_CASE("sgemm engine: an unknown kernel name is refused by name", "[sgemm]") {
     float c = 0.0f;
     CHECK_THROWS_WITH(sgemm_with_kernel("avx1024", false, false, 1, 1, 1, 1.0f, &c, 1, &c, 1, 0.0f, &c, 1),

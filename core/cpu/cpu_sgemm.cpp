@@ -508,4 +508,33 @@ void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
              beta, c, ldc);
 }
 
+void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
+                       int64_t dst_cols) {
+    NL_CHECK(rows >= 0 && cols >= 0 && dst_cols >= rows, "transpose_pad_f32: rows ", rows, ", dst_cols ", dst_cols);
+    int64_t q0 = 0;
+#ifdef NL_SGEMM_X86
+    static const bool avx512 = cpu_has_avx512();
+    if (avx512) {
+        // Whole 16-column strips of src through the block transpose; a block of fewer than 16 rows
+        // reads zeros for the rest, which become dst's zero columns up to a multiple of 16.
+        for (; q0 + 16 <= cols; q0 += 16) {
+            int64_t i0 = 0;
+            for (; i0 < rows; i0 += 16) {
+                const int64_t block_rows = std::min<int64_t>(16, rows - i0);
+                const int lanes = static_cast<int>(std::min<int64_t>(16, dst_cols - i0));
+                transpose_16x16_avx512(src + i0 * ld + q0, ld, static_cast<int>(block_rows), dst + q0 * dst_ld + i0,
+                                       dst_ld, lanes);
+            }
+            const int64_t written = std::min(i0, dst_cols);  // the blocks' lanes, zeros included
+            for (int64_t q = q0; q < q0 + 16; ++q) std::fill(dst + q * dst_ld + written, dst + q * dst_ld + dst_cols, 0.0f);
+        }
+    }
+#endif
+    for (int64_t q = q0; q < cols; ++q) {  // the columns left, one at a time
+        float* row = dst + q * dst_ld;
+        for (int64_t i = 0; i < rows; ++i) row[i] = src[i * ld + q];
+        std::fill(row + rows, row + dst_cols, 0.0f);
+    }
+}
+
 }  // namespace nl

@@ -38,4 +38,11 @@ void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                        float beta, float* c, int64_t ldc);
 
+// dst (cols, dst_cols), row stride dst_ld, gets src (rows, cols), row stride ld, transposed:
+// dst[q][i] = src[i][q] for i < rows and 0 for rows <= i < dst_cols (dst_cols >= rows). Runs the
+// engine's AVX-512 16 x 16 block transpose where the CPU has AVX-512, scalar moves elsewhere; never
+// reads past src's `cols` columns. The fused attention packs its key and value tiles with it.
+void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
+                       int64_t dst_cols);
+
 }  // namespace nl
