@@ -27,7 +27,8 @@ struct StridedArg {
 // in one pass (autograd's first-order path; the composed form serves create_graph).
 enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, SiluBackward };
 enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Silu, Sigmoid, Tanh, Gelu, Sign, Square };
-enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax };
+// SumSquares is sum(x * x) without the squared tensor (gradient clipping's norms).
+enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax, SumSquares };
 
 class Backend {
 public:

@@ -69,6 +69,8 @@ Tensor square(const Tensor& a);
 
 // ---- reductions over a set of dims (empty `dims` = all dims), keepdim like PyTorch ----
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// sum(a * a) over dims, summed in double, without the squared tensor (no autograd node).
+Tensor sum_of_squares(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor max(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor min(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);

@@ -148,6 +148,10 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
     return reduce(ReduceOp::Var, "var", a, reduced_flags(a, dims, "var"), keepdim, correction);
 }
 
+Tensor sum_of_squares(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+    return reduce(ReduceOp::SumSquares, "sum_of_squares", a, reduced_flags(a, dims, "sum_of_squares"), keepdim, 0);
+}
+
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
     NL_REQUIRE(a.defined(), "argmax: operand is an undefined tensor");
     return reduce(ReduceOp::ArgMax, "argmax", a, reduced_flags(a, {dim}, "argmax"), keepdim, 0);

@@ -74,6 +74,7 @@ const char* reduce_name(ReduceOp op) {
         case ReduceOp::Min: return "min";
         case ReduceOp::Var: return "var";
         case ReduceOp::ArgMax: return "argmax";
+        case ReduceOp::SumSquares: return "sum_of_squares";
     }
     return "reduce";
 }

@@ -9,13 +9,14 @@
 namespace nl {
 
 double grad_norm(const std::vector<Var>& params) {
-    // Sum of squares in f64: a sum over millions of f32 squares loses digits in f32.
+    // Each grad's sum of squares is summed in double by the kernel (a sum over millions of f32 squares
+    // loses digits in f32), in one pass over the grad; the totals are added in double.
     double total = 0.0;
     for (const Var& p : params) {
         NL_REQUIRE(p.defined(), "clip_grad_norm_: a parameter is undefined");
         const Var g = p.grad();
         if (!g.defined() || g.numel() == 0) continue;
-        total += sum(square(g.data().to(DType::F64))).item();
+        total += sum_of_squares(g.data()).item();
     }
     return std::sqrt(total);
 }

@@ -381,9 +381,11 @@ TEST_CASE("cuda: reductions over every axis layout match the CPU", "[cuda]") {
                 require_close(min(x, {dim}), min(xg, {dim}), "min " + what);
                 require_close(var(x, {dim}), var(xg, {dim}), "var " + what);
                 require_close(var(x, {dim}, 0), var(xg, {dim}, 0), "var biased " + what);
+                require_close(sum_of_squares(x, {dim}), sum_of_squares(xg, {dim}), "sum_of_squares " + what);
                 require_close(argmax(x, dim), argmax(xg, dim), 0.0, "argmax " + what);
             }
             require_close(sum(x), sum(xg), "sum all " + d);
+            require_close(sum_of_squares(x), sum_of_squares(xg), "sum_of_squares all " + d);
         }
         // empty reduced dim: sum 0, mean NaN
         require_close(sum(zeros({3, 0}, dtype), {1}), sum(zeros({3, 0}, dtype, kGpu), {1}), "sum empty " + d);

@@ -17,7 +17,7 @@ using namespace nl;
 
 namespace {
 
-enum class Ref { Sum, Mean, Max, Min, Var0, Var1, ArgMax };
+enum class Ref { Sum, Mean, Max, Min, Var0, Var1, ArgMax, SumSquares };
 
 // Groups the row-major values of `a` by their index in the kept dims; within a group the values
 // stay in row-major order (so "first" means what argmax means by it).
@@ -50,6 +50,11 @@ double ref_reduce(Ref op, const std::vector<double>& g) {
     switch (op) {
         case Ref::Sum: return sum;
         case Ref::Mean: return sum / n;
+        case Ref::SumSquares: {
+            double ss = 0.0;
+            for (double x : g) ss += x * x;
+            return ss;
+        }
         case Ref::Max: return *std::max_element(g.begin(), g.end());
         case Ref::Min: return *std::min_element(g.begin(), g.end());
         case Ref::ArgMax: return static_cast<double>(std::max_element(g.begin(), g.end()) - g.begin());
@@ -68,6 +73,7 @@ Tensor run(Ref op, const Tensor& a, const std::vector<int64_t>& dims, bool keepd
     switch (op) {
         case Ref::Sum: return sum(a, dims, keepdim);
         case Ref::Mean: return mean(a, dims, keepdim);
+        case Ref::SumSquares: return sum_of_squares(a, dims, keepdim);
         case Ref::Max: return max(a, dims, keepdim);
         case Ref::Min: return min(a, dims, keepdim);
         case Ref::Var0: return var(a, dims, 0, keepdim);
@@ -106,7 +112,7 @@ void check_reduce(Ref op, const Tensor& a, const std::vector<int64_t>& dims, boo
 
 double tol_for(DType dt) { return dt == DType::F64 ? 1e-12 : (dt == DType::F32 ? 2e-6 : 2e-2); }
 
-const std::vector<Ref> kValueOps = {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var0, Ref::Var1};
+const std::vector<Ref> kValueOps = {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var0, Ref::Var1, Ref::SumSquares};
 
 }  // namespace
 
@@ -129,7 +135,7 @@ TEST_CASE("reductions over single dims, dim pairs and all dims", "[reduce]") {
 
 TEST_CASE("reductions over size-1 dims, scalars and bf16/f16", "[reduce]") {
     Generator gen(22);
-    for (Ref op : {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var0}) {
+    for (Ref op : {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var0, Ref::SumSquares}) {
         check_reduce(op, randn({1, 6, 1}, gen), {0}, false, 2e-6);
         check_reduce(op, randn({1, 6, 1}, gen), {1}, true, 2e-6);
         check_reduce(op, randn({1, 6, 1}, gen), {0, 2}, false, 2e-6);
@@ -155,7 +161,7 @@ TEST_CASE("reductions on large inputs use the threaded and chunked paths", "[red
     Generator gen(23);
     const Tensor rows2 = randn({2, 70000}, gen), all = randn({70001}, gen, DType::F64);
     const Tensor many = randn({2000, 40}, gen), cols = randn({40, 2000}, gen), mid = randn({6, 300, 30}, gen);
-    for (Ref op : {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var1}) {
+    for (Ref op : {Ref::Sum, Ref::Mean, Ref::Max, Ref::Min, Ref::Var1, Ref::SumSquares}) {
         check_reduce(op, rows2, {1}, false, 1e-5);        // few long rows: chunks, in parallel
         check_reduce(op, all, {}, false, 1e-12);          // one row
         check_reduce(op, many, {1}, false, 1e-5);         // many rows, one per thread
@@ -173,6 +179,9 @@ TEST_CASE("long f32 sums and the variance of large-offset data stay accurate", "
     const double exact = static_cast<double>(n) * static_cast<double>(0.1f);
     REQUIRE(sum(tenth).item() == Approx(exact).epsilon(1e-7));
     REQUIRE(mean(tenth.view({1024, 1024}), {0}).to_vector()[17] == Approx(0.1f).epsilon(1e-7));
+    const double tenth_sq = static_cast<double>(0.1f) * static_cast<double>(0.1f);
+    REQUIRE(sum_of_squares(tenth).item() == Approx(static_cast<double>(n) * tenth_sq).epsilon(1e-7));
+    REQUIRE(sum_of_squares(tenth.view({1024, 1024}), {0}).to_vector()[5] == Approx(1024.0 * tenth_sq).epsilon(1e-7));
 
     // var of 1e4 + 1e-2 noise: E[x^2] - E[x]^2 in f32 would lose every digit.
     Generator gen(24);

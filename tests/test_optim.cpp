@@ -6,6 +6,7 @@
 #include <map>
 #include <numbers>
 
+#include "core/profiler.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers_test_util.h"
@@ -402,6 +403,32 @@ TEST_CASE("clip_grad_norm_ scales all grads by one global factor", "[optim]") {
         CHECK(clip_grad_norm_(std::vector<Var>{p}, 1.0) == Approx(5.0));
         nl::test::check_close(p.grad(), from_vector(std::vector<double>{0.6, 0.8, 0}, {3}), 1e-6, 1e-6, "clipped");
         REQUIRE_THROWS_WITH(clip_grad_norm_(std::vector<Var>{p}, -1.0), Catch::Contains("max_norm must be >= 0"));
+    }
+    SECTION("one sum_of_squares kernel per grad, no f64 copy or squared tensor") {
+        Var a(zeros({1000}), true), b(zeros({30, 40}), true);
+        Generator gen(9);
+        a.set_grad(Var(randn({1000}, gen)));
+        b.set_grad(Var(randn({30, 40}, gen)));
+        double want = 0.0;
+        for (const Var* p : {&a, &b})
+            for (double g : p->grad().data().to_vector()) want += g * g;
+        profiler::reset();
+        double got = 0.0;
+        {
+            profiler::EnableGuard on(true);
+            got = grad_norm(std::vector<Var>{a, b});
+        }
+        CHECK(got == Approx(std::sqrt(want)).epsilon(1e-7));
+        int64_t sums = 0;
+        double other_bytes = 0.0;  // item()'s copies of the two f32 results, nothing else
+        for (const profiler::OpStats& row : profiler::collected()) {
+            INFO(row.kind << ": " << row.calls << " calls, " << row.bytes << " bytes");
+            CHECK((row.kind == "sum_of_squares" || row.kind == "copy"));
+            if (row.kind == "sum_of_squares") sums += row.calls;
+            else other_bytes += row.bytes;
+        }
+        CHECK(sums == 2);
+        CHECK(other_bytes <= 2 * 2 * 8.0);
     }
 }
 

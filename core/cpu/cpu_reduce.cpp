@@ -114,6 +114,7 @@ void reduce_row(ReduceOp op, const T* x, int64_t len, void* out, int64_t correct
     switch (op) {
         case ReduceOp::Sum: *static_cast<T*>(out) = T(sum_of(identity)); return;
         case ReduceOp::Mean: *static_cast<T*>(out) = T(sum_of(identity) / double(len)); return;
+        case ReduceOp::SumSquares: *static_cast<T*>(out) = T(sum_of([](double v) { return v * v; })); return;
         case ReduceOp::Var: {
             // Two passes (mean, then squared deviations): no cancellation as in E[x^2] - E[x]^2.
             const double mean = sum_of(identity) / double(len);
@@ -153,6 +154,8 @@ template <typename T>
 void reduce_columns(ReduceOp op, const T* slab, int64_t len, int64_t inner, int64_t c0, int64_t w,
                     void* out, int64_t correction) {
     double acc[kColBlock];
+    const double zeros[kColBlock] = {};
+    // Sums of the columns, or with `center` of their squared deviations from it.
     auto sum_columns = [&](const double* center) {
         std::fill(acc, acc + w, 0.0);
         for (int64_t l = 0; l < len; ++l) {
@@ -176,6 +179,10 @@ void reduce_columns(ReduceOp op, const T* slab, int64_t len, int64_t inner, int6
         case ReduceOp::Mean:
             sum_columns(nullptr);
             for (int64_t j = 0; j < w; ++j) o[j] = T(acc[j] / double(len));
+            return;
+        case ReduceOp::SumSquares:
+            sum_columns(zeros);
+            for (int64_t j = 0; j < w; ++j) o[j] = T(acc[j]);
             return;
         case ReduceOp::Var: {
             double mean[kColBlock];

@@ -32,10 +32,17 @@ __device__ __forceinline__ ArgBest<T> arg_combine(ArgBest<T> a, ArgBest<T> b) {
     return a.index <= b.index ? a : b;
 }
 
-// Writes the result of a row or column given its double sums (Sum/Mean) or squared deviations (Var).
+// The ops that sum in double: Sum, Mean and Var add x, SumSquares x * x.
+__device__ __forceinline__ bool sums(ReduceOp op) {
+    return op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Var || op == ReduceOp::SumSquares;
+}
+__device__ __forceinline__ double summand(ReduceOp op, double v) { return op == ReduceOp::SumSquares ? v * v : v; }
+
+// Writes the result of a row or column given its double sums (Sum/Mean/SumSquares) or squared
+// deviations (Var).
 template <typename T>
 __device__ __forceinline__ T finish_sum(ReduceOp op, double sum, int64_t len, int64_t correction) {
-    if (op == ReduceOp::Sum) return T(sum);
+    if (op == ReduceOp::Sum || op == ReduceOp::SumSquares) return T(sum);
     if (op == ReduceOp::Mean) return T(sum / double(len));
     const int64_t denom = len - correction;  // Var: `sum` holds the squared deviations
     return denom > 0 ? T(sum / double(denom)) : qnan<T>();
@@ -50,9 +57,9 @@ __global__ void reduce_columns_kernel(ReduceOp op, const T* in, void* out, int64
          c += int64_t(gridDim.x) * blockDim.x) {
         const int64_t o = c / inner, i = c % inner;
         const T* x = in + o * len * inner + i;  // x[l * inner], l < len
-        if (op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Var) {
+        if (sums(op)) {
             double sum = 0.0;
-            for (int64_t l = 0; l < len; ++l) sum += double(x[l * inner]);
+            for (int64_t l = 0; l < len; ++l) sum += summand(op, double(x[l * inner]));
             if (op == ReduceOp::Var) {
                 const double mean = sum / double(len);
                 sum = 0.0;
@@ -86,9 +93,9 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* in, void* out, int64_t 
     __shared__ int64_t arg_index[1024];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* x = in + r * len;  // (len)
-        if (op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Var) {
+        if (sums(op)) {
             double sum = 0.0;
-            for (int64_t j = threadIdx.x; j < len; j += blockDim.x) sum += double(x[j]);
+            for (int64_t j = threadIdx.x; j < len; j += blockDim.x) sum += summand(op, double(x[j]));
             sum = cuda::block_sum(sum, dscratch);
             if (op == ReduceOp::Var) {
                 const double mean = sum / double(len);
