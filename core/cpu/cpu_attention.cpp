@@ -8,12 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_math.h"
 #include "core/cpu/cpu_sgemm.h"
 #include "core/error.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace nl {
 
@@ -76,16 +81,18 @@ void pack_transposed(const Dims& s, const float* src, int64_t b, int64_t j0, int
     transpose_pad_f32(src + s.kv_row(b, j0, g), s.kv_heads * s.head_dim, count, s.head_dim, packed, width, width);
 }
 
-// out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the tile's `width` columns, summed
-// over d in order: every pass computes a score (or dp) the same way, whatever block a row is in, so
-// the backward's probabilities are the forward's. The width is a compile-time constant inside (16,
-// 32, 48 or 64), so the block's accumulators stay in vector registers and each packed column loaded
-// serves four rows. A block of fewer rows passes a row of zeros for the rest.
+// out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the first `width` columns of a
+// packed tile whose rows are `stride` apart, summed over d in order: every pass computes a score (or
+// dp) the same way, whatever block a row is in and however many columns it takes, so the backward's
+// probabilities are the forward's. The width is a compile-time constant inside (16, 32, 48 or 64),
+// so the block's accumulators stay in vector registers and each packed column loaded serves four
+// rows. A block of fewer rows passes a row of zeros for the rest.
 template <int64_t Width, typename T>
-inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t hd, T (*out)[kKeyTile]) {
+inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd,
+                                    T (*out)[kKeyTile]) {
     T acc[kRowBlock][Width] = {};
     for (int64_t d = 0; d < hd; ++d) {
-        const T* col = packed + d * Width;
+        const T* col = packed + d * stride;
         for (int64_t r = 0; r < kRowBlock; ++r) {
             const T ad = a[r][d];
 #pragma omp simd
@@ -96,14 +103,106 @@ inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed
 }
 
 template <typename T>
-inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int64_t hd, int64_t width,
+inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd, int64_t width,
                               T (*out)[kKeyTile]) {
     static_assert(kKeyTile == 4 * kKeyStep, "one case per tile width");
     switch (width) {
-        case kKeyStep: return rows_times_packed_fixed<kKeyStep>(a, packed, hd, out);
-        case 2 * kKeyStep: return rows_times_packed_fixed<2 * kKeyStep>(a, packed, hd, out);
-        case 3 * kKeyStep: return rows_times_packed_fixed<3 * kKeyStep>(a, packed, hd, out);
-        default: return rows_times_packed_fixed<kKeyTile>(a, packed, hd, out);
+        case kKeyStep: return rows_times_packed_fixed<kKeyStep>(a, packed, stride, hd, out);
+        case 2 * kKeyStep: return rows_times_packed_fixed<2 * kKeyStep>(a, packed, stride, hd, out);
+        case 3 * kKeyStep: return rows_times_packed_fixed<3 * kKeyStep>(a, packed, stride, hd, out);
+        default: return rows_times_packed_fixed<kKeyTile>(a, packed, stride, hd, out);
+    }
+}
+
+// The max and the sum of a row of Width scores (Width a multiple of kKeyStep, known at compile time).
+// For f32 on AVX-512 each is one vector reduction; GCC's `omp simd reduction` ended every row with a
+// scalar loop over the lanes, which with the masked exp made the forward's softmax three fifths of its
+// time at T 64 and head size 32.
+// GCC 12's own headers trip -Wmaybe-uninitialized in the reduce intrinsics (their _mm512_undefined
+// operands; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+template <int64_t Width, typename T>
+inline T max_of(const T* x) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+        __m512 m = _mm512_loadu_ps(x);
+        for (int64_t c = kKeyStep; c < Width; c += kKeyStep) m = _mm512_max_ps(m, _mm512_loadu_ps(x + c));
+        return _mm512_reduce_max_ps(m);
+    }
+#endif
+    T m = x[0];
+    for (int64_t c = 1; c < Width; ++c) m = x[c] > m ? x[c] : m;
+    return m;
+}
+
+template <int64_t Width, typename T>
+inline T sum_of(const T* x) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+        __m512 sum = _mm512_loadu_ps(x);
+        for (int64_t c = kKeyStep; c < Width; c += kKeyStep) sum = _mm512_add_ps(sum, _mm512_loadu_ps(x + c));
+        return _mm512_reduce_add_ps(sum);
+    }
+#endif
+    T sum = T(0);
+    for (int64_t c = 0; c < Width; ++c) sum += x[c];
+    return sum;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// One row's step of the online softmax over a tile of Width scores, n of them its keys (n >= 1):
+// the scores become exp(scale * s - m) (0 past n) under the new running max m, and `rescale` is what
+// the row's earlier sums are multiplied by to move to m.
+template <int64_t Width, typename T>
+inline void softmax_tile_row_fixed(T* score, int64_t n, T scale, T& row_max, T& row_sum, T& rescale) {
+#pragma omp simd
+    for (int64_t c = 0; c < Width; ++c) score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
+    const T tile_max = max_of<Width>(score);
+    const T m = tile_max > row_max ? tile_max : row_max;
+    rescale = exp_of(row_max - m);  // 0 on the row's first tile (row_max is -inf)
+    // The masked keys hold -inf, so their exp is 0.
+#pragma omp simd
+    for (int64_t c = 0; c < Width; ++c) score[c] = exp_of(score[c] - m);
+    row_sum = row_sum * rescale + sum_of<Width>(score);
+    row_max = m;
+}
+
+template <typename T>
+inline void softmax_tile_row(int64_t width, T* score, int64_t n, T scale, T& row_max, T& row_sum, T& rescale) {
+    switch (width) {
+        case kKeyStep: return softmax_tile_row_fixed<kKeyStep>(score, n, scale, row_max, row_sum, rescale);
+        case 2 * kKeyStep: return softmax_tile_row_fixed<2 * kKeyStep>(score, n, scale, row_max, row_sum, rescale);
+        case 3 * kKeyStep: return softmax_tile_row_fixed<3 * kKeyStep>(score, n, scale, row_max, row_sum, rescale);
+        default: return softmax_tile_row_fixed<kKeyTile>(score, n, scale, row_max, row_sum, rescale);
+    }
+}
+
+// The backward's p = exp(scale * s - lse) (0 past n) and ds = p * (dp - delta) * scale of one row of
+// a tile: `p` holds the scores s and `ds` the products dp = dout . v on entry. (ds carries the scale
+// that dq and dk take.)
+template <int64_t Width, typename T>
+inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta) {
+#pragma omp simd
+    for (int64_t c = 0; c < Width; ++c) p[c] = c < n ? p[c] * scale - lse : -std::numeric_limits<T>::infinity();
+#pragma omp simd
+    for (int64_t c = 0; c < Width; ++c) p[c] = exp_of(p[c]);
+#pragma omp simd
+    for (int64_t c = 0; c < Width; ++c) ds[c] = p[c] * (ds[c] - delta) * scale;
+}
+
+template <typename T>
+inline void gradient_tile_row(int64_t width, T* p, T* ds, int64_t n, T scale, T lse, T delta) {
+    switch (width) {
+        case kKeyStep: return gradient_tile_row_fixed<kKeyStep>(p, ds, n, scale, lse, delta);
+        case 2 * kKeyStep: return gradient_tile_row_fixed<2 * kKeyStep>(p, ds, n, scale, lse, delta);
+        case 3 * kKeyStep: return gradient_tile_row_fixed<3 * kKeyStep>(p, ds, n, scale, lse, delta);
+        default: return gradient_tile_row_fixed<kKeyTile>(p, ds, n, scale, lse, delta);
     }
 }
 
@@ -179,7 +278,7 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
                     const T* q_rows[kRowBlock];
                     for (int64_t r = 0; r < kRowBlock; ++r)
                         q_rows[r] = r < block ? q + s.q_row(b, i0 + r0 + r, h) : zero_row.data();
-                    rows_times_packed(q_rows, keys_t.data(), hd, width, scores);
+                    rows_times_packed(q_rows, keys_t.data(), width, hd, width, scores);
                     T rescale[kRowBlock];
                     T* acc_rows[kRowBlock];
                     for (int64_t r = 0; r < kRowBlock; ++r) {
@@ -192,24 +291,7 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
                             rescale[r] = T(1);
                             continue;
                         }
-                        // Loops over the whole width with the keys past n masked, so each one vectorizes.
-                        T m = row_max[row];
-#pragma omp simd reduction(max : m)
-                        for (int64_t c = 0; c < width; ++c) {
-                            score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
-                            m = score[c] > m ? score[c] : m;
-                        }
-                        // Online softmax: what was summed under the old max is rescaled to the new one.
-                        rescale[r] = exp_of(row_max[row] - m);
-                        // The masked keys hold -inf, so their exp is 0. (Two loops: with the sum in the
-                        // same loop GCC leaves the exp scalar.)
-#pragma omp simd
-                        for (int64_t c = 0; c < width; ++c) score[c] = exp_of(score[c] - m);
-                        T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-                        for (int64_t c = 0; c < width; ++c) sum += score[c];
-                        row_max[row] = m;
-                        row_sum[row] = row_sum[row] * rescale[r] + sum;
+                        softmax_tile_row(width, score, n, scale, row_max[row], row_sum[row], rescale[r]);
                     }
                     // acc = acc * rescale + P V over the keys the block's last row sees (the others' P is 0 there).
                     const int64_t n_max = std::min(s.visible(i0 + r0 + block - 1) - j0, count);
@@ -232,11 +314,13 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
 // (Dao 2023, Algorithm 2, with the outer loop over key tiles; the dq sums stay in the task.)
 
 // p and ds of a block of query rows i0.. (rows of them, n[r] keys of the packed tile each; 0 past n
-// up to width; padding rows get 0).
+// up to the tile's width `stride`; padding rows get 0). Only the first `width` columns (the keys the
+// block's last row sees, in whole vectors) are computed: on the causal diagonal that is half the tile.
 template <typename T>
 inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse, const T* delta, const T* keys_t,
-                          const T* values_t, int64_t width, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                          const int64_t* n, T scale, const T* zero_row, T (*p)[kKeyTile], T (*ds)[kKeyTile]) {
+                          const T* values_t, int64_t stride, int64_t width, int64_t b, int64_t h, int64_t i0,
+                          int64_t rows, const int64_t* n, T scale, const T* zero_row, T (*p)[kKeyTile],
+                          T (*ds)[kKeyTile]) {
     const int64_t hd = s.head_dim;
     const T* q_rows[kRowBlock];
     const T* dout_rows[kRowBlock];
@@ -244,19 +328,15 @@ inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse
         q_rows[r] = r < rows ? q + s.q_row(b, i0 + r, h) : zero_row;
         dout_rows[r] = r < rows ? dout + s.q_row(b, i0 + r, h) : zero_row;
     }
-    rows_times_packed(q_rows, keys_t, hd, width, p);
-    rows_times_packed(dout_rows, values_t, hd, width, ds);
+    rows_times_packed(q_rows, keys_t, stride, hd, width, p);
+    rows_times_packed(dout_rows, values_t, stride, hd, width, ds);
     for (int64_t r = 0; r < kRowBlock; ++r) {
         const int64_t nr = r < rows ? n[r] : 0;
         const T l = r < rows ? lse[s.stat(b, h, i0 + r)] : T(0), di = r < rows ? delta[s.stat(b, h, i0 + r)] : T(0);
         // The keys past n get -inf, so their probability is exp(-inf) = 0.
-#pragma omp simd
-        for (int64_t c = 0; c < width; ++c)
-            p[r][c] = c < nr ? p[r][c] * scale - l : -std::numeric_limits<T>::infinity();
-#pragma omp simd
-        for (int64_t c = 0; c < width; ++c) p[r][c] = exp_of(p[r][c]);
-#pragma omp simd
-        for (int64_t c = 0; c < width; ++c) ds[r][c] = p[r][c] * (ds[r][c] - di);
+        gradient_tile_row(width, p[r], ds[r], nr, scale, l, di);
+        std::fill(p[r] + width, p[r] + stride, T(0));  // keys no row of the block sees
+        std::fill(ds[r] + width, ds[r] + stride, T(0));
     }
 }
 
@@ -315,31 +395,33 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
                                 n[r] = std::min(s.visible(c0 + r0 + r) - j0, count);  // keys of the tile row r sees
                             T(*p_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(p.data() + r0 * kKeyTile);
                             T(*ds_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(ds.data() + r0 * kKeyTile);
-                            probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width, b, h, c0 + r0,
-                                          rows, n, scale, zero_row.data(), p_block, ds_block);
+                            probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width,
+                                          tile_width(n[rows - 1]), b, h, c0 + r0, rows, n, scale, zero_row.data(),
+                                          p_block, ds_block);
                             T* dq_rows[kRowBlock];
-                            for (int64_t r = 0; r < kRowBlock; ++r) {
-                                for (int64_t c = 0; c < width; ++c) ds_block[r][c] *= scale;  // dq and dk take scale * ds
+                            for (int64_t r = 0; r < kRowBlock; ++r)
                                 dq_rows[r] = r < rows ? dq + s.q_row(b, c0 + r0 + r, h) : spare_row.data();
-                            }
                             rows_accumulate(&ds_block[0][0], kKeyTile, 1, n[rows - 1], key_rows, s.kv_heads * hd, dq_rows,
                                             static_cast<const T*>(nullptr), hd);
                         }
                         // Transposed, four keys per pass: dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]
-                        // (zeros where a row does not see key c, and past count).
-                        const T* dout_rows = dout + s.q_row(b, c0, h);
-                        const T* q_rows = q + s.q_row(b, c0, h);
+                        // over the chunk's rows from the first that sees key c (P and dS are zero above it,
+                        // where a row does not see key c, and past count).
                         for (int64_t c = 0; c < count4; c += kRowBlock) {
+                            const int64_t r_first = std::max<int64_t>(0, j0 + c - s.offset() - c0);
+                            if (r_first >= chunk) break;  // nor the keys after c
+                            const T* dout_rows = dout + s.q_row(b, c0 + r_first, h);
+                            const T* q_rows = q + s.q_row(b, c0 + r_first, h);
                             T* dv_rows[kRowBlock];
                             T* dk_rows[kRowBlock];
                             for (int64_t r = 0; r < kRowBlock; ++r) {
                                 dv_rows[r] = dv_acc.data() + (c + r) * hd;
                                 dk_rows[r] = dk_acc.data() + (c + r) * hd;
                             }
-                            rows_accumulate(p.data() + c, 1, kKeyTile, chunk, dout_rows, s.heads * hd, dv_rows,
-                                            static_cast<const T*>(nullptr), hd);
-                            rows_accumulate(ds.data() + c, 1, kKeyTile, chunk, q_rows, s.heads * hd, dk_rows,
-                                            static_cast<const T*>(nullptr), hd);
+                            rows_accumulate(p.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, dout_rows,
+                                            s.heads * hd, dv_rows, static_cast<const T*>(nullptr), hd);
+                            rows_accumulate(ds.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, q_rows,
+                                            s.heads * hd, dk_rows, static_cast<const T*>(nullptr), hd);
                         }
                     }
                 }
