@@ -74,8 +74,8 @@ void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t
     }
 }
 
-// f32: the gemm engine's block transpose (16 x 16 AVX-512 shuffles; the scalar moves above were a tenth
-// of the forward's time at T 256).
+// f32: the gemm engine's block transpose (16 x 16 AVX-512 shuffles instead of the scalar moves above,
+// which measured a tenth of the forward's time at T 256).
 void pack_transposed(const Dims& s, const float* src, int64_t b, int64_t j0, int64_t count, int64_t g, float* packed) {
     const int64_t width = tile_width(count);
     transpose_pad_f32(src + s.kv_row(b, j0, g), s.kv_heads * s.head_dim, count, s.head_dim, packed, width, width);
@@ -102,22 +102,28 @@ inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed
     for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Width, out[r]);
 }
 
-template <typename T>
-inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd, int64_t width,
-                              T (*out)[kKeyTile]) {
+// Calls fn(std::integral_constant<int64_t, W>{}) for a tile width W (16, 32, 48 or 64) given at run time:
+// the one place the widths are listed, so each per-tile loop gets a compile-time trip count.
+template <typename Fn>
+inline void with_tile_width(int64_t width, Fn&& fn) {
     static_assert(kKeyTile == 4 * kKeyStep, "one case per tile width");
     switch (width) {
-        case kKeyStep: return rows_times_packed_fixed<kKeyStep>(a, packed, stride, hd, out);
-        case 2 * kKeyStep: return rows_times_packed_fixed<2 * kKeyStep>(a, packed, stride, hd, out);
-        case 3 * kKeyStep: return rows_times_packed_fixed<3 * kKeyStep>(a, packed, stride, hd, out);
-        default: return rows_times_packed_fixed<kKeyTile>(a, packed, stride, hd, out);
+        case kKeyStep: return fn(std::integral_constant<int64_t, kKeyStep>{});
+        case 2 * kKeyStep: return fn(std::integral_constant<int64_t, 2 * kKeyStep>{});
+        case 3 * kKeyStep: return fn(std::integral_constant<int64_t, 3 * kKeyStep>{});
+        default: return fn(std::integral_constant<int64_t, kKeyTile>{});
     }
 }
 
+template <typename T>
+inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd, int64_t width,
+                              T (*out)[kKeyTile]) {
+    with_tile_width(width, [&](auto w) { rows_times_packed_fixed<decltype(w)::value>(a, packed, stride, hd, out); });
+}
+
 // The max and the sum of a row of Width scores (Width a multiple of kKeyStep, known at compile time).
-// For f32 on AVX-512 each is one vector reduction; GCC's `omp simd reduction` ended every row with a
-// scalar loop over the lanes, which with the masked exp made the forward's softmax three fifths of its
-// time at T 64 and head size 32.
+// For f32 on AVX-512 each is one vector reduction: GCC's `omp simd reduction` ends every row with a
+// scalar loop over the lanes, and at T 64 and head size 32 the softmax is most of the forward's time.
 // GCC 12's own headers trip -Wmaybe-uninitialized in the reduce intrinsics (their _mm512_undefined
 // operands; GCC bug 105593): the warning is about the header, not this code.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -175,12 +181,9 @@ inline void softmax_tile_row_fixed(T* score, int64_t n, T scale, T& row_max, T& 
 
 template <typename T>
 inline void softmax_tile_row(int64_t width, T* score, int64_t n, T scale, T& row_max, T& row_sum, T& rescale) {
-    switch (width) {
-        case kKeyStep: return softmax_tile_row_fixed<kKeyStep>(score, n, scale, row_max, row_sum, rescale);
-        case 2 * kKeyStep: return softmax_tile_row_fixed<2 * kKeyStep>(score, n, scale, row_max, row_sum, rescale);
-        case 3 * kKeyStep: return softmax_tile_row_fixed<3 * kKeyStep>(score, n, scale, row_max, row_sum, rescale);
-        default: return softmax_tile_row_fixed<kKeyTile>(score, n, scale, row_max, row_sum, rescale);
-    }
+    with_tile_width(width, [&](auto w) {
+        softmax_tile_row_fixed<decltype(w)::value>(score, n, scale, row_max, row_sum, rescale);
+    });
 }
 
 // The backward's p = exp(scale * s - lse) (0 past n) and ds = p * (dp - delta) * scale of one row of
@@ -198,12 +201,7 @@ inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T de
 
 template <typename T>
 inline void gradient_tile_row(int64_t width, T* p, T* ds, int64_t n, T scale, T lse, T delta) {
-    switch (width) {
-        case kKeyStep: return gradient_tile_row_fixed<kKeyStep>(p, ds, n, scale, lse, delta);
-        case 2 * kKeyStep: return gradient_tile_row_fixed<2 * kKeyStep>(p, ds, n, scale, lse, delta);
-        case 3 * kKeyStep: return gradient_tile_row_fixed<3 * kKeyStep>(p, ds, n, scale, lse, delta);
-        default: return gradient_tile_row_fixed<kKeyTile>(p, ds, n, scale, lse, delta);
-    }
+    with_tile_width(width, [&](auto w) { gradient_tile_row_fixed<decltype(w)::value>(p, ds, n, scale, lse, delta); });
 }
 
 // y[r] = y[r] * y_scale[r] (when given) + sum_{c < count} w[r][c] * x[c] for kRowBlock rows, where x[c]
