@@ -220,6 +220,7 @@ TEST_CASE("reductions over empty dims", "[reduce]") {
     REQUIRE(s.shape() == Shape{2, 3});
     REQUIRE(s.to_vector() == std::vector<double>(6, 0.0));
     REQUIRE(sum(e).item() == 0.0);
+    REQUIRE(sum_of_squares(e, {1}).to_vector() == std::vector<double>(6, 0.0));  // an empty sum is 0
     REQUIRE(sum(e, {1}, true).shape() == Shape{2, 1, 3});
     for (double v : mean(e, {1}).to_vector()) REQUIRE(std::isnan(v));
     REQUIRE(sum(e, {0}).shape() == Shape{0, 3});
@@ -396,6 +397,9 @@ TEST_CASE("reduction and softmax errors", "[reduce]") {
     REQUIRE_THROWS_WITH(log_softmax(a, -3), Catch::Contains("log_softmax: dim -3 is out of range"));
     const Tensor ids = zeros({3}, DType::I64);
     REQUIRE_THROWS_WITH(sum(ids), Catch::Contains("sum: expected a floating dtype, found i64"));
+    REQUIRE_THROWS_WITH(sum_of_squares(ids), Catch::Contains("sum_of_squares: expected a floating dtype, found i64"));
+    REQUIRE_THROWS_WITH(sum_of_squares(a, {2}), Catch::Contains("sum_of_squares: dim 2 is out of range"));
+    REQUIRE_THROWS_WITH(sum_of_squares(a, {0, 0}), Catch::Contains("sum_of_squares: dim 0 appears more than once"));
     REQUIRE_THROWS_WITH(softmax(ids, 0), Catch::Contains("softmax: expected a floating dtype, found i64"));
     REQUIRE_THROWS_WITH(var(a, {}, -1), Catch::Contains("var: expected correction >= 0, found -1"));
     REQUIRE_THROWS_WITH(softmax_backward(a, zeros({2, 3}, DType::F64), 1),
