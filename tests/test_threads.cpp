@@ -3,8 +3,16 @@
 // report, and the OpenBLAS kernel correction (a fallback to Prescott on a CPU that can do better).
 #include <catch2/catch.hpp>
 
+#include <cblas.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +48,37 @@ TEST_CASE("thread governor: another process's busy core leaves one thread of two
     CHECK(ThreadGovernor::threads_for(16.0, 4) == 4);
     // A reading taken backwards in time (no ticks) reports nothing busy.
     CHECK(ThreadGovernor::others_busy_cores(after, after, 2) == 0.0);
+}
+
+TEST_CASE("thread governor: the first update decides at once, and a busy core leaves fewer threads than cores",
+          "[threads]") {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    REQUIRE(online >= 1);
+    const int cores = static_cast<int>(online);
+    const int saved_threads = omp_get_max_threads();
+    const pid_t busy = fork();  // another process keeping one core busy
+    REQUIRE(busy >= 0);
+    if (busy == 0) {
+        volatile uint64_t spin = 0;
+        for (;;) spin = spin + 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the loop is running before the window opens
+    const auto start = std::chrono::steady_clock::now();
+    ThreadGovernor governor(cores, true);
+    const int threads = governor.update();  // the first call: waits out the first window, then decides
+    const auto waited = std::chrono::steady_clock::now() - start;
+    const int second = governor.update();  // within 0.5 s of the first: no new decision
+    kill(busy, SIGKILL);
+    waitpid(busy, nullptr, 0);
+    omp_set_num_threads(saved_threads);
+    openblas_set_num_threads(saved_threads);
+    CHECK(governor.decisions() == 1);
+    CHECK(waited >= std::chrono::milliseconds(50));
+    CHECK(second == threads);
+    // The busy loop is at least ~one core of the window's ticks, so at most cores - 1 are free (other
+    // tests running beside this one can only lower it further). One core: one thread.
+    CHECK(threads >= 1);
+    CHECK(threads <= std::max(1, cores - 1));
 }
 
 TEST_CASE("thread governor: a disabled governor keeps its count", "[threads]") {

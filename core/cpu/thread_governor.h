@@ -19,12 +19,16 @@ public:
     // update() does nothing.
     ThreadGovernor(int max_threads, bool enabled);
 
-    // Between steps: 0.1 s after construction, then at most every 0.5 s, re-reads the load and sets OpenMP's and OpenBLAS's
-    // thread count to the free cores (at least 1, at most max_threads). Returns the count in force.
+    // Between steps: re-reads the load and sets OpenMP's and OpenBLAS's thread count to the free
+    // cores (at least 1, at most max_threads). Returns the count in force. The first call decides at
+    // once, waiting until 50 ms have passed since construction if they have not (a window of /proc's
+    // 10 ms ticks long enough to see a busy core), so the first step already runs on the right count;
+    // later calls decide at most every 0.5 s.
     int update();
     int threads() const { return threads_; }
     int max_threads() const { return max_threads_; }
     bool enabled() const { return enabled_; }
+    int64_t decisions() const { return decisions_; }  // readings compared so far
 
     // Cores busy with other processes between two readings, from the two files' contents (exposed
     // for tests). cpu_line: /proc/stat's first line; self_stat: /proc/self/stat. Returns false when
@@ -50,6 +54,7 @@ private:
     Reading last_;
     std::chrono::steady_clock::time_point last_time_;
     std::chrono::milliseconds interval_{500};
+    std::chrono::milliseconds first_window_{50};
 };
 
 }  // namespace nl
