@@ -517,35 +517,66 @@ void run_bench_torch(TorchCommand cmd) {
                spec.seq_len);
 
     if (cmd.load && device.is_cpu()) {
-        // Users train beside builds and sweeps: the same steps with a busy loop on one core.
+        // Users train beside builds and sweeps: the same steps with a busy loop on one core, normlab's
+        // default thread setting against 1 thread, and PyTorch's the same. The two settings alternate
+        // which goes first from round to round (the machine's speed drifts during a run), and each
+        // round gives one ratio.
         fmt::print(stderr, "  under load: a busy loop on one core while each side trains ...\n");
         const pid_t busy = start_busy_loop();
-        // normlab's default is train's: auto threads (core/cpu/thread_governor.h), up to --threads.
-        ThreadGovernor governor(threads, true);
-        const double ours_default = time_transformer(spec, cmd.steps, cmd.warmup, device, nullptr, &governor).median;
-        omp_set_num_threads(1);
-        openblas_set_num_threads(1);
-        const double ours_one = time_transformer(spec, cmd.steps, cmd.warmup, device).median;
-        omp_set_num_threads(threads);
-        openblas_set_num_threads(threads);
-        std::optional<json> torch_default, torch_one;
-        if (have_torch) {
-            torch_default = run_torch(cmd, spec, 0, device, why, " --skip-stability");  // torch's own default
-            torch_one = run_torch(cmd, spec, 1, device, why, " --skip-stability");
+        std::vector<double> ours_default, ours_one, ours_ratio, torch_default, torch_one, torch_ratio;  // (rounds,)
+        int threads_at_end = threads;
+        // normlab's default is train's: auto threads (core/cpu/thread_governor.h), up to --threads,
+        // from a new governor as each train run starts one.
+        auto time_ours = [&](bool governed) {
+            omp_set_num_threads(governed ? threads : 1);
+            openblas_set_num_threads(governed ? threads : 1);
+            ThreadGovernor governor(threads, governed);
+            const double seconds =
+                time_transformer(spec, cmd.steps, cmd.warmup, device, nullptr, governed ? &governor : nullptr).median;
+            if (governed) threads_at_end = governor.threads();
+            omp_set_num_threads(threads);
+            openblas_set_num_threads(threads);
+            return seconds;
+        };
+        auto time_torch = [&](int torch_threads) -> std::optional<double> {  // 0: torch's own default
+            const std::optional<json> j = run_torch(cmd, spec, torch_threads, device, why, " --skip-stability");
+            if (!j) return std::nullopt;
+            return j->at("transformer").at("median_s").get<double>();
+        };
+        bool torch_ok = have_torch;
+        for (int64_t round = 0; round < cmd.rounds; ++round) {
+            fmt::print(stderr, "  under load, round {}/{} ...\n", round + 1, cmd.rounds);
+            const bool default_first = round % 2 == 0;
+            const double first = time_ours(default_first), second = time_ours(!default_first);
+            ours_default.push_back(default_first ? first : second);
+            ours_one.push_back(default_first ? second : first);
+            ours_ratio.push_back(ours_one.back() / ours_default.back());
+            if (!torch_ok) continue;
+            const std::optional<double> a = time_torch(default_first ? 0 : 1), b = time_torch(default_first ? 1 : 0);
+            if (!a || !b) {
+                torch_ok = false;
+                continue;
+            }
+            torch_default.push_back(default_first ? *a : *b);
+            torch_one.push_back(default_first ? *b : *a);
+            torch_ratio.push_back(torch_one.back() / torch_default.back());
         }
         stop_busy_loop(busy);
-        auto tok = [&](double seconds) { return fmt::format("{:.0f} tok/s", tokens / seconds); };
-        auto torch_tok = [&](const std::optional<json>& j) {
-            return j ? tok(j->at("transformer").at("median_s").get<double>()) : std::string("-");
+        auto tok = [&](const std::vector<double>& seconds) {
+            return fmt::format("{:.0f} tok/s", tokens / summarize(seconds).median);
         };
-        fmt::print("under load (a busy loop on one core), transformer tokens/s:\n");
-        fmt::print("  normlab, default threads ({} at the end): {}    normlab, 1 thread: {}    default / 1 thread: {:.2f}\n",
-                   governor.threads(), tok(ours_default), tok(ours_one), ours_one / ours_default);
-        if (torch_default && torch_one)
-            fmt::print("  PyTorch, default threads: {}    PyTorch, 1 thread: {}    default / 1 thread: {:.2f}\n",
-                       torch_tok(torch_default), torch_tok(torch_one),
-                       torch_one->at("transformer").at("median_s").get<double>() /
-                           torch_default->at("transformer").at("median_s").get<double>());
+        auto ratio = [](const std::vector<double>& r) {
+            const Stats s = summarize(r);
+            return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median, s.min, s.max);
+        };
+        fmt::print("under load (a busy loop on one core), transformer tokens/s, medians over {} rounds that alternate "
+                   "which setting goes first; default / 1 thread per round, [min, max]:\n",
+                   cmd.rounds);
+        fmt::print("  normlab, default threads ({} at the end): {}    normlab, 1 thread: {}    default / 1 thread: {}\n",
+                   threads_at_end, tok(ours_default), tok(ours_one), ratio(ours_ratio));
+        if (torch_ok && !torch_ratio.empty())
+            fmt::print("  PyTorch, default threads: {}    PyTorch, 1 thread: {}    default / 1 thread: {}\n",
+                       tok(torch_default), tok(torch_one), ratio(torch_ratio));
     }
     if (cmd.profile) {
         // After the timed rounds, so the profiler's clock reads never touch the figures above.

@@ -109,6 +109,22 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("peak memory per training step (normlab's allocator): fused attention"));
 }
 
+TEST_CASE("bench torch --load alternates the default and 1 thread beside a busy loop, one ratio per round",
+          "[bench_cli]") {
+    BenchRun run = run_bench("bench torch --skip-torch --load --rounds 2 --epochs 2 --steps 2 --warmup 1");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("under load (a busy loop on one core), transformer tokens/s, medians over 2 "
+                                           "rounds that alternate which setting goes first"));
+    CHECK_THAT(run.output, Catch::Contains("under load, round 2/2"));
+    const size_t at = run.output.find("  normlab, default threads (");
+    REQUIRE(at != std::string::npos);
+    const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
+    CHECK_THAT(line, Catch::Matches("  normlab, default threads \\([0-9]+ at the end\\): [0-9]+ tok/s    normlab, 1 "
+                                    "thread: [0-9]+ tok/s    default / 1 thread: [0-9.]+ \\[[0-9.]+, [0-9.]+\\]"));
+    CHECK_THAT(run.output, !Catch::Contains("PyTorch, default threads"));  // --skip-torch
+}
+
 TEST_CASE("bench torch --set changes the model, and fused attention needs less memory than composed at T 128",
           "[bench_cli]") {
     BenchRun run = run_bench("bench torch --quick --skip-torch --config configs/char_text.json --set model.n_layers=1 "
