@@ -454,6 +454,15 @@ nlohmann::json run_train(const TrainFlags& flags) {
         if (root_rank) run = RunDir::create(flags.config_path, flags.out, flags.force, flags.resume);
     });
     config.model.vocab_size = data->vocab_size();
+    // CPU threads: train.threads, else OMP_NUM_THREADS, else auto (the cores other processes leave
+    // free, re-read between steps). The governor's first reading is taken here, so its first window
+    // has passed while the model is built and the first step need not wait for it.
+    if (config.train.threads > 0) {
+        omp_set_num_threads(static_cast<int>(config.train.threads));
+        openblas_set_num_threads(static_cast<int>(config.train.threads));
+    }
+    ThreadGovernor governor(omp_get_max_threads(),
+                            config.train.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr);
     const std::string run_dir = dist::broadcast_string(run ? run->dir() : std::string());
     std::vector<Batch> eval_set = data->eval_batches(config.train.batch_size);
     for (Batch& batch : eval_set) batch = batch_on(batch, config.device);
@@ -539,14 +548,6 @@ nlohmann::json run_train(const TrainFlags& flags) {
         double train_loss = NAN;
         EvalResult last_eval;
         bool evaluated = false;
-        // CPU threads: train.threads, else OMP_NUM_THREADS, else auto (the cores other processes leave
-        // free, re-read between steps).
-        if (config.train.threads > 0) {
-            omp_set_num_threads(static_cast<int>(config.train.threads));
-            openblas_set_num_threads(static_cast<int>(config.train.threads));
-        }
-        ThreadGovernor governor(omp_get_max_threads(),
-                                config.train.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr);
         int64_t peak_step_bytes = 0;  // the allocator's peak within one step (the largest over the steps)
         model.train();
         for (int64_t step = start_step + 1; step <= end_step; ++step) {
