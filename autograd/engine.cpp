@@ -37,6 +37,14 @@ namespace {
 
 thread_local GradReadyFn t_grad_ready;  // GradReadyGuard's hook; empty when none
 
+// True when `grad` is the only handle to its tensor and its storage, and contiguous: nothing else can
+// see it, so it can become a .grad as it is (PyTorch's AccumulateGrad steals such a gradient too).
+// A gradient handed to two inputs (add's backward), the caller's own backward(grad), or a view of a
+// tensor someone still holds has another reference and is copied instead.
+bool owned_alone(const Var& grad) {
+    return grad.impl().use_count() == 1 && grad.data().storage().use_count() == 1 && grad.data().is_contiguous();
+}
+
 // The one accumulation path: checks the gradient against the shape and dtype it must have, then
 // adds it to what `slot` holds (as a Var op, so under create_graph the sum is recorded too).
 Var add_grad(const Var& slot, Var grad, const Shape& shape, DType dtype, const Node& node,
@@ -45,15 +53,16 @@ Var add_grad(const Var& slot, Var grad, const Shape& shape, DType dtype, const N
                " has shape ", shape_str(grad.shape()), " but the input has shape ", shape_str(shape));
     NL_REQUIRE(grad.dtype() == dtype, "backward of ", node.name(), ": the gradient for input ", input,
                " has dtype ", dtype_name(grad.dtype()), " but the input has dtype ", dtype_name(dtype));
-    return slot.defined() ? add(slot, grad) : std::move(grad);
-}
-
-// True when `grad` is the only handle to its tensor and its storage, and contiguous: nothing else can
-// see it, so it can become a .grad as it is (PyTorch's AccumulateGrad steals such a gradient too).
-// A gradient handed to two inputs (add's backward), the caller's own backward(grad), or a view of a
-// tensor someone still holds has another reference and is copied instead.
-bool owned_alone(const Var& grad) {
-    return grad.impl().use_count() == 1 && grad.data().storage().use_count() == 1 && grad.data().is_contiguous();
+    if (!slot.defined()) return grad;
+    // Summed into the slot's own tensor when nothing else holds it and no graph is being recorded
+    // (create_graph): a new sum would be a second buffer of the same size, written instead of one
+    // already in cache.
+    if (!is_grad_enabled() && owned_alone(slot)) {
+        Tensor sum = slot.data();
+        add_(sum, grad.data());
+        return slot;
+    }
+    return add(slot, grad);
 }
 
 // .grad of a leaf (or retain_grad non-leaf). Without create_graph the stored grad is a fresh

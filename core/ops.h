@@ -39,6 +39,10 @@ Tensor eq(const Tensor& a, double b);
 Tensor gt(const Tensor& a, double b);
 Tensor lt(const Tensor& a, double b);
 
+// In place, PyTorch's a.add_(b): a += b with b broadcast to a's shape (a's shape is kept), same dtype
+// and device. a's own elements are written, so views of a see the sum.
+void add_(Tensor& a, const Tensor& b);
+
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
 Tensor operator*(const Tensor& a, const Tensor& b);

@@ -94,6 +94,23 @@ Tensor unary(UnaryOp op, const char* name, const Tensor& a) {
 
 // ---- binary ----
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, "add", a, b); }
+void add_(Tensor& a, const Tensor& b) {
+    require_same(a, b, "add_");
+    const Shape shape = broadcast_shapes(a.shape(), b.shape(), "add_");
+    NL_REQUIRE(shape == a.shape(), "add_: cannot add ", shape_str(b.shape()), " into ", shape_str(a.shape()),
+               " in place (the sum would have shape ", shape_str(shape), ")");
+    for (int64_t d = 0; d < a.dim(); ++d)
+        NL_REQUIRE(a.size(d) <= 1 || a.strides()[static_cast<size_t>(d)] != 0, "add_: the tensor written is a broadcast view (stride 0 in dim ",
+                   d, " of ", shape_str(a.shape()), "): its elements share memory, so they cannot be summed in place");
+    const DType ct = binary_compute_dtype(BinaryOp::Add, a.dtype(), "add_");
+    if (ct != a.dtype()) {  // bf16/f16: summed in f32, rounded once into a
+        a.copy_(add(a, b));
+        return;
+    }
+    // Each element is read before it is written, at the same offset: out may be a itself.
+    backend_for(a.device()).binary(BinaryOp::Add, shape, strided_arg(a, shape), strided_arg(a, shape),
+                                   strided_arg(b, shape));
+}
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, "sub", a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, "mul", a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, "div", a, b); }

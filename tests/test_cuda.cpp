@@ -310,6 +310,12 @@ TEST_CASE("cuda: binary ops with broadcasting and strided views match the CPU", 
         require_close(silu_backward(a, b * 4.0), silu_backward(ag, bg * 4.0), "silu_backward " + d);
         require_close(add(zeros({0, 6}, dtype), b.select(0, 0)), add(zeros({0, 6}, dtype, kGpu), bg.select(0, 0)),
                       "empty " + d);
+        // In place, into a transposed view (the autograd engine sums gradients this way).
+        Tensor sum_cpu = random_normal({6, 5}, 7, dtype), sum_gpu = gpu(sum_cpu);
+        Tensor view_cpu = sum_cpu.t(), view_gpu = sum_gpu.t();  // [5, 6]
+        add_(view_cpu, b);
+        add_(view_gpu, bg);
+        require_close(sum_cpu, sum_gpu, "add_ " + d);
     }
     // NaN handling of maximum/minimum
     const Tensor n = from_vector(std::vector<double>{std::nan(""), 1.0, 2.0}, {3});

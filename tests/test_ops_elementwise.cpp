@@ -188,6 +188,45 @@ TEST_CASE("binary ops on bf16 and f16 compute in f32 and round back", "[elementw
     }
 }
 
+TEST_CASE("add_ sums in place: broadcast operands, views written through, bf16 rounded once, errors by name",
+          "[elementwise]") {
+    Generator gen(16);
+    for (DType dt : {DType::F32, DType::F64}) {
+        Tensor a = randn({300, 257}, gen, dt);  // the threaded path
+        const Tensor b = randn({300, 257}, gen, dt);
+        const Tensor expected = add(a, b);
+        const void* storage = a.storage().get();
+        add_(a, b);
+        REQUIRE(a.storage().get() == storage);  // the same buffer
+        REQUIRE(max_abs_diff(a, expected) == 0.0);
+        const Tensor row = randn({257}, gen, dt);
+        const Tensor with_row = add(a, row);
+        add_(a, row);  // broadcast into a
+        REQUIRE(max_abs_diff(a, with_row) == 0.0);
+        // A transposed view of a larger tensor: the sum lands in the parent's elements.
+        Tensor parent = randn({4, 6}, gen, dt);
+        const Tensor before = parent.clone();
+        Tensor view = parent.t();  // [6, 4]
+        const Tensor c = randn({6, 4}, gen, dt);
+        add_(view, c);
+        REQUIRE(max_abs_diff(parent, add(before, c.t())) == 0.0);
+    }
+    Tensor h = randn({3, 5}, gen, DType::BF16);
+    const Tensor hb = randn({3, 5}, gen, DType::BF16);
+    const Tensor rounded = add(h, hb);  // f32 sum rounded once to bf16
+    add_(h, hb);
+    REQUIRE(h.dtype() == DType::BF16);
+    REQUIRE(max_abs_diff(h, rounded) == 0.0);
+
+    Tensor small = zeros({3});
+    REQUIRE_THROWS_WITH(add_(small, zeros({2, 3})), Catch::Contains("add_: cannot add [2, 3] into [3] in place"));
+    REQUIRE_THROWS_WITH(add_(small, zeros({3}, DType::F64)), Catch::Contains("add_: dtype mismatch: f32 vs f64"));
+    Tensor expanded = zeros({1, 3}).expand({4, 3});
+    REQUIRE_THROWS_WITH(add_(expanded, zeros({4, 3})), Catch::Contains("add_: the tensor written is a broadcast view"));
+    Tensor ids = from_vector(std::vector<int64_t>{1, 2}, {2});
+    REQUIRE_THROWS_WITH(add_(ids, ids), Catch::Contains("add_: expected a floating dtype, found i64"));
+}
+
 TEST_CASE("scalar forms and operators", "[elementwise]") {
     Generator gen(15);
     for (DType dt : {DType::F32, DType::F64}) {
