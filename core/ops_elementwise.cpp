@@ -100,8 +100,9 @@ void add_(Tensor& a, const Tensor& b) {
     NL_REQUIRE(shape == a.shape(), "add_: cannot add ", shape_str(b.shape()), " into ", shape_str(a.shape()),
                " in place (the sum would have shape ", shape_str(shape), ")");
     for (int64_t d = 0; d < a.dim(); ++d)
-        NL_REQUIRE(a.size(d) <= 1 || a.strides()[static_cast<size_t>(d)] != 0, "add_: the tensor written is a broadcast view (stride 0 in dim ",
-                   d, " of ", shape_str(a.shape()), "): its elements share memory, so they cannot be summed in place");
+        NL_REQUIRE(a.size(d) <= 1 || a.strides()[static_cast<size_t>(d)] != 0,
+                   "add_: the tensor written is a broadcast view (stride 0 in dim ", d, " of ", shape_str(a.shape()),
+                   "): its elements share memory, so they cannot be summed in place");
     const DType ct = binary_compute_dtype(BinaryOp::Add, a.dtype(), "add_");
     if (ct != a.dtype()) {  // bf16/f16: summed in f32, rounded once into a
         a.copy_(add(a, b));
