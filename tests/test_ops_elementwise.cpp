@@ -3,7 +3,9 @@
 // operators, every unary op, where/masked_fill/tril, allclose/max_abs_diff, and the error messages.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <string>
@@ -349,6 +351,34 @@ TEST_CASE("exp_f32 (the vectorizable f32 exp behind sigmoid and silu) is within 
     REQUIRE(std::isinf(cpu_math::exp_f32(100.0f)));
     REQUIRE(std::isnan(cpu_math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
 }
+
+#if defined(__AVX512F__) && defined(__FMA__)
+TEST_CASE("exp_f32x16 (AVX-512, the attention's softmax) gives exp_f32's bits on every lane", "[elementwise]") {
+    // Every 61st of the 2^32 bit patterns (both signs, subnormals, infinities, NaNs), then the range
+    // where e^x is a float densely, 16 at a time; exp_f32 one by one is the reference.
+    std::vector<float> xs;
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 61) xs.push_back(std::bit_cast<float>(static_cast<uint32_t>(u)));
+    for (int i = 0; i <= 400000; ++i) xs.push_back(static_cast<float>(-104.0 + 194.0 * i / 400000));
+    for (float x : {0.0f, -0.0f, -87.33654f, 88.72283f, -87.3365f, 88.7228f, std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+        xs.push_back(x);
+    while (xs.size() % 16 != 0) xs.push_back(1.0f);
+    int64_t mismatches = 0;
+    float first_bad = 0.0f;
+    for (size_t i = 0; i < xs.size(); i += 16) {
+        alignas(64) float got[16];
+        _mm512_store_ps(got, cpu_math::exp_f32x16(_mm512_loadu_ps(xs.data() + i)));
+        for (int lane = 0; lane < 16; ++lane) {
+            const float want = cpu_math::exp_f32(xs[i + lane]);
+            const bool same = std::isnan(want) ? std::isnan(got[lane])
+                                               : std::bit_cast<uint32_t>(want) == std::bit_cast<uint32_t>(got[lane]);
+            if (!same && mismatches++ == 0) first_bad = xs[i + lane];
+        }
+    }
+    INFO(mismatches << " of " << xs.size() << " differ, the first at x = " << first_bad);
+    REQUIRE(mismatches == 0);
+}
+#endif
 
 TEST_CASE("silu_backward is grad * d silu / dx, with broadcasting, in f32, f64 and bf16", "[elementwise]") {
     Generator gen(21);

@@ -162,27 +162,63 @@ inline T sum_of(const T* x) {
 #pragma GCC diagnostic pop
 #endif
 
-// One row's step of the online softmax over a tile of Width scores, n of them its keys (n >= 1):
-// the scores become exp(scale * s - m) (0 past n) under the new running max m, and `rescale` is what
-// the row's earlier sums are multiplied by to move to m.
+// x[c] = exp(x[c] - shift) for Width values (a multiple of kKeyStep): 16 lanes at a time on AVX-512
+// (cpu_math::exp_f32x16, the same bits as exp_of), else the compiler's vectorization of exp_of.
 template <int64_t Width, typename T>
-inline void softmax_tile_row_fixed(T* score, int64_t n, T scale, T& row_max, T& row_sum, T& rescale) {
+inline void exp_shifted(T* x, T shift) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512 s = _mm512_set1_ps(shift);
+        for (int64_t c = 0; c < Width; c += kKeyStep)
+            _mm512_storeu_ps(x + c, cpu_math::exp_f32x16(_mm512_sub_ps(_mm512_loadu_ps(x + c), s)));
+        return;
+    }
+#endif
 #pragma omp simd
-    for (int64_t c = 0; c < Width; ++c) score[c] = c < n ? score[c] * scale : -std::numeric_limits<T>::infinity();
-    const T tile_max = max_of<Width>(score);
-    const T m = tile_max > row_max ? tile_max : row_max;
-    rescale = exp_of(row_max - m);  // 0 on the row's first tile (row_max is -inf)
-    // The masked keys hold -inf, so their exp is 0.
+    for (int64_t c = 0; c < Width; ++c) x[c] = exp_of(x[c] - shift);
+}
+
+// One step of the online softmax for a block of kRowBlock rows over a tile of Width scores, row r
+// having n[r] keys in the tile (0: it sees none, or pads the block): row r's scores become
+// exp(scale * s - m) (0 past n[r]) under its new running max m, and rescale[r] is what the row's
+// earlier sums are multiplied by to move to m (1 for a row with no keys here, whose scores become 0).
+// Each stage runs for all rows before the next, so the rows' chains (a reduction, the scalar exp of
+// the rescale, a second reduction) overlap instead of running one row after another: a row's chain
+// is mostly latency. The operations on each row are the same as one row at a time.
+template <int64_t Width, typename T>
+inline void softmax_tile_block_fixed(T (*scores)[kKeyTile], const int64_t* n, T scale, T* row_max, T* row_sum,
+                                     T* rescale) {
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    T m[kRowBlock];
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+        T* score = scores[r];
+        const int64_t nr = n[r];
 #pragma omp simd
-    for (int64_t c = 0; c < Width; ++c) score[c] = exp_of(score[c] - m);
-    row_sum = row_sum * rescale + sum_of<Width>(score);
-    row_max = m;
+        for (int64_t c = 0; c < Width; ++c) score[c] = c < nr ? score[c] * scale : kNegInf;
+        const T tile_max = max_of<Width>(score);
+        m[r] = tile_max > row_max[r] ? tile_max : row_max[r];
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r)
+        rescale[r] = n[r] > 0 ? exp_of(row_max[r] - m[r]) : T(1);  // 0 on the row's first tile (row_max -inf)
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+        T* score = scores[r];
+        if (n[r] <= 0) {  // the row adds nothing here
+            std::fill_n(score, Width, T(0));
+            continue;
+        }
+        // The masked keys hold -inf, so their exp is 0.
+        const T mr = m[r];
+        exp_shifted<Width>(score, mr);
+        row_sum[r] = row_sum[r] * rescale[r] + sum_of<Width>(score);
+        row_max[r] = mr;
+    }
 }
 
 template <typename T>
-inline void softmax_tile_row(int64_t width, T* score, int64_t n, T scale, T& row_max, T& row_sum, T& rescale) {
+inline void softmax_tile_block(int64_t width, T (*scores)[kKeyTile], const int64_t* n, T scale, T* row_max,
+                               T* row_sum, T* rescale) {
     with_tile_width(width, [&](auto w) {
-        softmax_tile_row_fixed<decltype(w)::value>(score, n, scale, row_max, row_sum, rescale);
+        softmax_tile_block_fixed<decltype(w)::value>(scores, n, scale, row_max, row_sum, rescale);
     });
 }
 
@@ -193,8 +229,7 @@ template <int64_t Width, typename T>
 inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta) {
 #pragma omp simd
     for (int64_t c = 0; c < Width; ++c) p[c] = c < n ? p[c] * scale - lse : -std::numeric_limits<T>::infinity();
-#pragma omp simd
-    for (int64_t c = 0; c < Width; ++c) p[c] = exp_of(p[c]);
+    exp_shifted<Width>(p, T(0));  // exp(p - 0): x - 0 is x, bit for bit
 #pragma omp simd
     for (int64_t c = 0; c < Width; ++c) ds[c] = p[c] * (ds[c] - delta) * scale;
 }
@@ -272,8 +307,10 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
             const int64_t g = h / s.group();
             const int64_t i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
             std::fill(acc.begin(), acc.end(), T(0));
-            std::fill(row_max, row_max + rows, -std::numeric_limits<T>::infinity());
-            std::fill(row_sum, row_sum + rows, T(0));
+            // All kQueryTile entries, the padding rows' too: the block softmax reads them (and
+            // leaves them as they are).
+            std::fill(row_max, row_max + kQueryTile, -std::numeric_limits<T>::infinity());
+            std::fill(row_sum, row_sum + kQueryTile, T(0));
             const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
             if (packed_head != b * s.kv_heads + g) {
                 packed_head = b * s.kv_heads + g;
@@ -300,18 +337,13 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
                     rows_times_packed(q_rows, keys_t, packed_width, hd, width, scores);
                     T rescale[kRowBlock];
                     T* acc_rows[kRowBlock];
+                    int64_t n[kRowBlock];  // each row's keys in the tile (0 for a padding row)
                     for (int64_t r = 0; r < kRowBlock; ++r) {
                         const int64_t row = r0 + r;
-                        T* score = scores[r];
-                        const int64_t n = r < block ? std::min(s.visible(i0 + row) - j0, count) : 0;  // its keys here
+                        n[r] = r < block ? std::max<int64_t>(0, std::min(s.visible(i0 + row) - j0, count)) : 0;
                         acc_rows[r] = r < block ? acc.data() + row * hd : spare_row.data();
-                        if (n <= 0) {  // the row sees no key of the tile, or pads the block: it adds nothing
-                            std::fill_n(score, width, T(0));
-                            rescale[r] = T(1);
-                            continue;
-                        }
-                        softmax_tile_row(width, score, n, scale, row_max[row], row_sum[row], rescale[r]);
                     }
+                    softmax_tile_block(width, scores, n, scale, row_max + r0, row_sum + r0, rescale);
                     // acc = acc * rescale + P V over the keys the block's last row sees (the others' P is 0 there).
                     const int64_t n_max = std::min(s.visible(i0 + r0 + block - 1) - j0, count);
                     rows_accumulate(&scores[0][0], kKeyTile, 1, n_max, v + s.kv_row(b, j0, g), s.kv_heads * hd, acc_rows,
