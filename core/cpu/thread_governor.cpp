@@ -2,6 +2,7 @@
 #include "core/cpu/thread_governor.h"
 
 #include <cblas.h>
+#include <dirent.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -59,6 +60,52 @@ int ThreadGovernor::threads_for(double free_cores, int max_threads) {
     return std::clamp(static_cast<int>(std::floor(free_cores + 0.25)), 1, std::max(1, max_threads));
 }
 
+int ThreadGovernor::others_running(const char* loadavg, int self_running) {
+    double one, five, fifteen;
+    long long running = 0, total = 0;
+    if (std::sscanf(loadavg, "%lf %lf %lf %lld/%lld", &one, &five, &fifteen, &running, &total) != 5) return -1;
+    return static_cast<int>(std::max<long long>(0, running - self_running));
+}
+
+namespace {
+
+// This process's threads in state R now: the third field of each /proc/self/task/<tid>/stat (after
+// the command's closing parenthesis). -1 when the directory cannot be read.
+int self_running_threads() {
+    DIR* dir = opendir("/proc/self/task");
+    if (dir == nullptr) return -1;
+    int running = 0;
+    while (const dirent* entry = readdir(dir)) {
+        if (entry->d_name[0] == '.') continue;
+        std::ifstream stat(std::string("/proc/self/task/") + entry->d_name + "/stat");
+        std::string line;
+        if (!std::getline(stat, line)) continue;  // the thread ended meanwhile
+        const size_t close = line.rfind(')');
+        if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'R') ++running;
+    }
+    closedir(dir);
+    return running;
+}
+
+}  // namespace
+
+int ThreadGovernor::sample_others_running() const {
+    // The fewest over a few samples: a task that wakes for a moment (a shell, a daemon) is not a
+    // busy core; a busy loop is running in every sample.
+    int fewest = -1;
+    for (int sample = 0; sample < 4; ++sample) {
+        if (sample > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::ifstream file("/proc/loadavg");
+        std::string line;
+        const int self = self_running_threads();
+        if (!std::getline(file, line) || self < 0) return -1;
+        const int others = others_running(line.c_str(), self);
+        if (others < 0) return -1;
+        fewest = fewest < 0 ? others : std::min(fewest, others);
+    }
+    return fewest;
+}
+
 bool ThreadGovernor::read(Reading& out) const {
     std::ifstream stat("/proc/stat"), self("/proc/self/stat");
     std::string cpu_line, self_line;
@@ -66,13 +113,27 @@ bool ThreadGovernor::read(Reading& out) const {
     return parse(cpu_line.c_str(), self_line.c_str(), out);
 }
 
+void ThreadGovernor::set_threads(int threads) {
+    if (threads == threads_) return;
+    threads_ = threads;
+    omp_set_num_threads(threads_);
+    openblas_set_num_threads(threads_);
+}
+
 int ThreadGovernor::update() {
     if (!enabled_) return threads_;
     auto now = std::chrono::steady_clock::now();
     if (decisions_ == 0 && have_reading_ && now - last_time_ < first_window_) {
         // Not put off to a later step: a step on too many threads beside a busy core costs far more
-        // than the wait (the header's measurement: 4x for the toy transformer).
-        std::this_thread::sleep_for(first_window_ - (now - last_time_));
+        // than deciding from a snapshot (the header's measurement: 4x for the toy transformer). The
+        // window's reading stays the base of the next decision.
+        const int others = sample_others_running();
+        if (others >= 0) {
+            ++decisions_;
+            set_threads(threads_for(static_cast<double>(cores_ - others), max_threads_));
+            return threads_;
+        }
+        std::this_thread::sleep_for(first_window_ - (now - last_time_));  // no /proc/loadavg: wait it out
         now = std::chrono::steady_clock::now();
     }
     if (have_reading_ && decisions_ > 0 && now - last_time_ < interval_) return threads_;
@@ -81,12 +142,7 @@ int ThreadGovernor::update() {
     if (have_reading_) {
         ++decisions_;
         const double free_cores = cores_ - others_busy_cores(last_, reading, cores_);
-        const int wanted = threads_for(free_cores, max_threads_);
-        if (wanted != threads_) {
-            threads_ = wanted;
-            omp_set_num_threads(threads_);
-            openblas_set_num_threads(threads_);
-        }
+        set_threads(threads_for(free_cores, max_threads_));
     }
     last_ = reading;
     last_time_ = now;

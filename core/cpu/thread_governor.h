@@ -21,9 +21,10 @@ public:
 
     // Between steps: re-reads the load and sets OpenMP's and OpenBLAS's thread count to the free
     // cores (at least 1, at most max_threads). Returns the count in force. The first call decides at
-    // once, waiting until 50 ms have passed since construction if they have not (a window of /proc's
-    // 10 ms ticks long enough to see a busy core), so the first step already runs on the right count;
-    // later calls decide at most every 0.5 s.
+    // once, so the first step already runs on the right count: from the window since construction if
+    // 50 ms of /proc's 10 ms ticks have passed (long enough to see a busy core), else from the other
+    // processes' threads that are running right now (others_running: the fewest of a few samples a
+    // millisecond apart), without waiting. Later calls decide from /proc/stat at most every 0.5 s.
     int update();
     int threads() const { return threads_; }
     int max_threads() const { return max_threads_; }
@@ -41,9 +42,15 @@ public:
     // The thread count for a number of free cores: floor(free + 0.25), within [1, max_threads], so a
     // core that others keep 80% busy or more is not counted.
     static int threads_for(double free_cores, int max_threads);
+    // Other processes' threads running or ready to run now: /proc/loadavg's fourth field ("running/
+    // total") less this process's own threads in state R (self_running). -1 when loadavg does not
+    // parse. (Exposed for tests.)
+    static int others_running(const char* loadavg, int self_running);
 
 private:
     bool read(Reading& out) const;
+    int sample_others_running() const;  // the fewest of a few samples; -1 without /proc
+    void set_threads(int threads);       // OpenMP's and OpenBLAS's count
 
     int max_threads_;
     bool enabled_;
