@@ -1,4 +1,5 @@
-// The thread governor (core/cpu/thread_governor.h): /proc/stat and /proc/self/stat, read between steps.
+// The thread governor (core/cpu/thread_governor.h): /proc/stat and /proc/self/stat, read between steps,
+// and /proc/loadavg with this process's /proc/self/task/*/stat for a first decision without a wait.
 #include "core/cpu/thread_governor.h"
 
 #include <cblas.h>
