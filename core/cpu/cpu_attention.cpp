@@ -182,9 +182,9 @@ inline void exp_shifted(T* x, T shift) {
 // having n[r] keys in the tile (0: it sees none, or pads the block): row r's scores become
 // exp(scale * s - m) (0 past n[r]) under its new running max m, and rescale[r] is what the row's
 // earlier sums are multiplied by to move to m (1 for a row with no keys here, whose scores become 0).
-// Each stage runs for all rows before the next, so the rows' chains (a reduction, the scalar exp of
-// the rescale, a second reduction) overlap instead of running one row after another: a row's chain
-// is mostly latency. The operations on each row are the same as one row at a time.
+// Each stage runs for all rows before the next, so the rows' dependent chains (a reduction, the
+// scalar exp of the rescale, a second reduction) can overlap. The operations on each row are the
+// same as one row at a time.
 template <int64_t Width, typename T>
 inline void softmax_tile_block_fixed(T (*scores)[kKeyTile], const int64_t* n, T scale, T* row_max, T* row_sum,
                                      T* rescale) {
@@ -228,8 +228,8 @@ inline void softmax_tile_block(int64_t width, T (*scores)[kKeyTile], const int64
 template <int64_t Width, typename T>
 inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta) {
 #pragma omp simd
-    for (int64_t c = 0; c < Width; ++c) p[c] = c < n ? p[c] * scale - lse : -std::numeric_limits<T>::infinity();
-    exp_shifted<Width>(p, T(0));  // exp(p - 0): x - 0 is x, bit for bit
+    for (int64_t c = 0; c < Width; ++c) p[c] = c < n ? p[c] * scale : -std::numeric_limits<T>::infinity();
+    exp_shifted<Width>(p, lse);  // exp(scale * s - lse); the masked keys' -inf gives 0
 #pragma omp simd
     for (int64_t c = 0; c < Width; ++c) ds[c] = p[c] * (ds[c] - delta) * scale;
 }
