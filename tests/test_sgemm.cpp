@@ -99,10 +99,11 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
     // Every x86-64 machine normlab is built for in CI has at least AVX2: the avx2 kernel is then tested.
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) REQUIRE(!kernels.empty());
 #endif
-    // Sizes on both sides of the tiles (6 x 16, 12 x 32), the 16-wide transposes and the k block (256):
+    // Sizes on both sides of the tiles (6 x 16, 16 x 16), the 16-wide transposes and the k block (256):
     // partial tiles, a partial transpose tail, two equal k blocks (300 = 150 + 150) and three.
     const std::vector<Case> shapes = {
         {false, false, 1, 1, 1},      {false, true, 5, 7, 3},      {true, false, 13, 33, 17},
+        {true, true, 16, 16, 16},     {false, true, 33, 17, 15},   {true, false, 15, 48, 31},
         {true, true, 12, 32, 16},     {false, true, 25, 65, 300},  {true, false, 47, 31, 600},
         {false, false, 24, 96, 64},   {true, true, 7, 100, 257},   {false, true, 130, 40, 129},
         {true, false, 64, 128, 2048},

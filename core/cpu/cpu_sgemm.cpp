@@ -5,12 +5,14 @@
 //     for pc in k, step KC:
 //       pack op(B)[pc:pc+kc, jc:jc+nc] into NR-wide panels (kc, NR), shared by the threads (L2/L3)
 //       for each task (a block of MC rows x a group of B panels), over the threads:
-//         for ir, jr: micro-kernel: an MR x NR tile of C += op(A) rows (kc, MR) . B panel (kc, NR)
+//         for ir: pack op(A) rows [ir, ir+MR) into a panel (kc, MR) (L1)
+//           for jr: micro-kernel: an MR x NR tile of C += A panel (kc, MR) . B panel (kc, NR)
 //
 // B's packed panels make the micro-kernel's vector loads contiguous whatever the transpose, and are
-// zero-padded, so a partial tile needs no special loads. A is read in place, through its own row
-// and column strides, except for a last partial panel. The sum over k for any element of C runs in
-// the same KC blocks and the same order whatever the thread count: the bits do not change with it.
+// zero-padded, so a partial tile needs no special loads. The AVX-512 kernel reads A from its packed
+// panel; the AVX2 kernel reads whole A panels in place, through A's own row and column strides, and
+// packs only a last partial one. The sum over k for any element of C runs in the same KC blocks and
+// the same order whatever the thread count or kernel: the bits do not change with either.
 #include "core/cpu/cpu_sgemm.h"
 
 #include <omp.h>
@@ -37,7 +39,7 @@ namespace {
 
 // One micro-kernel: C tile (mr, nr) at c, row stride ldc, = alpha * sum_p a[p] (x) b[p] + beta * C,
 // where a[p] is the mr values a[i * a_rs + p * a_cs] (A in place with its own strides, or a packed
-// panel: a_rs 1, a_cs mr) and b[p] the nr values at b + p * b_step (a packed B panel, b_step nr, or
+// panel: a_rs 1, a_cs mr; a kernel with Engine::packs_a is only given packed panels) and b[p] the nr values at b + p * b_step (a packed B panel, b_step nr, or
 // B in place, b_step ldb). read_c false means beta == 0: C is written without being read (it may
 // hold NaN).
 using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
@@ -49,8 +51,9 @@ struct Engine {
     const char* key;     // NORMLAB_GEMM's name for it
     const char* name;    // what `normlab info` shows
     int mr, nr;          // register tile
-    int64_t kc_max;      // k block: the B panel (kc, nr) stays in L1 while A panels stream past it
-    int64_t mc_max;      // row block: the A block (mc, kc) a task reads stays in L2
+    int64_t kc_max;      // k block: an A panel (kc, mr) stays in L1 while the B panels (kc, nr) stream past it
+    int64_t mc_max;      // row block: the A rows (mc, kc) of a task
+    bool packs_a;        // the kernel reads A from a packed panel (kc, mr) only, never in place
     MicroKernel kernel;  // nullptr: OpenBLAS
     Transpose transpose;
     int tw;              // the transpose's block size; mr <= tw and nr a multiple of it
@@ -58,59 +61,35 @@ struct Engine {
 
 #ifdef NL_SGEMM_X86
 
-// 12 x 32 on AVX-512: 24 accumulators, two B vectors, one broadcast of A: 27 of 32 registers. Per k
-// step 24 FMAs against 2 loads and 12 broadcasts, so the two FMA ports stay busy.
-__attribute__((target("avx512f"))) void kernel_avx512_12x32(int64_t kc, const float* a, int64_t a_rs,
-                                                            int64_t a_cs, const float* b, int64_t b_step,
+// 16 x 16 on AVX-512, A from a packed panel (kc, 16): 16 accumulators and one B vector per k step.
+// Each A value feeds one FMA, so the compiler folds its broadcast into the FMA ({1to16} from memory):
+// a k step is 16 FMAs and one load, about 1.1 instructions per FMA against 1.6 for a 12 x 32 tile
+// that broadcasts each A value into a register for two FMAs. The FMA ports bound both alone; on a
+// core shared with another thread (a virtual CPU's hyperthread sibling) the lighter instruction
+// stream measured 9-12% faster at a training step's gemm shapes (docs/benchmarks.md).
+__attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const float* a, int64_t /*a_rs*/,
+                                                            int64_t /*a_cs*/, const float* b, int64_t b_step,
                                                             float* c, int64_t ldc, float alpha, float beta,
                                                             bool read_c) {
-    // Row i of the A panel from one of three bases (rows 0-3, 4-7, 8-11) plus 0, 1, 2 or 3 row
-    // strides: x86 addressing does base + index * {1, 2}, so twelve rows cost five registers.
-    const float* a0 = a;
-    const float* a4 = a + 4 * a_rs;
-    const float* a8 = a + 8 * a_rs;
-    const int64_t rs1 = a_rs, rs3 = 3 * a_rs;
-    __m512 acc[12][2];
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int i = 0; i < 12; ++i) {  // the C tile is read only at the end: fetch it while the FMAs run
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i)  // the C tile is read only at the end: fetch it while the FMAs run
         _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 31), _MM_HINT_T0);
-    }
-    // Four k steps per trip when k allows: the loop overhead is then a few percent of the FMA time.
-    for (int64_t p = 0; p < kc;) {
-        const int steps = kc - p >= 4 ? 4 : 1;
-#pragma GCC unroll 4
-        for (int u = 0; u < steps; ++u) {
-            const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-#pragma GCC unroll 12
-            for (int i = 0; i < 12; ++i) {
-                const float* base = i < 4 ? a0 : i < 8 ? a4 : a8;
-                const int r = i % 4;
-                const float* ap = r == 0 ? base : r == 1 ? base + rs1 : r == 2 ? base + 2 * rs1 : base + rs3;
-                const __m512 ai = _mm512_set1_ps(*ap);
-                acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-            }
-            a0 += a_cs;
-            a4 += a_cs;
-            a8 += a_cs;
-            b += b_step;
-        }
-        p += steps;
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kc; ++p) {
+        const __m512 bp = _mm512_loadu_ps(b);  // (16): row p of the B panel
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), bp, acc[i]);
+        a += 16;
+        b += b_step;
     }
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-        float* row = c + i * ldc;  // (32)
-        if (read_c) {
-            _mm512_storeu_ps(row, _mm512_fmadd_ps(acc[i][0], va, _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
-            _mm512_storeu_ps(row + 16,
-                             _mm512_fmadd_ps(acc[i][1], va, _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
-        } else {
-            _mm512_storeu_ps(row, _mm512_mul_ps(acc[i][0], va));
-            _mm512_storeu_ps(row + 16, _mm512_mul_ps(acc[i][1], va));
-        }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+        float* row = c + i * ldc;  // (16)
+        _mm512_storeu_ps(row, read_c ? _mm512_fmadd_ps(acc[i], va, _mm512_mul_ps(vb, _mm512_loadu_ps(row)))
+                                     : _mm512_mul_ps(acc[i], va));
     }
 }
 
@@ -213,15 +192,15 @@ struct KernelEntry {
 bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
 bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 const KernelEntry kKernels[] = {
-    {{"avx512", "normlab avx512 12x32", 12, 32, 256, 480, kernel_avx512_12x32, transpose_16x16_avx512, 16},
+    {{"avx512", "normlab avx512 16x16", 16, 16, 256, 480, true, kernel_avx512_16x16, transpose_16x16_avx512, 16},
      cpu_has_avx512, true},
-    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
+    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, false, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
 };
 #else
 const KernelEntry* const kKernels = nullptr;
 #endif
 
-const Engine kOpenBlas{"openblas", "openblas", 0, 0, 0, 0, nullptr, nullptr, 0};
+const Engine kOpenBlas{"openblas", "openblas", 0, 0, 0, 0, false, nullptr, nullptr, 0};
 
 std::vector<const KernelEntry*> all_kernels() {
     std::vector<const KernelEntry*> out;
@@ -299,8 +278,8 @@ inline void copy_padded(float* dst, const float* src, int count, int width) {
     for (int j = count; j < width; ++j) dst[j] = 0.0f;
 }
 
-// op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: the last,
-// partial panel of A (whole panels are read in place; packing them measured no faster).
+// op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: every panel for
+// a kernel that packs A, else the last, partial one.
 void pack_a_panel(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t i0, int rows, int64_t p0,
                   int64_t kc, float* panel) {
     const int mr = e.mr;
@@ -355,7 +334,7 @@ void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, i
         e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, c, ldc, alpha, beta, read_c);
         return;
     }
-    alignas(64) float tile[12 * 32];  // (mr, nr): the largest register tile
+    alignas(64) float tile[16 * 16];  // (mr, nr): the largest register tile
     e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
     for (int i = 0; i < rows; ++i) {
         float* row = c + i * ldc;
@@ -399,8 +378,8 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     const int64_t k_blocks = (k + e.kc_max - 1) / e.kc_max;
     const int64_t kc_step = (k + k_blocks - 1) / k_blocks;
     const int64_t nc_max = std::min(kNcMax, (n + e.nr - 1) / e.nr * e.nr);
-    // Whole A panels are read in place: packing them would be a copy of one read (at the sizes of a
-    // training step the packs measured 15-26% of the gemm time); only a partial panel is packed.
+    // A panel is packed once per (row panel, k block) and read by all of the task's B panels, so the
+    // pack is about 1/nc of the panel's work; the AVX2 kernel reads whole panels in place.
     //
     // B is packed, once per k block and shared by the threads (a barrier each side), when its panels
     // are read by many A panels, or when it is stored transposed. A gemm of few rows (a weight
@@ -454,7 +433,7 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
                     const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
                     const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
                     int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-                    if (rows < e.mr) {
+                    if (rows < e.mr || e.packs_a) {
                         pack_a_panel(e, trans_a, a, lda, ic + ir, rows, pc, kc, a_packed);
                         a_panel = a_packed;
                         a_rs = 1;

@@ -1,4 +1,4 @@
-// normlab's own f32 gemm engine: BLIS-style blocking and packing around an AVX-512 (12 x 32) or AVX2
+// normlab's own f32 gemm engine: BLIS-style blocking and packing around an AVX-512 (16 x 16) or AVX2
 // (6 x 16) register-tile micro-kernel, chosen at run time. The CPU backend runs f32 gemms on it where
 // the CPU has AVX-512 (or where NORMLAB_GEMM asks for it); elsewhere, and for f64, on OpenBLAS.
 #pragma once
@@ -10,7 +10,7 @@
 namespace nl {
 
 // The f32 gemm engine the CPU backend uses, for `normlab info` and the benchmarks: "normlab avx512
-// 12x32", "normlab avx2 6x16" or "openblas". Chosen once, from the environment variable NORMLAB_GEMM
+// 16x16", "normlab avx2 6x16" or "openblas". Chosen once, from the environment variable NORMLAB_GEMM
 // and the CPU: auto (the default) takes the AVX-512 kernel where the CPU has AVX-512, else OpenBLAS;
 // avx512 or avx2 ask for that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
 // nl::Error naming the variable.
