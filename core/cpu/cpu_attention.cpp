@@ -24,10 +24,9 @@ namespace nl {
 
 namespace {
 
-constexpr int64_t kQueryTile = 32;  // query rows per task: a (32 x 64) score tile lives in L1
 constexpr int64_t kKeyTile = 64;    // keys per inner tile, at most
 constexpr int64_t kKeyStep = 16;    // a tile's width is a multiple of this (one AVX-512 vector of f32)
-constexpr int64_t kRowBlock = 4;    // query rows computed together: one packed column load serves four
+constexpr int64_t kRowBlock = 4;    // backward: query rows computed together (one packed column load serves four)
 constexpr int64_t kRowChunk = 64;   // backward: query rows whose P and dS are kept (a multiple of kRowBlock)
 
 // The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
@@ -83,8 +82,8 @@ void pack_transposed(const Dims& s, const float* src, int64_t b, int64_t j0, int
 
 // out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the first `width` columns of a
 // packed tile whose rows are `stride` apart, summed over d in order: every pass computes a score (or
-// dp) the same way, whatever block a row is in and however many columns it takes, so the backward's
-// probabilities are the forward's. The width is a compile-time constant inside (16, 32, 48 or 64),
+// dp) the same way, whatever block a row is in and however many columns it takes, and the same way
+// as the forward's keys_times_rows, so the backward's scores are the forward's. The width is a compile-time constant inside (16, 32, 48 or 64),
 // so the block's accumulators stay in vector registers and each packed column loaded serves four
 // rows. A block of fewer rows passes a row of zeros for the rest.
 template <int64_t Width, typename T>
@@ -121,47 +120,6 @@ inline void rows_times_packed(const T* const a[kRowBlock], const T* packed, int6
     with_tile_width(width, [&](auto w) { rows_times_packed_fixed<decltype(w)::value>(a, packed, stride, hd, out); });
 }
 
-// The max and the sum of a row of Width scores (Width a multiple of kKeyStep, known at compile time).
-// For f32 on AVX-512 each is one vector reduction: GCC's `omp simd reduction` ends every row with a
-// scalar loop over the lanes, and at T 64 and head size 32 the softmax is most of the forward's time.
-// GCC 12's own headers trip -Wmaybe-uninitialized in the reduce intrinsics (their _mm512_undefined
-// operands; GCC bug 105593): the warning is about the header, not this code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-template <int64_t Width, typename T>
-inline T max_of(const T* x) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float>) {
-        __m512 m = _mm512_loadu_ps(x);
-        for (int64_t c = kKeyStep; c < Width; c += kKeyStep) m = _mm512_max_ps(m, _mm512_loadu_ps(x + c));
-        return _mm512_reduce_max_ps(m);
-    }
-#endif
-    T m = x[0];
-    for (int64_t c = 1; c < Width; ++c) m = x[c] > m ? x[c] : m;
-    return m;
-}
-
-template <int64_t Width, typename T>
-inline T sum_of(const T* x) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float>) {
-        __m512 sum = _mm512_loadu_ps(x);
-        for (int64_t c = kKeyStep; c < Width; c += kKeyStep) sum = _mm512_add_ps(sum, _mm512_loadu_ps(x + c));
-        return _mm512_reduce_add_ps(sum);
-    }
-#endif
-    T sum = T(0);
-    for (int64_t c = 0; c < Width; ++c) sum += x[c];
-    return sum;
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 // x[c] = exp(x[c] - shift) for Width values (a multiple of kKeyStep): 16 lanes at a time on AVX-512
 // (cpu_math::exp_f32x16, the same bits as exp_of), else the compiler's vectorization of exp_of.
 template <int64_t Width, typename T>
@@ -176,50 +134,6 @@ inline void exp_shifted(T* x, T shift) {
 #endif
 #pragma omp simd
     for (int64_t c = 0; c < Width; ++c) x[c] = exp_of(x[c] - shift);
-}
-
-// One step of the online softmax for a block of kRowBlock rows over a tile of Width scores, row r
-// having n[r] keys in the tile (0: it sees none, or pads the block): row r's scores become
-// exp(scale * s - m) (0 past n[r]) under its new running max m, and rescale[r] is what the row's
-// earlier sums are multiplied by to move to m (1 for a row with no keys here, whose scores become 0).
-// Each stage runs for all rows before the next, so the rows' dependent chains (a reduction, the
-// scalar exp of the rescale, a second reduction) can overlap. The operations on each row are the
-// same as one row at a time.
-template <int64_t Width, typename T>
-inline void softmax_tile_block_fixed(T (*scores)[kKeyTile], const int64_t* n, T scale, T* row_max, T* row_sum,
-                                     T* rescale) {
-    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-    T m[kRowBlock];
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-        T* score = scores[r];
-        const int64_t nr = n[r];
-#pragma omp simd
-        for (int64_t c = 0; c < Width; ++c) score[c] = c < nr ? score[c] * scale : kNegInf;
-        const T tile_max = max_of<Width>(score);
-        m[r] = tile_max > row_max[r] ? tile_max : row_max[r];
-    }
-    for (int64_t r = 0; r < kRowBlock; ++r)
-        rescale[r] = n[r] > 0 ? exp_of(row_max[r] - m[r]) : T(1);  // 0 on the row's first tile (row_max -inf)
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-        T* score = scores[r];
-        if (n[r] <= 0) {  // the row adds nothing here
-            std::fill_n(score, Width, T(0));
-            continue;
-        }
-        // The masked keys hold -inf, so their exp is 0.
-        const T mr = m[r];
-        exp_shifted<Width>(score, mr);
-        row_sum[r] = row_sum[r] * rescale[r] + sum_of<Width>(score);
-        row_max[r] = mr;
-    }
-}
-
-template <typename T>
-inline void softmax_tile_block(int64_t width, T (*scores)[kKeyTile], const int64_t* n, T scale, T* row_max,
-                               T* row_sum, T* rescale) {
-    with_tile_width(width, [&](auto w) {
-        softmax_tile_block_fixed<decltype(w)::value>(scores, n, scale, row_max, row_sum, rescale);
-    });
 }
 
 // The backward's p = exp(scale * s - lse) (0 past n) and ds = p * (dp - delta) * scale of one row of
@@ -281,80 +195,182 @@ inline void rows_accumulate(const T* w, int64_t w_rs, int64_t w_cs, int64_t coun
 }
 
 // ---- forward ----
+// A task is kLanes query rows of one head. Its scores are kept transposed, S^T (keys, kLanes), so
+// that each query row is one vector lane: the online softmax's max, rescale and sum run down the
+// key rows as vector operations (no horizontal reductions, one vector exp for all the rows'
+// rescales), and the three products are register tiles in which each value loaded from memory
+// feeds one FMA per vector (the gemm engine's 16 x 16 tile: broadcasts fold into the FMAs).
+
+constexpr int64_t kLanes = 16;  // query rows per task, one per vector lane (16 f32 lanes of AVX-512)
+
+// st[c][r] = sum_d keys_t[d][c] * q_t[d][r] for a group of kKeyStep keys (packed (hd, kKeyStep)) and
+// kLanes rows (packed (hd, kLanes)), summed over d in order: the scores of the fused backward's
+// rows_times_packed, bit for bit (the same products in the same order).
+template <typename T>
+inline void keys_times_rows(const T* keys_t, const T* q_t, int64_t hd, T (*st)[kLanes]) {
+    T acc[kKeyStep][kLanes] = {};
+    for (int64_t d = 0; d < hd; ++d) {
+        const T* kd = keys_t + d * kKeyStep;
+        const T* qd = q_t + d * kLanes;
+        for (int64_t c = 0; c < kKeyStep; ++c) {
+            const T kc = kd[c];
+#pragma omp simd
+            for (int64_t r = 0; r < kLanes; ++r) acc[c][r] = cpu_math::mul_add(kc, qd[r], acc[c][r]);
+        }
+    }
+    for (int64_t c = 0; c < kKeyStep; ++c) std::copy_n(acc[c], kLanes, st[c]);
+}
+
+// x[r] = exp(x[r] - shift[r]) on kLanes lanes (cpu_math::exp_f32x16 on AVX-512: exp_of's bits).
+template <typename T>
+inline void exp_lanes(T* x, const T* shift) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float> && kLanes == 16) {
+        _mm512_storeu_ps(x, cpu_math::exp_f32x16(_mm512_sub_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(shift))));
+        return;
+    }
+#endif
+#pragma omp simd
+    for (int64_t r = 0; r < kLanes; ++r) x[r] = exp_of(x[r] - shift[r]);
+}
+
+// acc_t[d0 + e][r] = acc_t[d0 + e][r] * rescale[r] + sum_{c < count} v[c][d0 + e] * p_t[c][r] for
+// e < Chunk: Chunk columns of the output, transposed (hd, kLanes), over the tile's keys in order
+// (v row c at v + c * v_stride). Each value of V feeds one FMA.
+template <int64_t Chunk, typename T>
+inline void values_times_probabilities_fixed(const T (*p_t)[kLanes], int64_t count, const T* v, int64_t v_stride,
+                                             const T* rescale, int64_t d0, T* acc_t) {
+    T acc[Chunk][kLanes];
+    for (int64_t e = 0; e < Chunk; ++e) {
+#pragma omp simd
+        for (int64_t r = 0; r < kLanes; ++r) acc[e][r] = acc_t[(d0 + e) * kLanes + r] * rescale[r];
+    }
+    for (int64_t c = 0; c < count; ++c) {
+        const T* vc = v + c * v_stride + d0;
+        const T* pc = p_t[c];
+        for (int64_t e = 0; e < Chunk; ++e) {
+            const T ve = vc[e];
+#pragma omp simd
+            for (int64_t r = 0; r < kLanes; ++r) acc[e][r] = cpu_math::mul_add(ve, pc[r], acc[e][r]);
+        }
+    }
+    for (int64_t e = 0; e < Chunk; ++e) std::copy_n(acc[e], kLanes, acc_t + (d0 + e) * kLanes);
+}
+
+// All hd columns: chunks of 16, then 8, 4, 2 and 1 for a head size that is not a multiple of 16.
+template <typename T>
+inline void values_times_probabilities(const T (*p_t)[kLanes], int64_t count, const T* v, int64_t v_stride,
+                                       const T* rescale, int64_t hd, T* acc_t) {
+    int64_t d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) values_times_probabilities_fixed<16>(p_t, count, v, v_stride, rescale, d0, acc_t);
+    if (d0 + 8 <= hd) values_times_probabilities_fixed<8>(p_t, count, v, v_stride, rescale, d0, acc_t), d0 += 8;
+    if (d0 + 4 <= hd) values_times_probabilities_fixed<4>(p_t, count, v, v_stride, rescale, d0, acc_t), d0 += 4;
+    if (d0 + 2 <= hd) values_times_probabilities_fixed<2>(p_t, count, v, v_stride, rescale, d0, acc_t), d0 += 2;
+    if (d0 < hd) values_times_probabilities_fixed<1>(p_t, count, v, v_stride, rescale, d0, acc_t);
+}
+
+// Rows [i0, i0 + rows) of head h, transposed into q_t (hd, kLanes), zero lanes past rows.
+template <typename T>
+void pack_query_rows(const Dims& s, const T* q, int64_t b, int64_t i0, int64_t rows, int64_t h, T* q_t) {
+    std::fill(q_t, q_t + s.head_dim * kLanes, T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = q + s.q_row(b, i0 + r, h);
+        for (int64_t d = 0; d < s.head_dim; ++d) q_t[d * kLanes + r] = row[d];
+    }
+}
+
+void pack_query_rows(const Dims& s, const float* q, int64_t b, int64_t i0, int64_t rows, int64_t h, float* q_t) {
+    transpose_pad_f32(q + s.q_row(b, i0, h), s.heads * s.head_dim, rows, s.head_dim, q_t, kLanes, kLanes);
+}
 
 template <typename T>
 void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
-    const int64_t hd = s.head_dim, tiles = (s.q_len + kQueryTile - 1) / kQueryTile;
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    const int64_t hd = s.head_dim, tiles = (s.q_len + kLanes - 1) / kLanes;
     const int64_t tasks = s.batch * s.heads * tiles;
-    const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile, tile_floats = hd * kKeyTile;
+    const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep, group_floats = hd * kKeyStep;
 #pragma omp parallel if (s.work() > kParallelFlops)
     {
-        std::vector<T> acc(static_cast<size_t>(kQueryTile * hd));  // (rows, hd): unnormalized output
-        // The key tiles of one (batch, kv head), transposed: (key_tiles, hd, kKeyTile), each tile
-        // packed to its own width, whole (with the keys later query tiles see too). A thread's tasks
-        // come mostly in order, the query tiles of one head after another, so it packs a head's
-        // tiles once as they are first needed instead of once per query tile (at T 256, 20 packs
-        // per head where 4 do, a tenth of the forward's time). The contents are a copy of K, the
-        // same whichever thread packs them, so the bits do not depend on the schedule.
-        std::vector<T> head_keys_t(static_cast<size_t>(key_tiles * tile_floats));
-        int64_t packed_head = -1, packed_tiles = 0;  // head_keys_t holds tiles [0, packed_tiles) of packed_head
-        const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
-        std::vector<T> spare_row(static_cast<size_t>(hd));            // their output goes here, unread
-        T scores[kRowBlock][kKeyTile], row_max[kQueryTile], row_sum[kQueryTile];
+        std::vector<T> q_t(static_cast<size_t>(hd * kLanes));    // (hd, kLanes): the task's query rows
+        std::vector<T> acc_t(static_cast<size_t>(hd * kLanes));  // (hd, kLanes): unnormalized output, transposed
+        // The keys of one (batch, kv head), transposed in groups of kKeyStep: (key_groups, hd, kKeyStep),
+        // and its values, contiguous: (key_groups * kKeyStep, hd) (in place, a value row is a stride
+        // of kv_heads * hd away from the next, and the products waited on those loads). A thread's
+        // tasks come mostly in order, the query tiles of one head after another, so it packs a head's
+        // groups once as they are first needed instead of once per task. The contents are copies of
+        // K and V, the same whichever thread packs them: the bits do not depend on the schedule.
+        std::vector<T> head_keys_t(static_cast<size_t>(key_groups * group_floats));
+        std::vector<T> head_values(static_cast<size_t>(key_groups * group_floats));
+        int64_t packed_head = -1, packed_groups = 0;  // groups [0, packed_groups) of packed_head are packed
+        T st[kKeyTile][kLanes];                       // (keys of a tile, kLanes): scores, then probabilities
+        T row_max[kLanes], row_sum[kLanes], tile_max[kLanes], rescale[kLanes], sum[kLanes], visible[kLanes];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
             const int64_t g = h / s.group();
-            const int64_t i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.q_len - i0);
-            std::fill(acc.begin(), acc.end(), T(0));
-            // All kQueryTile entries, the padding rows' too: the block softmax reads them (and
-            // leaves them as they are).
-            std::fill(row_max, row_max + kQueryTile, -std::numeric_limits<T>::infinity());
-            std::fill(row_sum, row_sum + kQueryTile, T(0));
+            const int64_t i0 = tile * kLanes, rows = std::min(kLanes, s.q_len - i0);
+            pack_query_rows(s, q, b, i0, rows, h, q_t.data());
+            std::fill(acc_t.begin(), acc_t.end(), T(0));
+            std::fill(row_max, row_max + kLanes, kNegInf);
+            std::fill(row_sum, row_sum + kLanes, T(0));
+            // The keys each lane sees; a padding lane (past rows) sees all, so that its all-zero
+            // scores stay finite (its results are not written).
+            for (int64_t r = 0; r < kLanes; ++r) visible[r] = static_cast<T>(r < rows ? s.visible(i0 + r) : s.kv_len);
             const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
             if (packed_head != b * s.kv_heads + g) {
                 packed_head = b * s.kv_heads + g;
-                packed_tiles = 0;
+                packed_groups = 0;
             }
             for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
-                const int64_t count = std::min(kKeyTile, keys - j0), width = tile_width(count);
-                const int64_t tile = j0 / kKeyTile;
-                const int64_t packed_width = tile_width(std::min(kKeyTile, s.kv_len - j0));  // the whole tile's
-                T* const keys_t = head_keys_t.data() + tile * tile_floats;
-                for (; packed_tiles <= tile; ++packed_tiles) {
-                    const int64_t p0 = packed_tiles * kKeyTile;
-                    pack_transposed(s, k, b, p0, std::min(kKeyTile, s.kv_len - p0), g,
-                                    head_keys_t.data() + packed_tiles * tile_floats);
-                }
-                for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-                    const int64_t block = std::min(kRowBlock, rows - r0);
-                    if (s.visible(i0 + r0 + block - 1) <= j0) continue;  // no row of the block sees the tile
-                    const T* q_rows[kRowBlock];
-                    for (int64_t r = 0; r < kRowBlock; ++r)
-                        q_rows[r] = r < block ? q + s.q_row(b, i0 + r0 + r, h) : zero_row.data();
-                    // The first `width` columns of the packed tile: the keys this query tile sees
-                    // (a row masks those past its own).
-                    rows_times_packed(q_rows, keys_t, packed_width, hd, width, scores);
-                    T rescale[kRowBlock];
-                    T* acc_rows[kRowBlock];
-                    int64_t n[kRowBlock];  // each row's keys in the tile (0 for a padding row)
-                    for (int64_t r = 0; r < kRowBlock; ++r) {
-                        const int64_t row = r0 + r;
-                        n[r] = r < block ? std::max<int64_t>(0, std::min(s.visible(i0 + row) - j0, count)) : 0;
-                        acc_rows[r] = r < block ? acc.data() + row * hd : spare_row.data();
+                const int64_t count = std::min(kKeyTile, keys - j0);  // keys of the tile some row sees
+                // S^T for the tile's groups of kKeyStep keys (a group past count is not computed).
+                for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
+                    const int64_t group = (j0 + c0) / kKeyStep;
+                    for (; packed_groups <= group; ++packed_groups) {
+                        const int64_t p0 = packed_groups * kKeyStep;
+                        const int64_t group_keys = std::min(kKeyStep, s.kv_len - p0);
+                        pack_transposed(s, k, b, p0, group_keys, g, head_keys_t.data() + packed_groups * group_floats);
+                        for (int64_t c = 0; c < group_keys; ++c)
+                            std::copy_n(v + s.kv_row(b, p0 + c, g), hd, head_values.data() + (p0 + c) * hd);
                     }
-                    softmax_tile_block(width, scores, n, scale, row_max + r0, row_sum + r0, rescale);
-                    // acc = acc * rescale + P V over the keys the block's last row sees (the others' P is 0 there).
-                    const int64_t n_max = std::min(s.visible(i0 + r0 + block - 1) - j0, count);
-                    rows_accumulate(&scores[0][0], kKeyTile, 1, n_max, v + s.kv_row(b, j0, g), s.kv_heads * hd, acc_rows,
-                                    rescale, hd);
+                    keys_times_rows(head_keys_t.data() + group * group_floats, q_t.data(), hd, st + c0);
                 }
+                // The online softmax, each lane its own row (Dao et al. 2022, Algorithm 1): the
+                // scaled scores, -inf where a row does not see the key; the new running max; the
+                // rescale of the earlier sums (0 on the first tile, where row_max is -inf; 1 for a
+                // row that sees no key here); the probabilities exp(scaled - max) and their sum.
+                std::fill(tile_max, tile_max + kLanes, kNegInf);
+                for (int64_t c = 0; c < count; ++c) {
+                    const T key = static_cast<T>(j0 + c);
+#pragma omp simd
+                    for (int64_t r = 0; r < kLanes; ++r) {
+                        const T x = key < visible[r] ? st[c][r] * scale : kNegInf;
+                        st[c][r] = x;
+                        tile_max[r] = x > tile_max[r] ? x : tile_max[r];
+                    }
+                }
+#pragma omp simd
+                for (int64_t r = 0; r < kLanes; ++r) tile_max[r] = tile_max[r] > row_max[r] ? tile_max[r] : row_max[r];
+                std::copy_n(row_max, kLanes, rescale);
+                exp_lanes(rescale, tile_max);  // exp(row_max - new max)
+                std::fill(sum, sum + kLanes, T(0));
+                for (int64_t c = 0; c < count; ++c) {
+                    exp_lanes(st[c], tile_max);  // the masked keys' -inf gives 0
+#pragma omp simd
+                    for (int64_t r = 0; r < kLanes; ++r) sum[r] += st[c][r];
+                }
+#pragma omp simd
+                for (int64_t r = 0; r < kLanes; ++r) {
+                    row_sum[r] = row_sum[r] * rescale[r] + sum[r];
+                    row_max[r] = tile_max[r];
+                }
+                // acc = acc * rescale + P V over the tile's keys.
+                values_times_probabilities(st, count, head_values.data() + j0 * hd, hd, rescale, hd, acc_t.data());
             }
             for (int64_t r = 0; r < rows; ++r) {
                 const T inv = T(1) / row_sum[r];
                 T* o = out + s.q_row(b, i0 + r, h);
-                const T* a = acc.data() + r * hd;
-                for (int64_t d = 0; d < hd; ++d) o[d] = a[d] * inv;
+                for (int64_t d = 0; d < hd; ++d) o[d] = acc_t[d * kLanes + r] * inv;
                 lse[s.stat(b, h, i0 + r)] = row_max[r] + std::log(row_sum[r]);
             }
         }
