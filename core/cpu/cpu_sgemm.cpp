@@ -64,9 +64,9 @@ struct Engine {
 // 16 x 16 on AVX-512, A from a packed panel (kc, 16): 16 accumulators and one B vector per k step.
 // Each A value feeds one FMA, so the compiler folds its broadcast into the FMA ({1to16} from memory):
 // a k step is 16 FMAs and one load, about 1.1 instructions per FMA against 1.6 for a 12 x 32 tile
-// that broadcasts each A value into a register for two FMAs. The FMA ports bound both alone; on a
-// core shared with another thread (a virtual CPU's hyperthread sibling) the lighter instruction
-// stream measured 9-12% faster at a training step's gemm shapes (docs/benchmarks.md).
+// that broadcasts each A value into a register for two FMAs. Both reach the FMA peak when a core
+// runs them alone; on a shared 2-core virtual machine the lighter instruction stream measured 4-11%
+// faster at a nanoGPT-sized step's gemm shapes (docs/benchmarks.md).
 __attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const float* a, int64_t /*a_rs*/,
                                                             int64_t /*a_cs*/, const float* b, int64_t b_step,
                                                             float* c, int64_t ldc, float alpha, float beta,
