@@ -60,24 +60,27 @@ inline T dot(const T* a, const T* b, int64_t n) {
 
 using cpu_math::exp_of;  // the vectorizable exp for f32; std::exp for f64 (gradient checks)
 
-// Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
-// past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that
-// vectorizes without horizontal sums. Packed once per tile, read by every query row of the task.
+// rows (<= width) rows of hd values, ld apart, transposed into dst (hd, width) with zero columns
+// past rows.
 template <typename T>
-void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t count, int64_t g, T* packed) {
-    const int64_t hd = s.head_dim, width = tile_width(count);
-    std::fill(packed, packed + hd * width, T(0));
-    for (int64_t c = 0; c < count; ++c) {
-        const T* row = src + s.kv_row(b, j0 + c, g);
-        for (int64_t d = 0; d < hd; ++d) packed[d * width + c] = row[d];
-    }
+void transpose_rows(const T* src, int64_t ld, int64_t rows, int64_t hd, T* dst, int64_t width) {
+    std::fill(dst, dst + hd * width, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < hd; ++d) dst[d * width + r] = src[r * ld + d];
 }
 
 // f32: the gemm engine's block transpose (16 x 16 AVX-512 shuffles instead of the scalar moves above,
 // which measured a tenth of the forward's time at T 256).
-void pack_transposed(const Dims& s, const float* src, int64_t b, int64_t j0, int64_t count, int64_t g, float* packed) {
-    const int64_t width = tile_width(count);
-    transpose_pad_f32(src + s.kv_row(b, j0, g), s.kv_heads * s.head_dim, count, s.head_dim, packed, width, width);
+void transpose_rows(const float* src, int64_t ld, int64_t rows, int64_t hd, float* dst, int64_t width) {
+    transpose_pad_f32(src, ld, rows, hd, dst, width, width);
+}
+
+// Keys [j0, j0 + count) of kv head g, transposed into packed (head_dim, width) with zero columns
+// past count (width = tile_width(count)), so a row of scores is one loop over contiguous keys that
+// vectorizes without horizontal sums.
+template <typename T>
+void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t count, int64_t g, T* packed) {
+    transpose_rows(src + s.kv_row(b, j0, g), s.kv_heads * s.head_dim, count, s.head_dim, packed, tile_width(count));
 }
 
 // out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the first `width` columns of a
@@ -272,15 +275,7 @@ inline void values_times_probabilities(const T (*p_t)[kLanes], int64_t count, co
 // Rows [i0, i0 + rows) of head h, transposed into q_t (hd, kLanes), zero lanes past rows.
 template <typename T>
 void pack_query_rows(const Dims& s, const T* q, int64_t b, int64_t i0, int64_t rows, int64_t h, T* q_t) {
-    std::fill(q_t, q_t + s.head_dim * kLanes, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* row = q + s.q_row(b, i0 + r, h);
-        for (int64_t d = 0; d < s.head_dim; ++d) q_t[d * kLanes + r] = row[d];
-    }
-}
-
-void pack_query_rows(const Dims& s, const float* q, int64_t b, int64_t i0, int64_t rows, int64_t h, float* q_t) {
-    transpose_pad_f32(q + s.q_row(b, i0, h), s.heads * s.head_dim, rows, s.head_dim, q_t, kLanes, kLanes);
+    transpose_rows(q + s.q_row(b, i0, h), s.heads * s.head_dim, rows, s.head_dim, q_t, kLanes);
 }
 
 template <typename T>
