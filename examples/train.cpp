@@ -455,8 +455,8 @@ nlohmann::json run_train(const TrainFlags& flags) {
     });
     config.model.vocab_size = data->vocab_size();
     // CPU threads: train.threads, else OMP_NUM_THREADS, else auto (the cores other processes leave
-    // free, re-read between steps). The governor's first reading is taken here, so its first window
-    // has passed while the model is built and the first step need not wait for it.
+    // free, re-read between steps). The governor decides when it is made, here, so the model is built
+    // on that count too, and its first window of /proc ticks passes while the model is built.
     if (config.train.threads > 0) {
         omp_set_num_threads(static_cast<int>(config.train.threads));
         openblas_set_num_threads(static_cast<int>(config.train.threads));

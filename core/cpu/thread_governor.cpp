@@ -22,8 +22,18 @@ ThreadGovernor::ThreadGovernor(int max_threads, bool enabled)
     : max_threads_(std::max(1, max_threads)), enabled_(enabled), threads_(std::max(1, max_threads)) {
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     cores_ = online > 0 ? static_cast<int>(online) : max_threads_;
+    if (!enabled_) return;
+    // Decided here, before the caller's first parallel region: a team of max_threads built beside a
+    // busy core (the model's initialization, say) leaves a worker thread behind for the whole run,
+    // and the steps after it ran slower than a process started on one thread. The window of ticks
+    // that update() reads next starts now.
     last_time_ = std::chrono::steady_clock::now();
-    if (enabled_) have_reading_ = read(last_);  // the first decision comes after a short first interval
+    have_reading_ = read(last_);
+    const int others = sample_others_running();
+    if (others >= 0) {
+        ++decisions_;
+        set_threads(threads_for(static_cast<double>(cores_ - others), max_threads_));
+    }
 }
 
 bool ThreadGovernor::parse(const char* cpu_line, const char* self_stat, Reading& out) {
@@ -124,24 +134,20 @@ void ThreadGovernor::set_threads(int threads) {
 int ThreadGovernor::update() {
     if (!enabled_) return threads_;
     auto now = std::chrono::steady_clock::now();
-    if (decisions_ == 0 && have_reading_ && now - last_time_ < first_window_) {
-        // Not put off to a later step: a step on too many threads beside a busy core costs far more
-        // than deciding from a snapshot (the header's measurement: 4x for the toy transformer). The
-        // window's reading stays the base of the next decision.
-        const int others = sample_others_running();
-        if (others >= 0) {
-            ++decisions_;
-            set_threads(threads_for(static_cast<double>(cores_ - others), max_threads_));
-            return threads_;
-        }
-        std::this_thread::sleep_for(first_window_ - (now - last_time_));  // no /proc/loadavg: wait it out
+    // The first window is short: 50 ms of /proc's 10 ms ticks already show a busy core, and the
+    // snapshot the constructor decided from can have caught a task that ran for a moment.
+    const auto window = window_decisions_ == 0 ? first_window_ : interval_;
+    if (have_reading_ && now - last_time_ < window) {
+        if (decisions_ > 0) return threads_;  // the last decision stands until its window has passed
+        // No snapshot (no /proc/loadavg): wait the first window out rather than run a step on a guess.
+        std::this_thread::sleep_for(first_window_ - (now - last_time_));
         now = std::chrono::steady_clock::now();
     }
-    if (have_reading_ && decisions_ > 0 && now - last_time_ < interval_) return threads_;
     Reading reading;
     if (!read(reading)) return threads_;  // no /proc: keep what we have
     if (have_reading_) {
         ++decisions_;
+        ++window_decisions_;
         const double free_cores = cores_ - others_busy_cores(last_, reading, cores_);
         set_threads(threads_for(free_cores, max_threads_));
     }

@@ -18,15 +18,15 @@ namespace nl {
 class ThreadGovernor {
 public:
     // Up to max_threads (OpenMP's count when the program started). enabled = false: a fixed count,
-    // update() does nothing.
+    // update() does nothing. Enabled, it decides at once, from the other processes' threads that are
+    // running right now (others_running: the fewest of a few samples a millisecond apart), and sets
+    // OpenMP's and OpenBLAS's count before the caller builds anything in parallel.
     ThreadGovernor(int max_threads, bool enabled);
 
-    // Between steps: re-reads the load and sets OpenMP's and OpenBLAS's thread count to the free
-    // cores (at least 1, at most max_threads). Returns the count in force. The first call decides at
-    // once, so the first step already runs on the right count: from the window since construction if
-    // 50 ms of /proc's 10 ms ticks have passed (long enough to see a busy core), else from the other
-    // processes' threads that are running right now (others_running: the fewest of a few samples a
-    // millisecond apart), without waiting. Later calls decide from /proc/stat at most every 0.5 s.
+    // Between steps: re-reads the load and sets the thread count to the free cores (at least 1, at
+    // most max_threads). Returns the count in force. The first window of /proc/stat's ticks is 50 ms
+    // from construction (long enough to see a busy core), the later ones 0.5 s; within a window the
+    // last decision stands. Without /proc/loadavg the first call waits the first window out.
     int update();
     int threads() const { return threads_; }
     int max_threads() const { return max_threads_; }
@@ -59,7 +59,8 @@ private:
     int threads_;
     int cores_;
     bool have_reading_ = false;
-    int64_t decisions_ = 0;
+    int64_t decisions_ = 0;         // the snapshot's and the windows'
+    int64_t window_decisions_ = 0;  // from /proc/stat windows
     Reading last_;
     std::chrono::steady_clock::time_point last_time_;
     std::chrono::milliseconds interval_{500};
