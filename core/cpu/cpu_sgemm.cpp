@@ -9,9 +9,9 @@
 //           for jr: micro-kernel: an MR x NR tile of C += A panel (kc, MR) . B panel (kc, NR)
 //
 // B's packed panels make the micro-kernel's vector loads contiguous whatever the transpose, and are
-// zero-padded, so a partial tile needs no special loads. The AVX-512 kernel reads A from its packed
-// panel; the AVX2 kernel reads whole A panels in place, through A's own row and column strides, and
-// packs only a last partial one. The sum over k for any element of C runs in the same KC blocks and
+// zero-padded, so a partial tile needs no special loads. Both kernels read A from its packed panel
+// (the micro-kernel interface also takes A in place, through its own row and column strides, for a
+// kernel that does not pack). The sum over k for any element of C runs in the same KC blocks and
 // the same order whatever the thread count or kernel: the bits do not change with either.
 #include "core/cpu/cpu_sgemm.h"
 
@@ -178,9 +178,12 @@ __attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src,
 #endif  // NL_SGEMM_X86
 
 // Every kernel normlab has, best first. "auto" takes the first this CPU runs among those marked
-// for it; the AVX2 kernel is not: measured against OpenBLAS's Haswell kernels (on an AVX-512 CPU)
-// it was 1.05x at char_text's GEMM shapes and 0.88x at the nanoGPT-sized model's, so on an
-// AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks for it.
+// for it; the AVX2 kernel is not. On a 2-core AVX2 CPU (AMD EPYC), at a nanoGPT-sized step's GEMM
+// shapes, it took 0.88-1.04 of OpenBLAS's Zen kernels' time on packed A (median 0.96 over seven runs
+// of one process alternating the two) and 0.89-1.09 with A read in place (median 1.03), but whole
+// training steps on it were no faster (five pairs of runs alternating the two, median step 1.35 s
+// against OpenBLAS's 1.27 s). So on an AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks
+// for it.
 struct KernelEntry {
     Engine engine;
     bool (*cpu_runs)();
@@ -194,7 +197,7 @@ bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_sup
 const KernelEntry kKernels[] = {
     {{"avx512", "normlab avx512 16x16", 16, 16, 256, 480, true, kernel_avx512_16x16, transpose_16x16_avx512, 16},
      cpu_has_avx512, true},
-    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, false, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
+    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, true, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
 };
 #else
 const KernelEntry* const kKernels = nullptr;
@@ -379,7 +382,7 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     const int64_t kc_step = (k + k_blocks - 1) / k_blocks;
     const int64_t nc_max = std::min(kNcMax, (n + e.nr - 1) / e.nr * e.nr);
     // A panel is packed once per (row panel, k block) and read by all of the task's B panels, so the
-    // pack is about 1/nc of the panel's work; the AVX2 kernel reads whole panels in place.
+    // pack is about 1/nc of the panel's work.
     //
     // B is packed, once per k block and shared by the threads (a barrier each side), when its panels
     // are read by many A panels, or when it is stored transposed. A gemm of few rows (a weight
