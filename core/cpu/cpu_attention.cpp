@@ -29,6 +29,21 @@ constexpr int64_t kKeyStep = 16;    // a tile's width is a multiple of this (one
 constexpr int64_t kRowBlock = 4;    // backward: query rows computed together (one packed column load serves four)
 constexpr int64_t kRowChunk = 64;   // backward: query rows whose P and dS are kept (a multiple of kRowBlock)
 
+// The accumulators of the backward's register tiles (rows_times_packed, rows_accumulate), in bytes:
+// half the vector registers, so the values a tile loads and broadcasts fit beside them. AVX-512 has
+// 32 of 64 B, AVX2 16 of 32 B; tiles sized for AVX-512 spilled their accumulators to the stack on
+// AVX2 (measured 1.07-1.09x faster so at the nanoGPT size on an AVX2 CPU). A smaller tile makes more
+// passes over a product's columns; each element's sum runs in the same order either way, so the
+// bits do not depend on it. (The forward's 16 x 16 tiles measured level at 4 and 8 keys per pass on
+// AVX2, so they stay as they are.)
+#if defined(__AVX512F__)
+constexpr int64_t kTileBytes = 16 * 64;
+#else
+constexpr int64_t kTileBytes = 8 * 32;
+#endif
+template <typename T>
+constexpr int64_t kTileValues = kTileBytes / static_cast<int64_t>(sizeof(T));
+
 // The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
 // the causal diagonal) does not compute the full kKeyTile columns.
 inline int64_t tile_width(int64_t count) { return std::min(kKeyTile, (count + kKeyStep - 1) / kKeyStep * kKeyStep); }
@@ -92,16 +107,20 @@ void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t
 template <int64_t Width, typename T>
 inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd,
                                     T (*out)[kKeyTile]) {
-    T acc[kRowBlock][Width] = {};
-    for (int64_t d = 0; d < hd; ++d) {
-        const T* col = packed + d * stride;
-        for (int64_t r = 0; r < kRowBlock; ++r) {
-            const T ad = a[r][d];
+    constexpr int64_t Pass = std::min(Width, kTileValues<T> / kRowBlock);  // columns per register tile
+    static_assert(Width % Pass == 0, "whole passes");
+    for (int64_t c0 = 0; c0 < Width; c0 += Pass) {
+        T acc[kRowBlock][Pass] = {};
+        for (int64_t d = 0; d < hd; ++d) {
+            const T* col = packed + d * stride + c0;
+            for (int64_t r = 0; r < kRowBlock; ++r) {
+                const T ad = a[r][d];
 #pragma omp simd
-            for (int64_t c = 0; c < Width; ++c) acc[r][c] = cpu_math::mul_add(ad, col[c], acc[r][c]);
+                for (int64_t c = 0; c < Pass; ++c) acc[r][c] = cpu_math::mul_add(ad, col[c], acc[r][c]);
+            }
         }
+        for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Pass, out[r] + c0);
     }
-    for (int64_t r = 0; r < kRowBlock; ++r) std::copy_n(acc[r], Width, out[r]);
 }
 
 // Calls fn(std::integral_constant<int64_t, W>{}) for a tile width W (16, 32, 48 or 64) given at run time:
@@ -183,16 +202,16 @@ inline void rows_accumulate_fixed(const T* w, int64_t w_rs, int64_t w_cs, int64_
 template <typename T>
 inline void rows_accumulate(const T* w, int64_t w_rs, int64_t w_cs, int64_t count, const T* x, int64_t x_stride,
                             T* const y[kRowBlock], const T* y_scale, int64_t hd) {
-    constexpr int64_t kVec = 64 / sizeof(T);  // one AVX-512 vector
+    constexpr int64_t kChunk = kTileValues<T> / kRowBlock;  // the widest chunk: a whole register tile
     int64_t d0 = 0;
-    for (; d0 + 4 * kVec <= hd; d0 += 4 * kVec) rows_accumulate_fixed<4 * kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
-    if (d0 + 2 * kVec <= hd) {
-        rows_accumulate_fixed<2 * kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
-        d0 += 2 * kVec;
+    for (; d0 + kChunk <= hd; d0 += kChunk) rows_accumulate_fixed<kChunk>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+    if (d0 + kChunk / 2 <= hd) {
+        rows_accumulate_fixed<kChunk / 2>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+        d0 += kChunk / 2;
     }
-    if (d0 + kVec <= hd) {
-        rows_accumulate_fixed<kVec>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
-        d0 += kVec;
+    if (d0 + kChunk / 4 <= hd) {
+        rows_accumulate_fixed<kChunk / 4>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
+        d0 += kChunk / 4;
     }
     for (; d0 < hd; ++d0) rows_accumulate_fixed<1>(w, w_rs, w_cs, count, x, x_stride, y, y_scale, d0);
 }
