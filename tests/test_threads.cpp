@@ -71,7 +71,7 @@ TEST_CASE("thread governor: it decides when made, without waiting, and a busy co
     const int threads = governor.update();  // the first call, within the 50 ms window: the decision stands
     const auto waited = std::chrono::steady_clock::now() - start;
     const int64_t decisions_in_window = governor.decisions();
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // 15 of /proc/stat's 10 ms ticks
     const int after_window = governor.update();  // past the first window: decided from /proc/stat's ticks
     kill(busy, SIGKILL);
     waitpid(busy, nullptr, 0);

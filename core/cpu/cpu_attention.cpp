@@ -31,8 +31,8 @@ constexpr int64_t kRowChunk = 64;   // backward: query rows whose P and dS are k
 
 // The accumulators of the backward's register tiles (rows_times_packed, rows_accumulate), in bytes:
 // half the vector registers, so the values a tile loads and broadcasts fit beside them. AVX-512 has
-// 32 of 64 B, AVX2 16 of 32 B; tiles sized for AVX-512 spilled their accumulators to the stack on
-// AVX2 (measured 1.07-1.09x faster so at the nanoGPT size on an AVX2 CPU). A smaller tile makes more
+// 32 of 64 B, AVX2 16 of 32 B; tiles sized for AVX-512 spill their accumulators to the stack on
+// AVX2 (sized so, the backward measured 1.06-1.09x faster at the nanoGPT size on an AVX2 CPU). A smaller tile makes more
 // passes over a product's columns; each element's sum runs in the same order either way, so the
 // bits do not depend on it. (The forward's 16 x 16 tiles measured level at 4 and 8 keys per pass on
 // AVX2, so they stay as they are.)

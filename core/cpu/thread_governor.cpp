@@ -25,7 +25,7 @@ ThreadGovernor::ThreadGovernor(int max_threads, bool enabled)
     if (!enabled_) return;
     // Decided here, before the caller's first parallel region: a team of max_threads built beside a
     // busy core (the model's initialization, say) leaves a worker thread behind for the whole run,
-    // and the steps after it ran slower than a process started on one thread. The window of ticks
+    // and the steps after it run slower than in a process started on one thread. The window of ticks
     // that update() reads next starts now.
     last_time_ = std::chrono::steady_clock::now();
     have_reading_ = read(last_);
