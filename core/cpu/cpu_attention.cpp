@@ -44,6 +44,14 @@ constexpr int64_t kTileBytes = 8 * 32;
 template <typename T>
 constexpr int64_t kTileValues = kTileBytes / static_cast<int64_t>(sizeof(T));
 
+// The columns a register tile of `cap` values per row takes of a product `width` columns wide: the
+// widest that divides width, so every pass is whole (f64 on AVX-512: 24 of 48 with a cap of 32).
+constexpr int64_t pass_columns(int64_t width, int64_t cap) {
+    int64_t pass = std::min(width, cap);
+    while (width % pass != 0) --pass;
+    return pass;
+}
+
 // The width of a tile holding `count` keys: rounded up to whole vectors, so a short tile (a small T,
 // the causal diagonal) does not compute the full kKeyTile columns.
 inline int64_t tile_width(int64_t count) { return std::min(kKeyTile, (count + kKeyStep - 1) / kKeyStep * kKeyStep); }
@@ -107,8 +115,7 @@ void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t
 template <int64_t Width, typename T>
 inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd,
                                     T (*out)[kKeyTile]) {
-    constexpr int64_t Pass = std::min(Width, kTileValues<T> / kRowBlock);  // columns per register tile
-    static_assert(Width % Pass == 0, "whole passes");
+    constexpr int64_t Pass = pass_columns(Width, kTileValues<T> / kRowBlock);  // columns per register tile
     for (int64_t c0 = 0; c0 < Width; c0 += Pass) {
         T acc[kRowBlock][Pass] = {};
         for (int64_t d = 0; d < hd; ++d) {
