@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "core/cpu/cpu_backend.h"
 
 namespace {
 
@@ -24,6 +25,23 @@ TEST_CASE("normlab info prints version, BLAS, threads, devices and dtypes", "[cl
                              "i64", "cpu alloc"}) {
         CHECK_THAT(run.output, Catch::Contains(part));
     }
+}
+
+TEST_CASE("normlab info names the vector code the kernels were built for, which this CPU runs", "[cli]") {
+    const std::string target = nl::cpu_vector_target();
+    Run run = run_normlab("info");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("SIMD ") && Catch::Contains(target));
+#if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
+    // This test is compiled with the library's flags: an AVX-512 build must vectorize its loops
+    // 512 bits wide (the attention's 16-lane loops spill at 256; CMakeLists.txt).
+    CHECK(target == "AVX-512, 512-bit loops");
+    CHECK(__builtin_cpu_supports("avx512f"));
+#elif defined(__AVX2__) && defined(__x86_64__)
+    CHECK(target == "AVX2 + FMA");
+    CHECK(__builtin_cpu_supports("avx2"));
+#endif
 }
 
 TEST_CASE("normlab --version prints the version", "[cli]") {

@@ -21,6 +21,22 @@ static Backend& unprofiled_backend_for(Device device) {
 #endif
 }
 
+const char* cpu_vector_target() {
+#if defined(__AVX512F__) && defined(NORMLAB_VECTOR_LOOPS_512)
+    return "AVX-512, 512-bit loops";
+#elif defined(__AVX512F__)
+    return "AVX-512, 256-bit loops";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "AVX2 + FMA";
+#elif defined(__AVX__)
+    return "AVX";
+#elif defined(__SSE2__)
+    return "SSE2";
+#else
+    return "the compiler's default";
+#endif
+}
+
 Backend& backend_for(Device device) {
     // The profiler's switch (core/profiler.h): one branch when it is off.
     if (profiler::enabled()) return profiler::profiled(unprofiled_backend_for(device));

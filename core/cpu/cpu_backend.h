@@ -83,4 +83,9 @@ public:
               int64_t heads, int64_t head_dim, bool inverse) override;
 };
 
+// The vector instructions the CPU kernels were compiled for (they follow the build's -march, not
+// the CPU that runs them): "AVX-512, 512-bit loops", "AVX-512, 256-bit loops", "AVX2 + FMA", "AVX",
+// or "SSE2". `normlab info` prints it beside what this CPU has.
+const char* cpu_vector_target();
+
 }  // namespace nl
