@@ -2,7 +2,7 @@
 // BLAS library and threads, OpenMP threads, devices (CPU; CUDA GPUs when built with CUDA), dtypes, memory.
 #include "examples/commands.h"
 
-#include "core/cpu/cpu_backend.h"  // cpu_vector_target
+#include "core/cpu/cpu_backend.h"  // cpu_vector_target, cpu_vector_support
 #include "core/cpu/cpu_sgemm.h"
 
 #include <cblas.h>
@@ -42,18 +42,6 @@ struct CpuInfo {
     int logical = 0;
     int physical = 0;  // distinct (physical id, core id) pairs; 0 when the kernel does not say
 };
-
-// The widest vector instructions this CPU runs, as cpu_vector_target() names them.
-std::string cpu_vector_support() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (__builtin_cpu_supports("avx512f")) return "AVX-512";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "AVX2 + FMA";
-    if (__builtin_cpu_supports("avx")) return "AVX";
-    return "SSE2";
-#else
-    return "a non-x86 vector unit";
-#endif
-}
 
 CpuInfo read_cpuinfo() {
     CpuInfo info;
@@ -141,7 +129,7 @@ void run_info() {
     print_row("Compiler", "GCC " __VERSION__);
 #endif
     // A portable build (NORMLAB_NATIVE=OFF) on an AVX-512 CPU runs its loops on SSE2: this row says so.
-    print_row("SIMD", fmt::format("{} (this CPU has {})", nl::cpu_vector_target(), cpu_vector_support()));
+    print_row("SIMD", fmt::format("{} (this CPU has {})", nl::cpu_vector_target(), nl::cpu_vector_support()));
 
     fmt::print("Devices\n");
     CpuInfo cpu = read_cpuinfo();

@@ -37,6 +37,18 @@ const char* cpu_vector_target() {
 #endif
 }
 
+const char* cpu_vector_support() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    // __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0).
+    if (__builtin_cpu_supports("avx512f")) return "AVX-512";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "AVX2 + FMA";
+    if (__builtin_cpu_supports("avx")) return "AVX";
+    return "SSE2";
+#else
+    return "a non-x86 vector unit";
+#endif
+}
+
 Backend& backend_for(Device device) {
     // The profiler's switch (core/profiler.h): one branch when it is off.
     if (profiler::enabled()) return profiler::profiled(unprofiled_backend_for(device));

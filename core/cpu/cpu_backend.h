@@ -87,5 +87,9 @@ public:
 // the CPU that runs them): "AVX-512, 512-bit loops", "AVX-512, 256-bit loops", "AVX2 + FMA", "AVX",
 // or "SSE2". `normlab info` prints it beside what this CPU has.
 const char* cpu_vector_target();
+// The widest vector instructions the CPU running this process has, in the same words: "AVX-512",
+// "AVX2 + FMA", "AVX" or "SSE2" ("a non-x86 vector unit" elsewhere). A target wider than this
+// would not run; a narrower one leaves speed unused.
+const char* cpu_vector_support();
 
 }  // namespace nl
