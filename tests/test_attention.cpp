@@ -91,19 +91,24 @@ TEST_CASE("attention: the fused node passes gradcheck in f64 (odd sizes, GQA, ca
     }
 }
 
-TEST_CASE("attention: the fused kernels give the same bits on 1 and 2 threads", "[attention]") {
-    const AttnCase c{2, 100, 100, 4, 2, 16};
-    const Inputs in = random_inputs(c, DType::F32, 5);
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const Result one = run(in, true, 9);
-    omp_set_num_threads(2);
-    const Result two = run(in, true, 9);
-    omp_set_num_threads(threads);
-    CHECK(one.out.to_vector() == two.out.to_vector());
-    CHECK(one.dq.to_vector() == two.dq.to_vector());
-    CHECK(one.dk.to_vector() == two.dk.to_vector());
-    CHECK(one.dv.to_vector() == two.dv.to_vector());
+TEST_CASE("attention: the fused kernels give the same bits on 1, 2 and 3 threads", "[attention]") {
+    // 8 heads in all: the forward hands each thread a head's query tiles together; 2: tile by tile.
+    for (const AttnCase c : {AttnCase{2, 100, 100, 4, 2, 16}, AttnCase{1, 100, 100, 2, 1, 16}}) {
+        INFO(c.str());
+        const Inputs in = random_inputs(c, DType::F32, 5);
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const Result one = run(in, true, 9);
+        for (int team : {2, 3}) {
+            omp_set_num_threads(team);
+            const Result many = run(in, true, 9);
+            CHECK(one.out.to_vector() == many.out.to_vector());
+            CHECK(one.dq.to_vector() == many.dq.to_vector());
+            CHECK(one.dk.to_vector() == many.dk.to_vector());
+            CHECK(one.dv.to_vector() == many.dv.to_vector());
+        }
+        omp_set_num_threads(threads);
+    }
 }
 
 TEST_CASE("attention: the fused form saves q, k, v, out and one logsumexp per row, the composed one a T x T matrix",
