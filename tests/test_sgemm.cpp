@@ -45,11 +45,15 @@ struct Result {
     int64_t ldc;
 };
 
-Result run_case(const std::string& kernel, const Case& t, float alpha, float beta) {
+// ldb > 0 replaces B's padded leading dimension (it must be at least B's columns).
+Result run_case(const std::string& kernel, const Case& t, float alpha, float beta, int64_t ldb_given = 0) {
     const int64_t a_rows = t.trans_a ? t.k : t.m, a_cols = t.trans_a ? t.m : t.k;
     const int64_t b_rows = t.trans_b ? t.n : t.k, b_cols = t.trans_b ? t.k : t.n;
-    const int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = t.n + 3;
-    const std::vector<float> a = values(a_rows * lda, 1), b = values(b_rows * ldb, 2);
+    const int64_t lda = a_cols + 3, ldb = ldb_given > 0 ? ldb_given : b_cols + 3, ldc = t.n + 3;
+    const std::vector<float> a = values(a_rows * lda, 1), b_values = values(b_rows * b_cols, 2);
+    std::vector<float> b = values(b_rows * ldb, 4);  // B's values do not depend on ldb; the padding does
+    for (int64_t r = 0; r < b_rows; ++r)
+        std::copy_n(b_values.begin() + r * b_cols, b_cols, b.begin() + r * ldb);
     Result r{values(t.m * ldc, 3), {}, ldc};
     r.expected.resize(r.c.size());
     for (size_t i = 0; i < r.c.size(); ++i) r.expected[i] = r.c[i];  // padding must stay as it is
@@ -177,6 +181,27 @@ TEST_CASE("sgemm engine: the bits are the same on 1 and 2 threads", "[sgemm][thr
             const Result two = run_case(kernel, t, 1.0f, 0.0f);
             INFO("kernel " << kernel << ", m " << t.m << " n " << t.n << " k " << t.k);
             CHECK(one.c == two.c);
+        }
+    }
+    omp_set_num_threads(saved);
+}
+
+TEST_CASE("sgemm engine: B read in place or packed gives the same bits", "[sgemm]") {
+    // 300 rows: B (not transposed) is read in place when its rows are not a multiple of 1 KiB apart
+    // (203 floats), packed when they are (256 floats); B's values are the same either way. The sums
+    // run in the same k blocks and order, so C must be the same to the bit, on 1 and 2 threads.
+    const int saved = omp_get_max_threads();
+    for (const std::string& kernel : sgemm_kernels_this_cpu_runs()) {
+        for (const bool trans_a : {false, true}) {
+            for (const int threads : {1, 2}) {
+                omp_set_num_threads(threads);
+                const Case t{trans_a, false, 300, 200, 600};
+                INFO("kernel " << kernel << ", op(A) " << (trans_a ? "T" : "N") << ", " << threads << " threads");
+                const Result spread = run_case(kernel, t, 1.0f, 0.0f, 203);
+                const Result packed = run_case(kernel, t, 1.0f, 0.0f, 256);
+                CHECK(spread.c == packed.c);
+                check_case(kernel, t, 1.0f, 0.0f);  // and right (at B's usual padding)
+            }
         }
     }
     omp_set_num_threads(saved);

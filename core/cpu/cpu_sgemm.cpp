@@ -351,6 +351,12 @@ void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, i
 constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;
 constexpr int64_t kNcMax = 4096;  // the packed B block: kc_max x 4096 floats = 4 MiB at most
 constexpr int64_t kDirectBMaxRows = 256;  // up to this m, a non-transposed B is read in place
+// Up to this m, B is read in place too when its rows are not a multiple of 1 KiB apart: then a
+// panel's rows fall in 8 or more L1 sets. Measured with 2 threads on an AVX-512 Xeon at dW = dY^T X
+// with k 2,048: 352 x 128 (char_text's SwiGLU) 1.15x faster warm, 1.03x with cold operands; 384 x
+// 384 (nanoGPT's attention) 1.03-1.08x; 1,024 x 384 0.91-0.98x (so not beyond 512); and at 384 x
+// 1,024, rows 4 KiB apart, all in one set, 0.78-0.90x (so not at such strides).
+constexpr int64_t kDirectBMaxRowsSpread = 512;
 
 }  // namespace
 
@@ -390,8 +396,10 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     // only: there B is read in place (b_step ldb) and nothing is shared, so each thread runs a fixed
     // run of tasks with the k blocks outermost and no barrier (measured 1.3-2x at m 65 and 128).
     // In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats, 4 KiB)
-    // maps them all to the same L1 sets: that is why larger gemms pack.
-    const bool direct_b = !trans_b && m <= kDirectBMaxRows;
+    // maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up to
+    // kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
+    const bool b_rows_spread = (ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
+    const bool direct_b = !trans_b && (m <= kDirectBMaxRows || (m <= kDirectBMaxRowsSpread && b_rows_spread));
     const int threads = omp_in_parallel() || m * n * k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
     // with packed B they are handed out dynamically, so a thread slowed by another process on its
