@@ -104,13 +104,14 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) REQUIRE(!kernels.empty());
 #endif
     // Sizes on both sides of the tiles (6 x 16, 16 x 16), the 16-wide transposes and the k block (256):
-    // partial tiles, a partial transpose tail, two equal k blocks (300 = 150 + 150) and three.
+    // partial tiles, a partial transpose tail, two equal k blocks (300 = 150 + 150), three, and four
+    // or more (with B read in place, summed in two halves).
     const std::vector<Case> shapes = {
         {false, false, 1, 1, 1},      {false, true, 5, 7, 3},      {true, false, 13, 33, 17},
         {true, true, 16, 16, 16},     {false, true, 33, 17, 15},   {true, false, 15, 48, 31},
         {true, true, 12, 32, 16},     {false, true, 25, 65, 300},  {true, false, 47, 31, 600},
         {false, false, 24, 96, 64},   {true, true, 7, 100, 257},   {false, true, 130, 40, 129},
-        {true, false, 64, 128, 2048},
+        {true, false, 64, 128, 2048}, {true, false, 33, 47, 1030}, {false, false, 17, 40, 900},
         // More than 256 rows: a non-transposed B is packed too (below, it is read in place).
         {false, false, 300, 50, 70},  {true, false, 270, 40, 300},
     };
@@ -123,6 +124,7 @@ TEST_CASE("sgemm engine: every kernel this CPU runs matches an f64 loop on every
                 check_case(kernel, {ta, tb, 29, 50, 70}, 0.5f, 1.0f);
                 check_case(kernel, {ta, tb, 29, 50, 70}, -2.0f, 0.25f);
                 check_case(kernel, {ta, tb, 290, 50, 70}, -2.0f, 0.25f);
+                check_case(kernel, {ta, tb, 29, 50, 1100}, -2.0f, 0.25f);  // two halves when B is in place
             }
         }
     }
@@ -173,8 +175,10 @@ TEST_CASE("sgemm engine: the bits are the same on 1 and 2 threads", "[sgemm][thr
     const int saved = omp_get_max_threads();
     for (const std::string& kernel : sgemm_kernels_this_cpu_runs()) {
         // Big enough to be threaded (m * n * k >= 64^3), with edge tiles and two k blocks.
+        // The last two: k of 4 blocks or more, summed in two parts (B read in place).
         for (const Case& t : {Case{false, true, 301, 77, 300}, Case{true, false, 130, 130, 513},
-                              Case{false, false, 300, 100, 300}}) {
+                              Case{false, false, 300, 100, 300}, Case{true, false, 65, 70, 1100},
+                              Case{false, false, 40, 50, 2048}}) {
             omp_set_num_threads(1);
             const Result one = run_case(kernel, t, 1.0f, 0.0f);
             omp_set_num_threads(2);

@@ -357,6 +357,7 @@ constexpr int64_t kDirectBMaxRows = 256;  // up to this m, a non-transposed B is
 // 384 (nanoGPT's attention) 1.03-1.08x; 1,024 x 384 0.91-0.98x (so not beyond 512); and at 384 x
 // 1,024, rows 4 KiB apart, all in one set, 0.78-0.90x (so not at such strides).
 constexpr int64_t kDirectBMaxRowsSpread = 512;
+constexpr int64_t kSplitMaxOutputs = int64_t(1) << 19;  // C of up to 2 MiB is summed in two parts (below)
 
 }  // namespace
 
@@ -414,6 +415,18 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
     thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
     float* b_packed = direct_b ? nullptr : b_buffer.get(kc_step * nc_max);  // (nc / nr panels, kc, nr)
 
+    // A long sum into a small C with B read in place (a weight gradient dW = dY^T X, k the batch's
+    // token rows) runs in two parts: the first half of the k blocks into C, the second into a
+    // scratch C, added at the end. Two threads then each read half of dY's and X's rows instead of
+    // both reading all of X, which in a training step comes cold from memory: char_text's backward
+    // matmuls took 27.2 ms per step instead of 31.2 (2 threads, AVX-512 Xeon; docs/benchmarks.md).
+    // The parts are decided by the sizes alone, never by the thread count, so the bits are the same
+    // on any number of threads.
+    const int64_t k_parts = direct_b && k_blocks >= 4 && m * n <= kSplitMaxOutputs ? 2 : 1;
+    const int64_t part_split = (k_blocks / 2) * kc_step;  // the second part's first k row
+    thread_local PackBuffer scratch_buffer;
+    float* k_scratch = k_parts == 2 ? scratch_buffer.get(m * n) : nullptr;  // (m, n): the second part's sum
+
 #pragma omp parallel num_threads(threads)
     {
         thread_local PackBuffer a_buffer, b_edge_buffer;
@@ -431,13 +444,16 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
 
             // One task over one k block: one A panel against the task's B panels in turn (the A panel
             // stays in L1 while the B panels stream from L2), C row tile by row tile.
-            auto run_task = [&](int64_t task, int64_t pc, int64_t kc) {
+            // The task's sum goes to out (row stride ld_out); first: pc is the first k block of that
+            // sum, which scales out by first_beta (0: out is written without being read).
+            auto run_task = [&](int64_t task, int64_t pc, int64_t kc, float* out, int64_t ld_out, bool first,
+                                float first_beta) {
                 const int64_t ic = task / n_groups * mc_step, mc = std::min(mc_step, m - ic);
                 const int64_t group = task % n_groups;
                 const int64_t jp_begin = group * panels_per_group;
                 const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
-                const float block_beta = pc == 0 ? beta : 1.0f;
-                const bool read_c = !(pc == 0 && beta == 0.0f);
+                const float block_beta = first ? first_beta : 1.0f;
+                const bool read_c = !(first && first_beta == 0.0f);
                 if (direct_b && jp_end == n_panels && nc % e.nr != 0)  // the partial last B panel
                     pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, b_edge);
                 for (int64_t ir = 0; ir < mc; ir += e.mr) {
@@ -458,17 +474,27 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
                                                : direct_b ? b_edge
                                                           : b_packed + jp * kc * e.nr;
                         run_tile(e, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr,
-                                 c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, block_beta, read_c);
+                                 out + (ic + ir) * ld_out + jc + jr, ld_out, rows, cols, alpha, block_beta, read_c);
                     }
                 }
             };
 
             if (direct_b) {
+                // The thread's run of (part, task) pairs, parts outermost: with two parts on two
+                // threads, each thread reads half of A's and B's k rows.
                 const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
-                const int64_t task_begin = tasks * t / team, task_end = tasks * (t + 1) / team;
-                for (int64_t pc = 0; pc < k; pc += kc_step)
-                    for (int64_t task = task_begin; task < task_end; ++task)
-                        run_task(task, pc, std::min(kc_step, k - pc));
+                const int64_t pairs = tasks * k_parts;
+                const int64_t pair_begin = pairs * t / team, pair_end = pairs * (t + 1) / team;
+                for (int64_t part = 0; part < k_parts; ++part) {
+                    const int64_t part_begin = part == 0 ? 0 : part_split, part_end = part + 1 == k_parts ? k : part_split;
+                    float* out = part == 0 ? c : k_scratch;
+                    const int64_t ld_out = part == 0 ? ldc : n;
+                    for (int64_t pc = part_begin; pc < part_end; pc += kc_step)
+                        for (int64_t pair = std::max(pair_begin, part * tasks); pair < std::min(pair_end, (part + 1) * tasks);
+                             ++pair)
+                            run_task(pair - part * tasks, pc, std::min(kc_step, k - pc), out, ld_out, pc == part_begin,
+                                     part == 0 ? beta : 0.0f);
+                }
             } else {
                 for (int64_t pc = 0; pc < k; pc += kc_step) {
                     const int64_t kc = std::min(kc_step, k - pc);
@@ -476,9 +502,15 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
                     for (int64_t jp = 0; jp < n_panels; ++jp)
                         pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
 #pragma omp for schedule(dynamic, 1)
-                    for (int64_t task = 0; task < tasks; ++task) run_task(task, pc, kc);
+                    for (int64_t task = 0; task < tasks; ++task) run_task(task, pc, kc, c, ldc, pc == 0, beta);
                 }
             }
+        }
+        if (k_parts == 2) {  // C += the second part's sum, once both are done
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += k_scratch[i * n + j];
         }
     }
 }
