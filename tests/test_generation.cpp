@@ -1,4 +1,4 @@
-// Generation (examples/generate.h): the KV cache computes what the whole-window recompute does
+// Generation (jobs/generate.h): the KV cache computes what the whole-window recompute does
 // (same tokens, logits within 1e-5), generation never feeds a position past the trained length,
 // and `normlab train` records that length in its checkpoints.
 #include <catch2/catch.hpp>
@@ -10,7 +10,7 @@
 #include "autograd/autograd.h"
 #include "cli_test_util.h"
 #include "core/ops.h"
-#include "examples/generate.h"
+#include "jobs/generate.h"
 #include "layers/checkpoint.h"
 #include "test_util.h"
 
@@ -84,7 +84,7 @@ TEST_CASE("generation with the KV cache gives the whole-window recompute's token
         for (bool pre_norm : {true, false}) {
             INFO("temperature " << temperature << ", pre_norm " << pre_norm);
             Transformer model(small_model(pre_norm));
-            cli::GenerateOptions options;
+            GenerateOptions options;
             options.context = 12;
             options.temperature = temperature;
 
@@ -92,13 +92,13 @@ TEST_CASE("generation with the KV cache gives the whole-window recompute's token
             std::vector<Tensor> logits_cached;
             Generator gen_a(5);
             options.kv_cache = true;
-            const cli::GenerateStats a = cli::generate(model, with_cache, 40, options, gen_a, &logits_cached);
+            const GenerateStats a = generate(model, with_cache, 40, options, gen_a, &logits_cached);
 
             auto recompute = prompts();
             std::vector<Tensor> logits_full;
             Generator gen_b(5);
             options.kv_cache = false;
-            const cli::GenerateStats b = cli::generate(model, recompute, 40, options, gen_b, &logits_full);
+            const GenerateStats b = generate(model, recompute, 40, options, gen_b, &logits_full);
 
             CHECK(with_cache == recompute);
             REQUIRE(logits_cached.size() == 40);
@@ -121,24 +121,24 @@ TEST_CASE("a sample longer than the window stays in the trained range", "[genera
     Transformer model(small_model(true));
     for (int64_t context : {1, 2, 7, 8}) {
         INFO("context " << context);
-        cli::GenerateOptions options;
+        GenerateOptions options;
         options.context = context;
         for (bool kv_cache : {true, false}) {
             options.kv_cache = kv_cache;
             auto tokens = prompts();  // 5 tokens: longer than some windows, cropped to the last `context`
             Generator gen(1);
-            const cli::GenerateStats stats = cli::generate(model, tokens, 30, options, gen);
+            const GenerateStats stats = generate(model, tokens, 30, options, gen);
             CHECK(stats.new_tokens == 30);
             CHECK(tokens[0].size() == 35);
             CHECK(stats.max_position == context - 1);  // reached, never passed
             CHECK(stats.slides > 0);
         }
     }
-    cli::GenerateOptions too_long;
+    GenerateOptions too_long;
     too_long.context = 41;
     auto tokens = prompts();
     Generator gen(1);
-    REQUIRE_THROWS_WITH(cli::generate(model, tokens, 1, too_long, gen),
+    REQUIRE_THROWS_WITH(generate(model, tokens, 1, too_long, gen),
                         Catch::Contains("[1, 40]") && Catch::Contains("found 41"));
 }
 
@@ -153,21 +153,21 @@ TEST_CASE("train records the trained sequence length in its checkpoints, and sam
             "--set data.eval_sequences=16 --set data.task=reverse --set data.length=3");
     INFO(run.output);
     REQUIRE(run.status == 0);
-    const std::string checkpoint = cli::latest_checkpoint(dir / "run");
+    const std::string checkpoint = latest_checkpoint(dir / "run");
     REQUIRE(!checkpoint.empty());
     CheckpointInfo info = read_checkpoint_info(checkpoint);
-    REQUIRE(info.metadata.count(cli::kTrainedSeqLenKey) == 1);
-    CHECK(info.metadata.at(cli::kTrainedSeqLenKey) == "6");
-    const cli::TrainConfig config_read =
-        cli::read_train_config(nlohmann::json::parse(info.metadata.at("config")), checkpoint);
+    REQUIRE(info.metadata.count(kTrainedSeqLenKey) == 1);
+    CHECK(info.metadata.at(kTrainedSeqLenKey) == "6");
+    const TrainConfig config_read =
+        read_train_config(nlohmann::json::parse(info.metadata.at("config")), checkpoint);
     CHECK(config_read.model.max_seq_len == 64);
-    CHECK(cli::trained_context(info, config_read, checkpoint) == 6);
+    CHECK(trained_context(info, config_read, checkpoint) == 6);
 
     // A checkpoint without the key (written before it existed) falls back to its config's /data.
-    info.metadata.erase(cli::kTrainedSeqLenKey);
-    CHECK(cli::trained_context(info, config_read, checkpoint) == 6);
-    info.metadata[cli::kTrainedSeqLenKey] = "65";
-    REQUIRE_THROWS_WITH(cli::trained_context(info, config_read, checkpoint),
+    info.metadata.erase(kTrainedSeqLenKey);
+    CHECK(trained_context(info, config_read, checkpoint) == 6);
+    info.metadata[kTrainedSeqLenKey] = "65";
+    REQUIRE_THROWS_WITH(trained_context(info, config_read, checkpoint),
                         Catch::Contains("trained_seq_len") && Catch::Contains("found '65'"));
 
     nl_test::CliRun sample = nl_test::run_normlab_in(dir.path.string(), "sample run --num 3 --temperature 0");

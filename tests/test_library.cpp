@@ -15,8 +15,8 @@
 
 #include "cli_test_util.h"
 #include "core/error.h"
-#include "examples/config.h"
-#include "examples/train.h"
+#include "jobs/config.h"
+#include "jobs/train.h"
 #include "test_util.h"
 
 namespace {
@@ -61,13 +61,15 @@ CliRun run_shell(const TempDir& dir, const std::string& command) {
 
 TEST_CASE("library: run_train trains the toy config in-process and returns the summary it wrote", "[library]") {
     TempDir dir("library_train");
-    nl::cli::TrainFlags flags;
+    nl::TrainJob flags;
     flags.config_path = shipped_config("toy_transformer.json");
     flags.overrides = {"train.steps=30", "optim.warmup_steps=3", "train.eval_every=0", "train.batch_size=16",
                        "data.eval_sequences=64", "train.checkpoint_every=0"};
     flags.out = dir / "run";
-    flags.quiet = true;
-    const nlohmann::json summary = nl::cli::run_train(flags);
+    const nl::TrainResult result = nl::run_train(flags);
+    const nlohmann::json& summary = result.summary;
+    CHECK(result.complete);
+    CHECK(result.run_dir == flags.out);
 
     REQUIRE(summary.is_object());
     CHECK(summary["steps"] == 30);
@@ -84,21 +86,24 @@ TEST_CASE("library: run_train trains the toy config in-process and returns the s
     // Stopped early, there is no summary to return.
     flags.out = dir / "stopped";
     flags.stop_after = 5;
-    CHECK(nl::cli::run_train(flags).is_null());
+    const nl::TrainResult stopped = nl::run_train(flags);
+    CHECK(stopped.summary.is_null());
+    CHECK_FALSE(stopped.complete);
+    CHECK(stopped.last_step == 5);
 }
 
 TEST_CASE("library: read_train_config fills train's defaults and names the file and key of a mistake",
           "[library]") {
     const std::string path = shipped_config("toy_transformer.json");
     nlohmann::json root = nl::load_json_file(path);
-    const nl::cli::TrainConfig config = nl::cli::read_train_config(root, path);
+    const nl::TrainConfig config = nl::read_train_config(root, path);
     CHECK(config.model.dim == root["model"]["dim"].get<int64_t>());
     CHECK(config.train.batch_size == root["train"]["batch_size"].get<int64_t>());
     CHECK(config.optim.lr == root["optim"]["lr"].get<double>());
     CHECK(config.resolved["optim"]["eps"] == 1e-8);  // absent from the file: the default, recorded
 
     nl::apply_override(root, "model.dimm=32");
-    CHECK_THROWS_WITH(nl::cli::read_train_config(root, path),
+    CHECK_THROWS_WITH(nl::read_train_config(root, path),
                       Catch::StartsWith(path + ": /model/dimm: unknown key (did you mean 'dim'?"));
 }
 

@@ -1,4 +1,4 @@
-// Data parallel and distributed sweeps (core/dist.h, examples/distributed.h): the fixed-order shard sum
+// Data parallel and distributed sweeps (core/dist.h, jobs/distributed.h): the fixed-order shard sum
 // and the backward engine's ready hook in one process, then the normlab program under
 // `mpirun -np 2` (MPI builds): the same losses and checkpoints as one process, a sweep's results,
 // a resume on another number of ranks, and failures that end the job instead of hanging it.
@@ -16,12 +16,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/cpu/blas_kernel_choice.h"
+#include "core/cpu_runtime.h"
 #include "autograd/autograd.h"
 #include "autograd/grad_ready.h"
 #include "cli_test_util.h"
 #include "core/ops.h"
-#include "examples/distributed.h"
+#include "jobs/distributed.h"
 #include "layers/linear.h"
 #include "test_util.h"
 
@@ -144,7 +144,7 @@ const std::string kSource = NORMLAB_SOURCE_DIR;
 // One OpenMP thread per rank (results are bit-identical across rank counts at a fixed thread count),
 // passive waiting on this oversubscribed machine, and a time limit: a hang fails the test (status 124).
 // The same OpenBLAS kernel everywhere: the ranks do not restart to correct OpenBLAS's choice, a
-// process alone would (examples/main.cpp), and two kernels sum in different orders. This process
+// process alone would (examples/cli/main.cpp), and two kernels sum in different orders. This process
 // (not restarted) runs the kernel OpenBLAS picked by itself, which the ranks would get too.
 const std::string kEnv = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OPENBLAS_CORETYPE=" +
                          std::string(nl::blas_kernel_name()) + " ";

@@ -24,10 +24,10 @@
 #include "core/ops.h"
 #include "core/safetensors.h"
 #include "core/shape.h"
-#include "examples/config.h"
-#include "examples/data.h"
-#include "examples/run_dir.h"
-#include "examples/train.h"
+#include "jobs/config.h"
+#include "jobs/data.h"
+#include "jobs/run_dir.h"
+#include "jobs/train.h"
 #include "layers/checkpoint.h"
 #include "test_util.h"
 
@@ -109,7 +109,7 @@ TEST_CASE("JSON nested deeper than 64 levels is refused before parsing, wherever
     // A checkpoint's stored config, through the program (`sample` reads it first).
     write_checkpoint_metadata(dir.path / "deep_config.safetensors", {{"config", "{\"seed\": " + nested_array(100000) + "}"}});
     const nl::CheckpointInfo info = nl::read_checkpoint_info((dir.path / "deep_config.safetensors").string());
-    CHECK_THROWS_WITH(nl::cli::checkpoint_metadata_json(info, "ck.safetensors", "config"),
+    CHECK_THROWS_WITH(nl::checkpoint_metadata_json(info, "ck.safetensors", "config"),
                       Contains("ck.safetensors: metadata 'config'") && Contains("nested deeper than 64 levels"));
     check_error(run_in(dir, "sample deep_config.safetensors"),
                 {"deep_config.safetensors: metadata 'config'", "nested deeper than 64 levels"});
@@ -212,7 +212,7 @@ TEST_CASE("bad values that used to be accepted are refused", "[robust]") {
     // A config that is just null.
     write_bytes(dir.path / "null.json", "null");
     check_error(run_in(dir, "train null.json --out run"), {"null.json", "expected a JSON object, got null"});
-    CHECK_THROWS_WITH(nl::cli::read_train_config(nl::json(nullptr), "c.json"),
+    CHECK_THROWS_WITH(nl::read_train_config(nl::json(nullptr), "c.json"),
                       Contains("c.json") && Contains("expected a JSON object, got null"));
 
     // A safetensors header padded with NUL bytes (the format pads with spaces only).

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cli_test_util.h"
-#include "core/cpu/blas_kernel_choice.h"
-#include "core/cpu/thread_governor.h"
+#include "core/cpu_runtime.h"
+#include "core/thread_governor.h"
 
 using namespace nl;
 

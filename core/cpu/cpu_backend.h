@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/backend.h"
+#include "core/cpu_runtime.h"  // cpu_vector_target, cpu_vector_support
 
 namespace nl {
 
@@ -82,14 +83,5 @@ public:
     void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
               int64_t heads, int64_t head_dim, bool inverse) override;
 };
-
-// The vector instructions the CPU kernels were compiled for (they follow the build's -march, not
-// the CPU that runs them): "AVX-512, 512-bit loops", "AVX-512, 256-bit loops", "AVX2 + FMA", "AVX",
-// or "SSE2". `normlab info` prints it beside what this CPU has.
-const char* cpu_vector_target();
-// The widest vector instructions the CPU running this process has, in the same words: "AVX-512",
-// "AVX2 + FMA", "AVX" or "SSE2" ("a non-x86 vector unit" elsewhere). A target wider than this
-// would not run; a narrower one leaves speed unused.
-const char* cpu_vector_support();
 
 }  // namespace nl

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/cpu/blas_kernel_choice.h"
+#include "core/cpu_runtime.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_sgemm.h"
 #include "core/error.h"

@@ -144,7 +144,7 @@ step train_bf16 300 "$build/normlab" train "$root/configs/toy_transformer.json" 
     --set train.autocast=bf16 --out "$runs/train_bf16" --force
 # The toy transformer's step time against PyTorch eager on the same device (the torch/ours ratio).
 step bench_torch 400 "$build/normlab" bench torch --device "$device" --threads 0 \
-    --config "$root/configs/toy_transformer.json" --script "$root/examples/torch_bench.py"
+    --config "$root/configs/toy_transformer.json" --script "$root/examples/cli/torch_bench.py"
 if grep -q "PyTorch side skipped" "$logs/bench_torch.log"; then
     say "   ERROR: bench torch ran without PyTorch: $(grep "PyTorch side skipped" "$logs/bench_torch.log")"
     status=1

@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "examples/data.h"
-#include "examples/train.h"
+#include "jobs/data.h"
+#include "jobs/train.h"
 #include "layers/checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -25,12 +25,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         const nl::CheckpointInfo info = nl::checkpoint_info(file);
         if (info.metadata.count("config")) {
-            const nl::cli::TrainConfig config =
-                nl::cli::read_train_config(nl::cli::checkpoint_metadata_json(info, file.path, "config"), file.path);
+            const nl::TrainConfig config =
+                nl::read_train_config(nl::checkpoint_metadata_json(info, file.path, "config"), file.path);
             (void)config.resolved.dump();
         }
         if (info.metadata.count("vocab")) {
-            const nl::TextVocab vocab(nl::cli::checkpoint_metadata_json(info, file.path, "vocab"));
+            const nl::TextVocab vocab(nl::checkpoint_metadata_json(info, file.path, "vocab"));
             std::vector<int64_t> tokens;
             for (int64_t t = 0; t < vocab.size() && t < 64; ++t) tokens.push_back(t);
             const std::string text = vocab.decode(tokens);

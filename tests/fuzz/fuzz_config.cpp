@@ -7,8 +7,8 @@
 
 #include "core/error.h"
 #include "core/json_parse.h"
-#include "examples/config.h"
-#include "examples/train.h"
+#include "jobs/config.h"
+#include "jobs/train.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string text(reinterpret_cast<const char*>(data), size);
@@ -21,9 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         nl::json root = nl::parse_json(text, "fuzz.json");
         if (!assignment.empty()) nl::apply_override(root, assignment);
-        const nl::cli::TrainConfig config = nl::cli::read_train_config(root, "fuzz.json");
+        const nl::TrainConfig config = nl::read_train_config(root, "fuzz.json");
         // What run_train does next with a valid config, short of allocating: the memory estimate.
-        (void)nl::cli::estimated_train_bytes(config, nl::SyntheticTask::vocab_size_of(config.data));
+        (void)nl::estimated_train_bytes(config, nl::SyntheticTask::vocab_size_of(config.data));
         (void)config.resolved.dump();
     } catch (const nl::Error&) {
         // Refused with a message: the expected outcome for bad input.

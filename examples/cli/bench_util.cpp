@@ -1,5 +1,5 @@
 // Timing helpers for the bench jobs: interleaved sampling, summaries, a parallel memory copy, a device sync.
-#include "examples/bench_util.h"
+#include "examples/cli/bench_util.h"
 
 #include <omp.h>
 

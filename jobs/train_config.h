@@ -1,6 +1,6 @@
-// The `normlab train` job: its config's schema (every key, its default and its check in one place,
-// read_train_config), its entry point (run_train, which the program and tests call) and the pieces
-// `normlab sample` and `bench torch` share with train (the config, checkpoints in a run directory).
+// The train job's config schema (every key, its default and its check in one place:
+// read_train_config) and what a train run directory's checkpoints carry (the config, the trained
+// sequence length, the text vocab), which `normlab sample`, resuming and `bench torch` read back.
 #pragma once
 
 #include <cstdint>
@@ -9,11 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "examples/data.h"
+#include "jobs/data.h"
 #include "layers/checkpoint.h"
 #include "layers/transformer.h"
 
-namespace nl::cli {
+namespace nl {
 
 // Upper bounds of the size keys (the error names the key, its value and the bound).
 inline constexpr int64_t kMaxModelDim = 65536;        // /model/dim, n_heads, multiple_of; ffn_hidden_dim 4x
@@ -39,11 +39,11 @@ struct LoopConfig {
     int64_t checkpoint_every = 0;   // 0: only at the end
     int64_t log_every = 50;         // progress lines when stderr is not a terminal
     std::string autocast = "none";  // "bf16": bf16 matmuls, f32 weights, norms and loss (layers/autocast.h)
-    // Data parallel over MPI ranks (examples/distributed.h, docs/distributed.md):
+    // Data parallel over MPI ranks (jobs/distributed.h, docs/distributed.md):
     int64_t grad_shards = 0;        // the batch's gradient is a fixed-order sum over this many shards; 0: one per rank
     int64_t bucket_kb = 256;        // gradients are summed over ranks in buckets of about this size
     bool overlap_comm = true;       // start each bucket's sum during backward (false: after it, for measuring)
-    int64_t threads = 0;            // CPU threads; 0: auto, the cores other processes leave free (core/cpu/thread_governor.h)
+    int64_t threads = 0;            // CPU threads; 0: auto, the cores other processes leave free (core/thread_governor.h)
 };
 
 struct TrainConfig {
@@ -65,23 +65,6 @@ struct TrainConfig {
 // the text file (the dataset does).
 TrainConfig read_train_config(const nlohmann::json& root, const std::string& file);
 
-// The `normlab train` command line.
-struct TrainFlags {
-    std::string config_path;
-    std::vector<std::string> overrides;  // "a.b=value", applied in order before validation
-    std::string out;                     // run directory; "" for runs/<config name>-<timestamp>
-    bool force = false;
-    bool resume = false;
-    bool quiet = false;
-    int64_t stop_after = 0;  // > 0: stop after this step as if interrupted
-    bool profile = false;    // time the steps' kernels (core/profiler.h): profile.txt/.csv in the run directory
-};
-
-// `normlab train`: reads and validates the config, trains, and writes the run directory (config.json,
-// metrics.csv, checkpoints, summary.json). Returns what summary.json holds, or null when stop_after
-// ended the run early. Errors are nl::Error (a user mistake) or std::exception.
-nlohmann::json run_train(const TrainFlags& flags);
-
 // A lower bound of the bytes a training step on the CPU holds: the held-out set, weights, gradients,
 // AdamW's moments and the activations saved for backward (f32).
 double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size);
@@ -102,4 +85,9 @@ std::string checkpoint_path(const std::string& run_dir, int64_t step);
 // The run directory's checkpoint with the highest step; "" when it has none.
 std::string latest_checkpoint(const std::string& run_dir);
 
-}  // namespace nl::cli
+
+// nl::Error naming the first difference when the checkpoint at `path` cannot continue a run of
+// `config`: its /seed, /model or /data differ, or it is past /train/steps.
+void check_checkpoint_matches(const std::string& path, const TrainConfig& config);
+
+}  // namespace nl

@@ -18,11 +18,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "core/cpu/blas_kernel_choice.h"
-#include "core/cpu/cpu_sgemm.h"
+#include "core/cpu_runtime.h"
+
 #include "core/dist.h"
 #include "core/error.h"
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 namespace {
 

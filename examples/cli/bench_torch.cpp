@@ -3,12 +3,12 @@
 // Times normlab's stability experiment (the seed article's SimpleModel, 1000x100 full batch, Adam,
 // MSE; seconds per epoch, LayerNorm and RMSNorm) and toy transformer training steps (the model of
 // configs/toy_transformer.json, AdamW + grad clipping on random tokens; tokens per second), then runs
-// examples/torch_bench.py --json with the same sizes and device and prints both sides and their
+// examples/cli/torch_bench.py --json with the same sizes and device and prints both sides and their
 // ratios. Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the
 // model, data and optimizer state live there and every timed epoch/step ends with a device
 // synchronize, so the time is the kernels', not their launches.
 // "torch / normlab" above 1 means normlab is the faster of the two.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -30,13 +30,13 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
-#include "core/cpu/cpu_sgemm.h"
-#include "core/cpu/thread_governor.h"
+#include "core/cpu_runtime.h"
+#include "core/thread_governor.h"
 #include "core/profiler.h"
-#include "examples/bench_util.h"
-#include "examples/config.h"
-#include "examples/data.h"
-#include "examples/train.h"
+#include "examples/cli/bench_util.h"
+#include "jobs/config.h"
+#include "jobs/data.h"
+#include "jobs/train.h"
 #include "layers/activation.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -51,7 +51,7 @@ namespace {
 
 struct TorchCommand {
     std::string config = "configs/toy_transformer.json";
-    std::string script = "examples/torch_bench.py";
+    std::string script = "examples/cli/torch_bench.py";
     std::string python = "python3";
     std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
     int64_t threads = 0;   // 0: OpenMP's default
@@ -525,7 +525,7 @@ void run_bench_torch(TorchCommand cmd) {
         const pid_t busy = start_busy_loop();
         std::vector<double> ours_default, ours_one, ours_ratio, torch_default, torch_one, torch_ratio;  // (rounds,)
         int threads_at_end = threads;
-        // normlab's default is train's: auto threads (core/cpu/thread_governor.h), up to --threads,
+        // normlab's default is train's: auto threads (core/thread_governor.h), up to --threads,
         // from a new governor as each train run starts one.
         auto time_ours = [&](bool governed) {
             omp_set_num_threads(governed ? threads : 1);

@@ -1,5 +1,5 @@
 // Validated JSON config reading (see config.h).
-#include "examples/config.h"
+#include "jobs/config.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

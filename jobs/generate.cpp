@@ -1,5 +1,5 @@
 // Windowed generation with a KV cache (the window rule is in generate.h).
-#include "examples/generate.h"
+#include "jobs/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace nl::cli {
+namespace nl {
 
 std::vector<int64_t> pick_next(const Var& logits, double temperature, Generator& gen) {
     Tensor last = logits.data().select(1, logits.size(1) - 1).to(DType::F64).contiguous();  // (B, V)
@@ -51,12 +51,14 @@ Tensor columns(const std::vector<std::vector<int64_t>>& tokens, int64_t from, in
 
 }  // namespace
 
-int64_t trained_context(const CheckpointInfo& info, const TrainConfig& config, const std::string& path) {
+int64_t trained_context(const CheckpointInfo& info, const TrainConfig& config, const std::string& path,
+                        std::string* note) {
     auto entry = info.metadata.find(kTrainedSeqLenKey);
     if (entry == info.metadata.end()) {
         const int64_t from_config = data_seq_len(config.data);
-        fmt::print(stderr, "sample: {} does not record its trained sequence length; using its config's: {}\n", path,
-                   from_config);
+        if (note != nullptr)
+            *note = fmt::format("{} does not record its trained sequence length; using its config's: {}", path,
+                                from_config);
         return from_config;
     }
     char* end = nullptr;
@@ -115,4 +117,4 @@ GenerateStats generate(Transformer& model, std::vector<std::vector<int64_t>>& to
     return stats;
 }
 
-}  // namespace nl::cli
+}  // namespace nl

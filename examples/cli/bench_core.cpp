@@ -2,7 +2,7 @@
 // matmul through nl::matmul vs a direct cblas_sgemm on the same buffers (target ratio >= 0.95), and
 // large elementwise ops (add, mul, relu) in GB/s vs std::memcpy of the same size (target >= 0.7).
 // Ours and the reference alternate per repetition (A B A B ...) so drift on a shared machine hits both.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -19,7 +19,7 @@
 
 #include "core/ops.h"
 #include "core/tensor.h"
-#include "examples/bench_util.h"
+#include "examples/cli/bench_util.h"
 
 namespace nl::cli {
 

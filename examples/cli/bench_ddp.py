@@ -6,7 +6,7 @@ For each config (the toy transformer, configs/char_text.json's model), on this m
   normlab  1 rank  x 2 threads
   normlab  2 ranks x 1 thread      mpirun -np 2 build/normlab train CONFIG  (buckets overlapped with backward)
   normlab  2 ranks x 1 thread      the same with train.overlap_comm=false (all buckets sent after backward)
-  PyTorch  1 process x 2 threads   examples/torch_ddp_bench.py
+  PyTorch  1 process x 2 threads   examples/cli/torch_ddp_bench.py
   PyTorch  2 processes x 1 thread  torchrun ... DDP, gloo
 and prints the median step times, the ratio PyTorch DDP / normlab DDP (above 1: normlab is faster),
 the scaling efficiency of 2 ranks (the 1-thread step time over twice the 2-rank step time) and the
@@ -15,7 +15,7 @@ normlab's steps are timed by `normlab train` itself (summary.json: median_step_s
 PyTorch runs the same Transformer class as `normlab bench torch` (torch_bench.py) on random tokens of the
 same vocabulary and shape. Needs mpirun, torch and torchrun; CI does not run it.
 
-    python3 examples/bench_ddp.py [--normlab build/normlab] [--steps 30]
+    python3 examples/cli/bench_ddp.py [--normlab build/normlab] [--steps 30]
 """
 import argparse
 import json

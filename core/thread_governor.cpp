@@ -1,6 +1,6 @@
-// The thread governor (core/cpu/thread_governor.h): /proc/stat and /proc/self/stat, read between steps,
+// The thread governor (core/thread_governor.h): /proc/stat and /proc/self/stat, read between steps,
 // and /proc/loadavg with this process's /proc/self/task/*/stat for a first decision without a wait.
-#include "core/cpu/thread_governor.h"
+#include "core/thread_governor.h"
 
 #include <cblas.h>
 #include <dirent.h>

@@ -1,5 +1,5 @@
 // Synthetic sequence tasks and character-level text for `normlab train` (see data.h for the layouts).
-#include "examples/data.h"
+#include "jobs/data.h"
 
 #include <algorithm>
 #include <cmath>

@@ -17,7 +17,7 @@
 // host (the same numbers on every device) and moved, the copy is a device-to-device tensor copy,
 // each timed call ends with a device synchronize, and peak memory is the GPU allocator's. In bf16/f16 the
 // modules are built in that dtype and the kernels read and write it themselves (statistics in f32).
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -39,9 +39,9 @@
 #include "core/backend.h"
 #include "core/fused.h"
 #include "core/tensor.h"
-#include "examples/bench_util.h"
-#include "examples/config.h"
-#include "examples/run_dir.h"
+#include "examples/cli/bench_util.h"
+#include "jobs/config.h"
+#include "jobs/run_dir.h"
 #include "layers/norms.h"
 
 namespace nl::cli {

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""PyTorch DDP side of examples/bench_ddp.py: the toy transformer of torch_bench.py trained with
+"""PyTorch DDP side of examples/cli/bench_ddp.py: the toy transformer of torch_bench.py trained with
 DistributedDataParallel (gloo, CPU) on a global batch split over the processes, as normlab's
 `mpirun -np N normlab train` does. Launch with torchrun:
 
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 examples/torch_ddp_bench.py --threads 1 ...
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 examples/cli/torch_ddp_bench.py --threads 1 ...
 
 Rank 0 prints one JSON object: the median step time and what part of it backward + the gradient
 all-reduce took. Run with one process (plain python3) it trains without DDP, for the 1-process figure.

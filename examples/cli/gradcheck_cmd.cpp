@@ -1,7 +1,7 @@
 // `normlab gradcheck`: checks the analytic backward of every norm (fused and composed; the composed
 // forms also to second order) and of every layer and loss against central differences in f64, and
 // prints one table row per check with its worst error. Exits 1 when any check fails.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <functional>
 #include <memory>

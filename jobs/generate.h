@@ -16,11 +16,11 @@
 
 #include "autograd/autograd.h"
 #include "core/rng.h"
-#include "examples/train.h"
+#include "jobs/train_config.h"
 #include "layers/checkpoint.h"
 #include "layers/transformer.h"
 
-namespace nl::cli {
+namespace nl {
 
 struct GenerateOptions {
     int64_t context = 0;       // the window, in tokens: the trained sequence length (<= max_seq_len)
@@ -38,8 +38,9 @@ struct GenerateStats {
 
 // The window for a checkpoint: the sequence length the model was trained on, which train records in
 // its metadata (kTrainedSeqLenKey). A checkpoint that does not record it (written before it was)
-// falls back to its stored config's /data (data_seq_len), and a note on stderr says so.
-int64_t trained_context(const CheckpointInfo& info, const TrainConfig& config, const std::string& path);
+// falls back to its stored config's /data (data_seq_len), and `note`, when given, says so.
+int64_t trained_context(const CheckpointInfo& info, const TrainConfig& config, const std::string& path,
+                        std::string* note = nullptr);
 
 // The next token of each row from the logits (B, T, V) at the last position: argmax at temperature
 // 0, else a draw from softmax(logits / temperature) (computed in f64).
@@ -51,4 +52,4 @@ std::vector<int64_t> pick_next(const Var& logits, double temperature, Generator&
 GenerateStats generate(Transformer& model, std::vector<std::vector<int64_t>>& tokens, int64_t count,
                        const GenerateOptions& options, Generator& gen, std::vector<Tensor>* step_logits = nullptr);
 
-}  // namespace nl::cli
+}  // namespace nl

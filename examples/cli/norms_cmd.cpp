@@ -2,7 +2,7 @@
 // fused form);
 // `normlab norms --example` runs the RMSNorm explainer's worked example, x = [1, 2, 3, 4], through
 // normlab's LayerNorm and RMSNorm (weight 1, bias 0, default eps) and prints each step.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <memory>
 #include <string>

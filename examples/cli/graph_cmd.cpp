@@ -2,7 +2,7 @@
 // random batch and shows the autograd graph it records: one line per node with what it saved for
 // backward, the total saved bytes (next to the other form's, for comparison), and Graphviz DOT,
 // rendered to PNG when `dot` is installed.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -14,7 +14,7 @@
 #include "autograd/autograd.h"
 #include "autograd/graph.h"
 #include "core/error.h"
-#include "examples/run_dir.h"
+#include "jobs/run_dir.h"
 #include "layers/norm_registry.h"
 #include "layers/norms.h"
 

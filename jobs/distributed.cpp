@@ -1,6 +1,6 @@
 // Data-parallel gradients over ranks: shard plan, fixed-order shard sums, buckets started from the
 // backward engine's ready hook (see distributed.h).
-#include "examples/distributed.h"
+#include "jobs/distributed.h"
 
 #include <cstring>
 

@@ -1,15 +1,8 @@
-// `normlab stability CONFIG`: the seed article's normalization stability experiment, swept.
-// SimpleModel (fc1 Linear 100->256, norm1, ReLU, fc2 Linear 256->256, norm2, ReLU, fc3 Linear 256->10),
-// MSE on x ~ N(0,1) (1000, 100) and y ~ N(0,1) (1000, 10), Adam lr 1e-3, 100 full-batch epochs,
-// RMSNorm vs LayerNorm; the config sweeps norms x depths x learning rates x seeds. Every run also
-// trains a copy with fc1.weight scaled by (1 + perturb): the late epochs of this experiment are
-// chaotic, so the summary reports how much the final loss moves under that tiny perturbation next to
-// its spread over seeds, and nobody reads one seed's final loss as a verdict on a norm.
-// "device" runs every run on a GPU (data and weights are drawn on the host, then moved).
-// Under mpirun (core/dist.h) the runs are dealt out over the ranks (run i to rank i mod N); rank 0
-// gathers every curve and writes the same run directory, tables and plots as one process.
-// Reads top to bottom: config -> data and model -> train -> report.
-#include "examples/commands.h"
+// The stability job (jobs/stability.h). Reads top to bottom: config -> data and model -> train ->
+// gather over ranks -> report. "device" runs every run on a GPU (data and weights are drawn on the
+// host, then moved).
+#include "jobs/stability.h"
+
 
 #include <omp.h>
 
@@ -31,18 +24,18 @@
 #include <fmt/core.h>
 
 #include "autograd/autograd.h"
-#include "core/cpu/thread_governor.h"
+#include "core/thread_governor.h"
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "examples/config.h"
-#include "examples/run_dir.h"
+#include "jobs/config.h"
+#include "jobs/run_dir.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/norms.h"
 #include "optim/adam.h"
 
-namespace nl::cli {
+namespace nl {
 
 namespace {
 
@@ -80,10 +73,14 @@ void require_distinct(const ConfigReader& reader, const std::string& key, const 
         if (!seen.insert(v).second) reader.fail(key, "lists the value " + fmt::format("{}", v) + " twice");
 }
 
-StabilityConfig read_config(const std::string& path, const std::vector<std::string>& overrides) {
-    json root = load_json_file(path);
-    resolve_paths_beside_config(root, path, {"/init_from", "/data_from"});
-    for (const std::string& assignment : overrides) apply_override(root, assignment);
+StabilityConfig read_config(const StabilityJob& job) {
+    const std::string path = job.config_path.empty() ? job.config_name : job.config_path;
+    json root = job.config;
+    if (!job.config_path.empty()) {
+        root = load_json_file(path);
+        resolve_paths_beside_config(root, path, {"/init_from", "/data_from"});
+    }
+    for (const std::string& assignment : job.overrides) apply_override(root, assignment);
     NL_REQUIRE(root.is_object(), path, ": expected a JSON object at the top level, got ", root.type_name());
     ConfigReader r(root, path);
     StabilityConfig c;
@@ -579,185 +576,223 @@ std::string write_plots(const RunDir& run, const std::vector<RunResult>& results
 // the job
 // ---------------------------------------------------------------------------------------------
 
-struct Options {
-    std::string config;
-    std::vector<std::string> overrides;
-    std::string out;
-    bool force = false;
-    bool quiet = false;
-};
-
-void run_stability(const Options& opt) {
-    const bool root_rank = dist::is_root();
-    const int world = dist::world_size();
-    // 1. config, validated before any work; the init and data files are read and checked here too.
-    // On every rank; a mistake stops them all with one error (rank 0 alone creates the run directory).
+// What every rank reads before any run: the config and the files it names (checked on every rank;
+// a mistake stops them all with one error). Rank 0 alone creates the run directory.
+struct Inputs {
     StabilityConfig c;
     std::optional<Data> file_data;
     std::map<std::pair<std::string, int64_t>, NamedTensors> inits;
-    std::optional<RunDir> run_dir;
+    std::optional<RunDir> run_dir;  // rank 0's
+    std::vector<RunSpec> specs;     // every run of the sweep, in order
+};
+
+void read_inputs(const StabilityJob& job, Inputs& in) {
     dist::run_on_every_rank([&] {
-        c = read_config(opt.config, opt.overrides);
-        if (!c.data_from.empty()) file_data = load_data(c);
+        in.c = read_config(job);
+        const StabilityConfig& c = in.c;
+        if (!c.data_from.empty()) in.file_data = load_data(c);
         if (!c.init_from.empty())
             for (const std::string& norm : c.norms)
-                for (int64_t depth : c.depths) inits[{norm, depth}] = load_init(c, norm, depth);
-        if (root_rank) run_dir = RunDir::create(opt.config, opt.out, opt.force);
+                for (int64_t depth : c.depths) in.inits[{norm, depth}] = load_init(c, norm, depth);
+        if (dist::is_root())
+            in.run_dir = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force);
     });
+    for (const std::string& norm : in.c.norms)
+        for (int64_t depth : in.c.depths)
+            for (double lr : in.c.lrs)
+                for (int64_t seed : in.c.seeds)
+                    in.specs.push_back({norm, depth, lr, seed,
+                                        fmt::format("{}_d{}_lr{}_s{}", norm, depth, format_lr(lr), seed)});
+}
 
-    std::vector<RunSpec> specs;
-    for (const std::string& norm : c.norms)
-        for (int64_t depth : c.depths)
-            for (double lr : c.lrs)
-                for (int64_t seed : c.seeds)
-                    specs.push_back({norm, depth, lr, seed,
-                                     fmt::format("{}_d{}_lr{}_s{}", norm, depth, format_lr(lr), seed)});
+std::string describe(const Inputs& in) {
+    const StabilityConfig& c = in.c;
+    return fmt::format("{} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{}{} -> {}", in.specs.size(),
+                       c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs, dtype_name(c.dtype),
+                       c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
+                       dist::world_size() > 1 ? fmt::format(", over {}", dist::describe()) : "", in.run_dir->dir());
+}
 
-    try {
-        if (root_rank) {
-            const RunDir& run = *run_dir;
-            run.write_json("config.json", c.resolved);
-            std::filesystem::create_directories(run.path("curves"));
-            fmt::print("stability: {} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{}{} -> {}\n",
-                       specs.size(), c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs,
-                       dtype_name(c.dtype), c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
-                       world > 1 ? fmt::format(", over {}", dist::describe()) : "", run.dir());
-            std::fflush(stdout);
-        }
+// This rank's share of the sweep: runs i = rank, rank + N, ..., each with its perturbed copy.
+class Runner {
+public:
+    Runner(const Inputs& in, const StabilityCallbacks& callbacks) : in_(in), c_(in.c), callbacks_(callbacks) {}
 
-        // This rank's runs: i = rank, rank + N, ... (the progress line is rank 0's share).
+    std::vector<size_t> my_runs() const {
         std::vector<size_t> mine;
-        for (size_t i = static_cast<size_t>(dist::rank()); i < specs.size(); i += static_cast<size_t>(world))
+        for (size_t i = static_cast<size_t>(dist::rank()); i < in_.specs.size(); i += static_cast<size_t>(dist::world_size()))
             mine.push_back(i);
-        const int64_t copies = c.perturb > 0 ? 2 : 1;
-        Progress progress(static_cast<int64_t>(mine.size()) * copies * c.epochs, opt.quiet || !root_rank, c.epochs);
-        int64_t done = 0;
-        std::vector<std::optional<RunResult>> slots(specs.size());
-        // As train: the cores other processes leave free, re-read between epochs, unless OMP_NUM_THREADS
-        // is set (results do not depend on the thread count).
-        ThreadGovernor governor(omp_get_max_threads(), std::getenv("OMP_NUM_THREADS") == nullptr);
+        return mine;
+    }
 
-        // 2. each run: data and model from its seed (or the files), then train it and its copy.
-        for (size_t index : mine) {
-            const RunSpec& spec = specs[index];
-            Generator gen(static_cast<uint64_t>(spec.seed));
-            // Drawn on the host, so every device starts from the same data and weights.
-            Data data = file_data ? *file_data : make_data(c, gen);
-            data = {data.x.to(c.device), data.y.to(c.device)};
-            SimpleModel model(c, spec.norm, spec.depth, gen);  // drawn after the data, as the article
-            model.to(c.dtype);
-            model.to(c.device);
-            if (!c.init_from.empty()) model.load_state_dict(inits.at({spec.norm, spec.depth}));
-            NamedTensors initial;
-            for (const auto& [name, tensor] : model.state_dict()) initial.emplace_back(name, tensor.clone());
+    // The run's data and model from its seed (or the files), then the run and its copy trained.
+    RunResult run(const RunSpec& spec) {
+        Generator gen(static_cast<uint64_t>(spec.seed));
+        // Drawn on the host, so every device starts from the same data and weights.
+        Data data = in_.file_data ? *in_.file_data : make_data(c_, gen);
+        data = {data.x.to(c_.device), data.y.to(c_.device)};
+        SimpleModel model(c_, spec.norm, spec.depth, gen);  // drawn after the data, as the article
+        model.to(c_.dtype);
+        model.to(c_.device);
+        if (!c_.init_from.empty()) model.load_state_dict(in_.inits.at({spec.norm, spec.depth}));
+        NamedTensors initial;
+        for (const auto& [name, tensor] : model.state_dict()) initial.emplace_back(name, tensor.clone());
 
-            RunResult result{spec, {}, std::nullopt, {}};
-            auto train_copy = [&](SimpleModel& m, const std::string& label) {
-                const int64_t start = done;
-                Curve curve = train(m, data, spec.lr, c, [&](int64_t epoch, double loss) {
-                    governor.update();
-                    progress.update(start + epoch, fmt::format("{}{} loss {:.6g}", spec.id, label, loss));
-                });
-                done = start + c.epochs;
-                if (curve.diverged()) progress.update(done, fmt::format("{}{} diverged at epoch {}", spec.id, label,
-                                                                        curve.diverged_epoch));
-                return curve;
-            };
-            result.curve = train_copy(model, "");
-            if (c.perturb > 0) {
-                Generator unused(0);
-                SimpleModel copy(c, spec.norm, spec.depth, unused);
-                copy.to(c.dtype);
-                copy.to(c.device);
-                copy.load_state_dict(initial);
-                Var w = copy.child("fc1")->parameter("weight");
-                w.data().copy_(mul(w.data(), 1.0 + c.perturb));  // in the run's dtype, as w.mul_(1 + 1e-6)
-                result.perturbed = train_copy(copy, " (perturbed)");
-            }
-
-            for (const auto& [name, layer] : model.named_children()) result.layers.push_back(name);
-            slots[index] = std::move(result);
+        RunResult result{spec, train_copy(model, data, spec, false), std::nullopt, {}};
+        if (c_.perturb > 0) {
+            Generator unused(0);
+            SimpleModel copy(c_, spec.norm, spec.depth, unused);
+            copy.to(c_.dtype);
+            copy.to(c_.device);
+            copy.load_state_dict(initial);
+            Var w = copy.child("fc1")->parameter("weight");
+            w.data().copy_(mul(w.data(), 1.0 + c_.perturb));  // in the run's dtype, as w.mul_(1 + 1e-6)
+            result.perturbed = train_copy(copy, data, spec, true);
         }
-        progress.finish();
+        for (const auto& [name, layer] : model.named_children()) result.layers.push_back(name);
+        return result;
+    }
 
-        // 3. rank 0 gathers every run, then writes the curves and runs.csv in run order.
-        gather_results(slots, specs);
-        if (!root_rank) return;
-        const RunDir& run = *run_dir;
+private:
+    Curve train_copy(SimpleModel& model, const Data& data, const RunSpec& spec, bool perturbed) {
+        const int64_t start = done_;
+        StabilityEpoch event{spec.id, perturbed, 0, 0.0, 0, 0};
+        Curve curve = train(model, data, spec.lr, c_, [&](int64_t epoch, double loss) {
+            governor_.update();
+            event.epoch = epoch;
+            event.loss = loss;
+            event.done = start + epoch;
+            if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+        });
+        done_ = start + c_.epochs;
+        if (curve.diverged() && callbacks_.on_epoch) {
+            event.done = done_;
+            event.diverged_epoch = curve.diverged_epoch;
+            callbacks_.on_epoch(event);
+        }
+        return curve;
+    }
+
+    const Inputs& in_;
+    const StabilityConfig& c_;
+    const StabilityCallbacks& callbacks_;
+    int64_t done_ = 0;  // epochs trained on this rank, a perturbed copy's included
+    // As train: the cores other processes leave free, re-read between epochs, unless OMP_NUM_THREADS
+    // is set (results do not depend on the thread count).
+    ThreadGovernor governor_{omp_get_max_threads(), std::getenv("OMP_NUM_THREADS") == nullptr};
+};
+
+// Rank 0's files from every run: curves/<id>.csv and runs.csv, in sweep order.
+void write_run_files(const RunDir& run, const std::vector<RunResult>& results) {
+    CsvWriter runs_csv(run.path("runs.csv"), {"id", "norm", "depth", "lr", "seed", "epochs_run", "final_loss",
+                                              "diverged_epoch", "final_loss_perturbed", "sensitivity", "seconds"});
+    for (const RunResult& result : results) {
+        const RunSpec& spec = result.spec;
+        write_curve_csv(run, result, result.layers);
+        auto s = result.sensitivity();
+        runs_csv.row({spec.id, spec.norm, std::to_string(spec.depth), format_lr(spec.lr), std::to_string(spec.seed),
+                      std::to_string(result.curve.losses.size()), format_number(result.curve.final_loss()),
+                      result.curve.diverged() ? std::to_string(result.curve.diverged_epoch) : "",
+                      result.perturbed ? format_number(result.perturbed->final_loss()) : "", s ? format_number(*s) : "",
+                      format_number(result.curve.seconds)});
+    }
+}
+
+// The summary's rows: one per (norm, depth, lr) over its seeds, in sweep order.
+json group_rows_of(const std::vector<RunResult>& results, const StabilityConfig& c) {
+    std::vector<Group> groups;
+    for (const RunResult& r : results) {
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+            return g.norm == r.spec.norm && g.depth == r.spec.depth && g.lr == r.spec.lr;
+        });
+        if (it == groups.end()) it = groups.insert(groups.end(), Group{r.spec.norm, r.spec.depth, r.spec.lr, {}});
+        it->runs.push_back(&r);
+    }
+    json rows = json::array();
+    for (const Group& g : groups) rows.push_back(group_json(g, c));
+    return rows;
+}
+
+StabilityRun run_of(const RunResult& r) {
+    StabilityRun out{r.spec.id, r.spec.norm, r.spec.depth, r.spec.lr, r.spec.seed, r.curve.losses, {}, {},
+                     r.curve.diverged_epoch, r.curve.seconds};
+    if (r.perturbed) out.perturbed_losses = r.perturbed->losses;
+    for (const auto& row : r.curve.grad_norms) out.grad_norms.push_back(row.front());
+    return out;
+}
+
+// Rank 0: the files, the table, the plots, then summary.json last.
+StabilityResult report(const StabilityJob& job, const Inputs& in, const std::vector<RunResult>& results, double seconds) {
+    const StabilityConfig& c = in.c;
+    const RunDir& run = *in.run_dir;
+    write_run_files(run, results);
+    StabilityResult out;
+    out.run_dir = run.dir();
+    const json group_rows = group_rows_of(results, c);
+    json run_rows = json::array();
+    for (const RunResult& r : results) {
+        run_rows.push_back(run_json(r));
+        out.runs.push_back(run_of(r));
+    }
+    out.plots = write_plots(run, results, c.plots);
+    out.table = summary_table(group_rows, c);
+    if (c.perturb > 0)
+        out.notes.push_back(fmt::format("sensitivity: the largest relative change of the final loss, over seeds, when "
+                                        "fc1.weight is scaled by (1 + {:g}) before training.", c.perturb));
+    if (c.seeds.size() < 2)
+        out.notes.push_back("one seed per row: the spread over seeds is unknown (n/a); with a large sensitivity, one "
+                            "seed's final loss says little about a norm. Add seeds to measure the spread.");
+    out.summary = json{{"job", "stability"},
+                       {"config", job.config_path.empty() ? job.config_name : job.config_path},
+                       {"dtype", dtype_name(c.dtype)},
+                       {"device", c.device.str()},
+                       {"epochs", c.epochs},
+                       {"diverge_factor", c.diverge_factor},
+                       {"perturb", c.perturb},
+                       {"groups", group_rows},
+                       {"runs", run_rows},
+                       {"plots", out.plots},
+                       {"seconds", seconds},
+                       {"world_size", dist::world_size()}};
+    run.write_summary(out.summary);
+    return out;
+}
+
+}  // namespace
+
+StabilityResult run_stability(const StabilityJob& job, const StabilityCallbacks& callbacks) {
+    Inputs in;
+    read_inputs(job, in);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        Runner runner(in, callbacks);
+        const std::vector<size_t> mine = runner.my_runs();
+        if (dist::is_root()) {
+            in.run_dir->write_json("config.json", in.c.resolved);
+            std::filesystem::create_directories(in.run_dir->path("curves"));
+        }
+        if (callbacks.on_start) {
+            const int64_t copies = in.c.perturb > 0 ? 2 : 1;
+            callbacks.on_start({dist::is_root() ? describe(in) : std::string(), in.c.epochs,
+                                static_cast<int64_t>(mine.size()) * copies * in.c.epochs});
+        }
+        std::vector<std::optional<RunResult>> slots(in.specs.size());
+        for (size_t index : mine) slots[index] = runner.run(in.specs[index]);
+
+        // Rank 0 gathers every run, then writes the curves and runs.csv in run order.
+        gather_results(slots, in.specs);
+        if (!dist::is_root()) return {};
         std::vector<RunResult> results;
         for (auto& slot : slots) {
             NL_CHECK(slot.has_value(), "a run's result was not gathered");
             results.push_back(std::move(*slot));
         }
-        CsvWriter runs_csv(run.path("runs.csv"), {"id", "norm", "depth", "lr", "seed", "epochs_run", "final_loss",
-                                                  "diverged_epoch", "final_loss_perturbed", "sensitivity", "seconds"});
-        for (const RunResult& result : results) {
-            const RunSpec& spec = result.spec;
-            write_curve_csv(run, result, result.layers);
-            auto s = result.sensitivity();
-            runs_csv.row({spec.id, spec.norm, std::to_string(spec.depth), format_lr(spec.lr), std::to_string(spec.seed),
-                          std::to_string(result.curve.losses.size()), format_number(result.curve.final_loss()),
-                          result.curve.diverged() ? std::to_string(result.curve.diverged_epoch) : "",
-                          result.perturbed ? format_number(result.perturbed->final_loss()) : "",
-                          s ? format_number(*s) : "", format_number(result.curve.seconds)});
-        }
-
-        // 4. report: the table (printed and in summary.json), plots, then summary.json last.
-        std::vector<Group> groups;
-        for (const RunResult& r : results) {
-            auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-                return g.norm == r.spec.norm && g.depth == r.spec.depth && g.lr == r.spec.lr;
-            });
-            if (it == groups.end()) it = groups.insert(groups.end(), Group{r.spec.norm, r.spec.depth, r.spec.lr, {}});
-            it->runs.push_back(&r);
-        }
-        json group_rows = json::array();
-        for (const Group& g : groups) group_rows.push_back(group_json(g, c));
-        json run_rows = json::array();
-        for (const RunResult& r : results) run_rows.push_back(run_json(r));
-
-        const std::string plots = write_plots(run, results, c.plots);
-        fmt::print("\n{}", summary_table(group_rows, c));
-        if (c.perturb > 0)
-            fmt::print("sensitivity: the largest relative change of the final loss, over seeds, when fc1.weight is "
-                       "scaled by (1 + {:g}) before training.\n", c.perturb);
-        if (c.seeds.size() < 2)
-            fmt::print("one seed per row: the spread over seeds is unknown (n/a); with a large sensitivity, one "
-                       "seed's final loss says little about a norm. Add seeds to measure the spread.\n");
-        fmt::print("plots: {}\nrun directory: {}\n", plots, run.dir());
-
-        json summary{{"job", "stability"},
-                     {"config", opt.config},
-                     {"dtype", dtype_name(c.dtype)},
-                     {"device", c.device.str()},
-                     {"epochs", c.epochs},
-                     {"diverge_factor", c.diverge_factor},
-                     {"perturb", c.perturb},
-                     {"groups", group_rows},
-                     {"runs", run_rows},
-                     {"plots", plots},
-                     {"seconds", progress.elapsed_seconds()},
-                     {"world_size", world}};
-        run.write_summary(summary);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return report(job, in, results, seconds);
     } catch (const std::exception& e) {
-        if (run_dir) run_dir->write_error(e.what());
+        if (in.run_dir) in.run_dir->write_error(e.what());
         throw;
     }
 }
 
-}  // namespace
-
-void register_stability(CLI::App& app) {
-    auto opt = std::make_shared<Options>();
-    CLI::App* cmd = app.add_subcommand(
-        "stability", "The seed article's norm stability experiment (RMSNorm vs LayerNorm), swept over norms, "
-                     "depths, learning rates and seeds");
-    cmd->add_option("config", opt->config, "JSON config (configs/stability.json)")->required();
-    cmd->add_option("--set", opt->overrides, "override a config key: --set epochs=30 (repeatable)");
-    cmd->add_option("--out", opt->out, "run directory (default runs/<config name>-<timestamp>)");
-    cmd->add_flag("--force", opt->force, "overwrite an existing run directory");
-    cmd->add_flag("--quiet", opt->quiet, "no progress lines");
-    cmd->callback([opt] { run_stability(*opt); });
-}
-
-}  // namespace nl::cli
+}  // namespace nl

@@ -1,12 +1,11 @@
-// A run's output directory and the small pieces every job shares: atomic file writes, a streaming
-// metrics CSV, and a progress line (a live line on a terminal, plain log lines otherwise).
+// A run's output directory and the small pieces every job shares: atomic file writes and a streaming
+// metrics CSV.
 // A run directory counts as complete only once summary.json exists (written last, atomically); a
 // failed run leaves error.txt instead, so nothing half-done looks complete. Every write is checked:
 // a row or file that could not be written fails the run. One process at a time uses a run
 // directory (an flock on <dir>/.lock, held until the RunDir and its copies are gone).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -64,25 +63,5 @@ private:
 // Formats a number for CSV/JSON text with full round-trip precision ("%.9g" for f32 data is not
 // enough for f64 runs, so always 17 significant digits).
 std::string format_number(double value);
-
-// "step 120/1000 loss 1.2345 | 5.1k tok/s | ETA 0:42" on stderr: redrawn in place on a terminal,
-// a plain line every `log_every` updates (and on the last) otherwise; nothing when quiet.
-class Progress {
-public:
-    Progress(int64_t total, bool quiet, int64_t log_every = 10);
-    // `fields` is the text after "step N/total "; the rate and ETA are added from elapsed time.
-    void update(int64_t step, const std::string& fields);
-    void finish();
-    double elapsed_seconds() const;
-
-private:
-    int64_t total_;
-    bool quiet_;
-    bool terminal_;
-    int64_t log_every_;
-    int64_t first_step_ = -1;
-    std::chrono::steady_clock::time_point start_;
-    bool drew_line_ = false;
-};
 
 }  // namespace nl

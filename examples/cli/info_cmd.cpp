@@ -1,9 +1,9 @@
 // `normlab info`: what this build of normlab is and what it finds on this machine: version, build type,
 // BLAS library and threads, OpenMP threads, devices (CPU; CUDA GPUs when built with CUDA), dtypes, memory.
-#include "examples/commands.h"
+#include "examples/cli/commands.h"
 
-#include "core/cpu/cpu_backend.h"  // cpu_vector_target, cpu_vector_support
-#include "core/cpu/cpu_sgemm.h"
+#include "core/cpu_runtime.h"
+
 
 #include <cblas.h>
 #include <omp.h>
@@ -22,7 +22,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
-#include "examples/bench_util.h"  // format_bytes
+#include "examples/cli/bench_util.h"  // format_bytes
 
 #include "core/cuda/nl_cuda_api.h"
 

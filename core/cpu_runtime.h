@@ -1,0 +1,59 @@
+// What the CPU backend runs on this machine, and the runtime settings a program can give it: the
+// vector instructions the kernels were built for, the f32 GEMM engine, and OpenBLAS's kernel choice.
+// This is the public face of core/cpu/ (whose own headers are the backend's and are not installed):
+// `normlab info` prints these, and the normlab program makes the OpenBLAS and OpenMP settings below
+// for itself before any work (examples/cli/main.cpp); a program of your own can do the same.
+#pragma once
+
+#include <cstdint>
+
+namespace nl {
+
+// ---- vector code ----
+
+// The vector instructions the CPU kernels were compiled for (they follow the build's -march, not
+// the CPU that runs them): "AVX-512, 512-bit loops", "AVX-512, 256-bit loops", "AVX2 + FMA", "AVX",
+// or "SSE2".
+const char* cpu_vector_target();
+// The widest vector instructions the CPU running this process has, in the same words: "AVX-512",
+// "AVX2 + FMA", "AVX" or "SSE2" ("a non-x86 vector unit" elsewhere). A target wider than this
+// would not run; a narrower one leaves speed unused.
+const char* cpu_vector_support();
+
+// ---- the f32 GEMM engine ----
+
+// The f32 gemm engine the CPU backend uses: "normlab avx512 16x16", "normlab avx2 6x16" or
+// "openblas". Chosen once, from the environment variable NORMLAB_GEMM and the CPU: auto (the
+// default) takes the AVX-512 kernel where the CPU has AVX-512, else OpenBLAS; avx512 or avx2 ask for
+// that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
+// nl::Error naming the variable.
+const char* sgemm_engine_name();
+// Whether f32 gemms run on normlab's engine (sgemm_engine_name() is not "openblas").
+bool sgemm_engine_is_native();
+// C = alpha * op(A) * op(B) + beta * C, row-major, on normlab's engine (requires
+// sgemm_engine_is_native()). op(A) is (m, k): A is stored (m, k) with row stride lda, or (k, m) when
+// trans_a. op(B) is (k, n): B is stored (k, n) with row stride ldb, or (n, k) when trans_b. C is
+// (m, n) with row stride ldc; beta == 0 never reads C. Threads over OpenMP's current team size
+// unless called inside a parallel region. The bits do not depend on the thread count: the sum over
+// k runs in the same blocks and order for every element however the rows are shared out.
+void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc);
+
+// ---- OpenBLAS's kernel choice ----
+// OpenBLAS's DYNAMIC_ARCH builds (Debian's) pick their kernels for the CPU once, when the library is
+// loaded. On a CPU its table does not know (a virtualized Xeon with AVX-512 that Debian's OpenBLAS
+// 0.3.21 does not recognize) it falls back to Prescott's SSE3 kernels, several times slower at
+// sgemm than the AVX-512 kernels the same CPU can run (docs/benchmarks.md). OPENBLAS_CORETYPE, read
+// at load time, overrides the choice: export it before the program starts, or set it and restart
+// the program as `normlab` does when blas_kernel_override() names a kernel.
+
+// The OPENBLAS_CORETYPE value this process should have been started with, or nullptr when nothing
+// needs correcting: OpenBLAS is not on its Prescott fallback, or the CPU has neither AVX2 + FMA nor
+// AVX-512, or OPENBLAS_CORETYPE is already set (a choice by the user or the machine's owner, which
+// normlab never overrides). "SkylakeX" for AVX-512 F/BW/DQ/VL (OpenBLAS's AVX-512 sgemm), else "Haswell".
+const char* blas_kernel_override();
+// OpenBLAS's kernel name ("SkylakeX", "Haswell", "Prescott", ...).
+const char* blas_kernel_name();
+
+}  // namespace nl

@@ -1,0 +1,111 @@
+// The sample job (jobs/sample.h).
+#include "jobs/sample.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace nl {
+
+namespace {
+
+std::string resolve_checkpoint_path(const std::string& checkpoint) {
+    // A run directory means its latest checkpoint.
+    // error_code forms: a symlink loop or an unreadable path is a message, not an exception.
+    std::string path = checkpoint;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+        path = latest_checkpoint(checkpoint);
+        NL_REQUIRE(!path.empty(), "sample: ", checkpoint, ": no checkpoints/step_*.safetensors in this directory");
+    }
+    NL_REQUIRE(fs::exists(path, ec), "sample: ", path, ": no such checkpoint file",
+               ec ? " (" + ec.message() + ")" : std::string());
+    return path;
+}
+
+void check_job(const SampleJob& job) {
+    NL_REQUIRE(job.num >= 1 && job.num <= kMaxSampleNum, "sample: --num must be in [1, ", kMaxSampleNum, "], found ",
+               job.num);
+    NL_REQUIRE(job.max_new_tokens >= 0 && job.max_new_tokens <= kMaxNewTokens, "sample: --max-new-tokens must be in [0, ",
+               kMaxNewTokens, "], found ", job.max_new_tokens);
+    NL_REQUIRE(!job.temperature || (std::isfinite(*job.temperature) && *job.temperature >= 0),
+               "sample: --temperature must be a finite number >= 0, found ", job.temperature.value_or(0.0));
+    NL_REQUIRE(job.seed >= 0, "sample: --seed must be >= 0, found ", job.seed);
+}
+
+// Random problems (the seed picks them), answered all at once.
+void answer_problems(TrainCheckpoint& ck, const SampleJob& job, Generator& gen, SampleResult& result) {
+    const SyntheticTask& task = *ck.task;
+    std::vector<Problem> problems;
+    std::vector<std::vector<int64_t>> tokens;
+    for (int64_t i = 0; i < job.num; ++i) {
+        problems.push_back(task.make_problem(gen));
+        tokens.push_back(problems.back().prompt);
+    }
+    result.stats = generate(*ck.model, tokens, task.answer_length(), result.options, gen);
+    for (int64_t i = 0; i < job.num; ++i) {
+        std::vector<int64_t> answer(tokens[i].begin() + task.prompt_length(), tokens[i].end());
+        SampledProblem p{task.format_problem(problems[i]), task.format_answer(answer),
+                         task.format_answer(problems[i].answer), answer == problems[i].answer};
+        result.correct += p.correct;
+        result.problems.push_back(std::move(p));
+    }
+}
+
+}  // namespace
+
+TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
+    TrainCheckpoint ck;
+    ck.path = resolve_checkpoint_path(checkpoint);
+    const std::string& path = ck.path;
+    ck.info = read_checkpoint_info(path);
+    NL_REQUIRE(ck.info.metadata.count("config") == 1, "sample: ", path,
+               ": not a normlab train checkpoint (no config in its metadata)");
+    ck.config = read_train_config(checkpoint_metadata_json(ck.info, path, "config"), path + " (config)");
+    if (ck.config.data.source == "text") {
+        NL_REQUIRE(ck.info.metadata.count("vocab") == 1, "sample: ", path, ": text checkpoint without a vocab");
+        const nlohmann::json codepoints = checkpoint_metadata_json(ck.info, path, "vocab");
+        try {
+            ck.vocab = std::make_unique<TextVocab>(codepoints);
+        } catch (const Error& e) {
+            throw Error(path + ": metadata 'vocab': " + e.what());
+        }
+        ck.config.model.vocab_size = ck.vocab->size();
+    } else {
+        ck.task = std::make_unique<SyntheticTask>(ck.config.data, path + " (config): /data");
+        ck.config.model.vocab_size = ck.task->vocab_size();
+    }
+    ck.model = std::make_unique<Transformer>(ck.config.model);
+    load_checkpoint(path, *ck.model);
+    ck.context = trained_context(ck.info, ck.config, path, &ck.note);
+    return ck;
+}
+
+SampleResult run_sample(const SampleJob& job) {
+    check_job(job);
+    TrainCheckpoint ck = load_train_checkpoint(job.checkpoint);
+    SampleResult result;
+    result.checkpoint = ck.path;
+    result.step = ck.info.step;
+    result.note = ck.note;
+    result.options.context = ck.context;
+    result.options.kv_cache = job.kv_cache;
+    Generator gen(static_cast<uint64_t>(job.seed));
+    if (ck.task) {
+        result.options.temperature = job.temperature.value_or(0.0);
+        answer_problems(ck, job, gen, result);
+        return result;
+    }
+    result.options.temperature = job.temperature.value_or(0.8);
+    const std::string prompt = job.prompt.empty() ? ck.vocab->decode({0}) : job.prompt;
+    std::vector<std::vector<int64_t>> tokens = {ck.vocab->encode(prompt)};
+    result.stats = generate(*ck.model, tokens, job.max_new_tokens, result.options, gen);
+    result.tokens = tokens[0];
+    result.text = ck.vocab->decode(tokens[0]);
+    return result;
+}
+
+}  // namespace nl

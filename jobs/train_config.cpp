@@ -1,0 +1,226 @@
+// The train job's config schema and its checkpoints' metadata (jobs/train_config.h).
+#include "jobs/train_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "core/json_parse.h"
+#include "jobs/config.h"
+
+namespace fs = std::filesystem;
+
+namespace nl {
+
+// ---- the config schema ----
+
+int64_t data_seq_len(const DataOptions& data) {
+    if (data.source == "text") return data.seq_len;
+    // prompt + answer tokens, minus one: the last token is only ever a target (see data.h)
+    int64_t sequence = data.task == "add" ? 3 * data.length + 3 : 2 * data.length + 1;
+    return sequence - 1;
+}
+
+static DataOptions read_data(ConfigReader reader, uint64_t seed) {
+    DataOptions data;
+    data.source = reader.get_string("source", "synthetic", {"synthetic", "text"});
+    const std::vector<std::string> synthetic_keys = {"task", "length", "symbols"};
+    const std::vector<std::string> text_keys = {"path", "val_fraction", "seq_len"};
+    if (data.source == "synthetic") {
+        data.task = reader.get_string("task", "reverse", {"copy", "reverse", "sort", "add"});
+        data.length = reader.get_int("length", 8, 1, 4096);
+        data.symbols = reader.get_int("symbols", 10, 2, 1000000);
+    } else {
+        data.path = reader.get_string("path", "");
+        if (data.path.empty()) reader.fail("path", "a text file is required for source \"text\"");
+        data.val_fraction = reader.get_double("val_fraction", 0.1, 1e-6, 0.999999);
+        data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
+    }
+    data.eval_sequences = reader.get_int("eval_sequences", 256, 1, 1 << 20);
+    data.seed = static_cast<uint64_t>(reader.get_int("seed", static_cast<int64_t>(seed), 0));
+    // A key of the other source is a likelier mistake than a typo: say so instead of "unknown key".
+    const auto& other = data.source == "synthetic" ? text_keys : synthetic_keys;
+    for (const std::string& key : other)
+        if (reader.has(key))
+            reader.fail(key, "applies to source \"" + std::string(data.source == "synthetic" ? "text" : "synthetic") +
+                                 "\" only (this config's source is \"" + data.source + "\")");
+    reader.finish();
+    return data;
+}
+
+static NormOptions read_norm(ConfigReader reader) {
+    NormOptions norm;
+    norm.type = reader.get_string("type", "rmsnorm", norm_types());
+    NormOptions type_defaults;
+    type_defaults.type = norm.type;
+    norm.eps = reader.get_double("eps", type_defaults.resolved_eps(), 0.0, 1.0);
+    norm.fused = reader.get_bool("fused", true);
+    norm.elementwise_affine = reader.get_bool("elementwise_affine", true);
+    norm.bias = reader.get_bool("bias", true);
+    norm.p = reader.get_double("p", 0.0625, 1e-9, 1.0);
+    norm.alpha = reader.get_double("alpha", 0.5, 0.0, 1.0);
+    reader.finish();
+    return norm;
+}
+
+static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
+    TransformerOptions model;
+    // Upper bounds: far above a toy model, low enough that no size product below can overflow
+    // (the memory a config needs is checked against the machine before training, see run_train).
+    model.dim = reader.get_int("dim", 64, 2, kMaxModelDim);
+    model.n_layers = reader.get_int("n_layers", 2, 0, kMaxLayers);
+    model.n_heads = reader.get_int("n_heads", 4, 1, kMaxModelDim);
+    if (model.dim % model.n_heads != 0)
+        reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={}, got {}", model.dim, model.n_heads));
+    if ((model.dim / model.n_heads) % 2 != 0)
+        reader.fail("n_heads", fmt::format("expected an even head size (RoPE rotates pairs), got dim / n_heads = {} / {} = {}",
+                                           model.dim, model.n_heads, model.dim / model.n_heads));
+    model.n_kv_heads = reader.get_int("n_kv_heads", model.n_heads, 1);
+    if (model.n_heads % model.n_kv_heads != 0)
+        reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
+                                              model.n_heads, model.n_kv_heads));
+    model.multiple_of = reader.get_int("multiple_of", model.multiple_of, 1, kMaxModelDim);
+    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0, 4 * kMaxModelDim);
+    model.norm = read_norm(reader.child("norm"));
+    model.pre_norm = reader.get_bool("pre_norm", true);
+    model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
+    model.max_seq_len = reader.get_int("max_seq_len", 256, 1, 1 << 20);
+    model.fused_attention = reader.get_bool("fused_attention", true);
+    model.fused_swiglu = reader.get_bool("fused_swiglu", true);
+    model.seed = seed;
+    reader.finish();
+    return model;
+}
+
+static OptimConfig read_optim(ConfigReader reader) {
+    OptimConfig optim;
+    optim.lr = reader.get_double("lr", optim.lr, 0.0, 10.0);
+    optim.min_lr = reader.get_double("min_lr", optim.min_lr, 0.0, optim.lr);
+    optim.warmup_steps = reader.get_int("warmup_steps", optim.warmup_steps, 0);
+    optim.weight_decay = reader.get_double("weight_decay", optim.weight_decay, 0.0);
+    optim.beta1 = reader.get_double("beta1", optim.beta1, 0.0, 0.999999);
+    optim.beta2 = reader.get_double("beta2", optim.beta2, 0.0, 0.999999);
+    optim.eps = reader.get_double("eps", optim.eps, 0.0);
+    optim.grad_clip = reader.get_double("grad_clip", optim.grad_clip, 0.0);
+    reader.finish();
+    return optim;
+}
+
+static LoopConfig read_loop(ConfigReader reader) {
+    LoopConfig loop;
+    loop.steps = reader.get_int("steps", loop.steps, 1, kMaxSteps);
+    loop.batch_size = reader.get_int("batch_size", loop.batch_size, 1, kMaxBatchSize);
+    loop.eval_every = reader.get_int("eval_every", loop.eval_every, 0);
+    loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
+    loop.log_every = reader.get_int("log_every", loop.log_every, 1);
+    loop.autocast = reader.get_string("autocast", loop.autocast, {"none", "bf16"});
+    loop.grad_shards = reader.get_int("grad_shards", loop.grad_shards, 0, 1 << 20);
+    loop.bucket_kb = reader.get_int("bucket_kb", loop.bucket_kb, 1, 1 << 20);
+    loop.overlap_comm = reader.get_bool("overlap_comm", loop.overlap_comm);
+    loop.threads = reader.get_int("threads", loop.threads, 0, 1024);
+    reader.finish();
+    return loop;
+}
+
+TrainConfig read_train_config(const nlohmann::json& root, const std::string& file) {
+    ConfigReader reader(root, file);
+    TrainConfig config;
+    config.file = file;
+    config.seed = static_cast<uint64_t>(reader.get_int("seed", 0, 0));
+    config.device = read_device(reader);
+    config.data = read_data(reader.child("data"), config.seed);
+    config.model = read_model(reader.child("model"), config.seed);
+    config.optim = read_optim(reader.child("optim"));
+    config.train = read_loop(reader.child("train"));
+    reader.finish();
+
+    if (config.optim.warmup_steps >= config.train.steps)
+        throw Error(fmt::format("{}: /optim/warmup_steps: expected fewer than /train/steps = {}, got {}", file,
+                                config.train.steps, config.optim.warmup_steps));
+    const int64_t T = data_seq_len(config.data);
+    if (T > config.model.max_seq_len) {
+        std::string key = config.data.source == "text" ? "/data/seq_len" : "/data/length";
+        throw Error(fmt::format("{}: {}: sequences need {} positions, above the model's context "
+                                "/model/max_seq_len = {}",
+                                file, key, T, config.model.max_seq_len));
+    }
+    config.resolved = reader.resolved();
+    return config;
+}
+
+double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {
+    // In double: the sizes are bounded, but their products need not fit an int64. A lower bound of
+    // what a step holds (f32 = 4 bytes), so a config that fits is never refused.
+    const TransformerOptions& m = config.model;
+    const double D = double(m.dim), L = double(m.n_layers), V = double(vocab_size), H = double(m.n_heads);
+    const double kv_dim = D / H * double(m.n_kv_heads);
+    const double ffn_in = m.ffn_hidden_dim > 0 ? double(m.ffn_hidden_dim) : 4.0 * D;
+    const double ffn = double(m.multiple_of) * std::ceil(std::floor(2.0 * ffn_in / 3.0) / double(m.multiple_of));
+    const double params = 2.0 * V * D + L * (2.0 * D * D + 2.0 * D * kv_dim + 3.0 * D * ffn + 4.0 * D) + 2.0 * D;
+    const double B = double(config.train.batch_size), T = double(data_seq_len(config.data));
+    const double evals = double(config.data.eval_sequences) * (T + 1.0);
+    const double tokens = 8.0 * 2.0 * evals;                       // held-out ids and targets, i64
+    const double weights = 4.0 * 4.0 * params;                     // weights, grads, AdamW's two moments
+    const double saved = 4.0 * B * T * (L * (8.0 * D + 3.0 * ffn) + 3.0 * V) +  // activations for backward
+                         4.0 * 2.0 * B * H * T * T * L;                          // attention scores, softmax
+    return tokens + weights + saved;
+}
+
+nlohmann::json checkpoint_metadata_json(const CheckpointInfo& info, const std::string& path, const std::string& key) {
+    auto it = info.metadata.find(key);
+    NL_REQUIRE(it != info.metadata.end(), path, ": not a normlab train checkpoint (no ", key, " in its metadata)");
+    return parse_json(it->second, path + ": metadata '" + key + "'");
+}
+
+std::string checkpoint_path(const std::string& run_dir, int64_t step) {
+    return fmt::format("{}/checkpoints/step_{:08}.safetensors", run_dir, step);
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+    std::error_code ec;
+    std::string best;
+    int64_t best_step = -1;
+    static const std::regex pattern("step_([0-9]{8})\\.safetensors");
+    for (const auto& entry : fs::directory_iterator(run_dir + "/checkpoints", ec)) {
+        std::smatch match;
+        std::string name = entry.path().filename().string();
+        if (!std::regex_match(name, match, pattern)) continue;
+        int64_t step = std::stoll(match[1].str());
+        if (step > best_step) best_step = step, best = entry.path().string();
+    }
+    return best;
+}
+
+// The parts of a config a checkpoint's tensors and batches depend on: /seed, /model and /data.
+void check_checkpoint_matches(const std::string& path, const TrainConfig& config) {
+    CheckpointInfo info = read_checkpoint_info(path);
+    nlohmann::json saved = checkpoint_metadata_json(info, path, "config");
+    // A step past the end would resume a run that is already complete, and write its summary again.
+    NL_REQUIRE(info.step <= config.train.steps, path, ": checkpoint is at step ", info.step,
+               ", beyond /train/steps = ", config.train.steps, " in ", config.file);
+    for (const char* section : {"/seed", "/model", "/data"}) {
+        nlohmann::json::json_pointer pointer(section);
+        nlohmann::json a = saved.contains(pointer) ? saved[pointer] : nlohmann::json();
+        const nlohmann::json& b = config.resolved[pointer];
+        if (a == b) continue;
+        // Name the first differing key.
+        std::string key = section, was = brief_json(a), now = brief_json(b);
+        for (const auto& change : nlohmann::json::diff(a, b)) {
+            key = std::string(section) + change["path"].get<std::string>();
+            nlohmann::json::json_pointer p(change["path"].get<std::string>());
+            was = a.contains(p) ? brief_json(a[p]) : "absent";
+            now = b.contains(p) ? brief_json(b[p]) : "absent";
+            break;
+        }
+        throw Error(fmt::format("{}: checkpoint does not match the config: {} is {} in the checkpoint, {} in {}",
+                                path, key, was, now, config.file));
+    }
+}
+
+// A resumed run keeps metrics.csv rows up to the checkpoint's step (rows written after it, by the
+// interrupted run, are recomputed).
+
+}  // namespace nl
