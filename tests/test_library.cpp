@@ -147,9 +147,10 @@ TEST_CASE("library: a project adds normlab with add_subdirectory and gets normla
                  nl_test::shell_arg(source) + " -DNORMLAB_CUDA=OFF && cmake --build build --target help");
     INFO(configure.output);
     REQUIRE(configure.status == 0);
-    for (const char* target : {"scalenorm_mlp", "normlab_core", "normlab_layers", "normlab_optim"})
+    for (const char* target : {"scalenorm_mlp", "train_from_config", "normlab_core", "normlab_layers", "normlab_optim",
+                               "normlab_jobs"})
         CHECK_THAT(configure.output, Catch::Contains(std::string("... ") + target));
-    for (const char* target : {"... normlab_app", "... normlab_tests", "... normlab\n"})
+    for (const char* target : {"... normlab_tests", "... normlab\n"})
         CHECK_THAT(configure.output, !Catch::Contains(target));
 }
 
@@ -161,11 +162,28 @@ TEST_CASE("library: the installed package is found with find_package(normlab), i
     INFO(install.output);
     REQUIRE(install.status == 0);
     for (const char* file : {"prefix/include/normlab/core/tensor.h", "prefix/include/normlab/layers/norms.h",
-                             "prefix/lib/libnormlab_core.a", "prefix/lib/cmake/normlab/normlabConfig.cmake",
+                             "prefix/include/normlab/jobs/train.h", "prefix/include/normlab/core/cpu_runtime.h",
+                             "prefix/lib/libnormlab_core.a", "prefix/lib/libnormlab_jobs.a",
+                             "prefix/lib/cmake/normlab/normlabConfig.cmake",
                              "prefix/lib/cmake/normlab/normlab_openblas.cmake"})
         CHECK(std::filesystem::exists(dir / file));
-    // Nothing of the tests is installed.
+    // Nothing of the tests, the backends' own headers or the program's is installed.
     CHECK_FALSE(std::filesystem::exists(dir / "prefix/include/normlab/tests"));
+    CHECK_FALSE(std::filesystem::exists(dir / "prefix/include/normlab/core/cpu"));
+    CHECK_FALSE(std::filesystem::exists(dir / "prefix/include/normlab/examples"));
+    // The program is a user of the library like any other: every normlab header it includes, but its
+    // own, is installed.
+    for (const auto& entry : std::filesystem::directory_iterator(std::string(NORMLAB_SOURCE_DIR) + "/examples/cli")) {
+        std::ifstream source(entry.path());
+        std::string line;
+        while (std::getline(source, line)) {
+            if (line.rfind("#include \"", 0) != 0) continue;
+            const std::string header = line.substr(10, line.find('"', 10) - 10);
+            if (header.rfind("examples/cli/", 0) == 0) continue;
+            INFO(entry.path().filename().string() << " includes " << header);
+            CHECK(std::filesystem::exists(dir / ("prefix/include/normlab/" + header)));
+        }
+    }
     const CliRun configure = run_shell(dir, "cmake -S " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/examples/consumer") +
                                                 " -B build -DCMAKE_PREFIX_PATH=" + nl_test::shell_arg((dir.path / "prefix").string()));
     INFO(configure.output);
@@ -192,5 +210,5 @@ TEST_CASE("library: only test targets compile anything from tests/ (the CUDA emu
         CHECK(file.rfind(tests_dir, 0) != 0);
         CHECK(command.find(tests_dir) == std::string::npos);
     }
-    CHECK(production > 50);  // core, autograd, layers, optim, normlab_app and main.cpp were all seen
+    CHECK(production > 50);  // core, autograd, layers, optim, jobs and the program were all seen
 }

@@ -387,6 +387,213 @@ Device parse_device_flag(const std::string& name) {
     return device;
 }
 
+void print_header(const TorchCommand& cmd, const ToySpec& spec, Device device, int threads) {
+    const TransformerOptions& m = spec.model;
+    fmt::print("normlab bench torch: normlab vs PyTorch on {}, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
+               device.str(), threads);
+    fmt::print("  stability: SimpleModel 100-256-256-10, x (1000, 100), Adam lr 1e-3, MSE, full batch; {} timed epochs "
+               "after {} warm-up\n",
+               cmd.epochs, cmd.warmup);
+    fmt::print("  transformer ({}): vocab {}, dim {}, {} layers, {} heads ({} kv), {} {}, batch {} x seq {}, AdamW, "
+               "clip {}; {} timed steps after {} warm-up\n\n",
+               spec.source, m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads ? m.n_kv_heads : m.n_heads,
+               m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
+               cmd.steps, cmd.warmup);
+}
+
+// The stability rows per norm, then the transformer row, per round.
+const std::vector<std::string> kBenchNorms = {"layernorm", "rmsnorm"};
+
+struct Rounds {
+    std::vector<std::vector<double>> ours, theirs, ratios;  // (rows, rounds): s/epoch or s/step
+    std::vector<std::vector<double>> ours_composed;         // (norms, rounds)
+    std::string why, torch_version;                          // why PyTorch was skipped; its version
+    double torch_gemm_flops = 0.0;                           // torch.mm at the model's GEMM shapes, last round
+    bool have_torch = true;
+};
+
+// Separate processes cannot interleave per step, so the two sides alternate by rounds (normlab,
+// PyTorch, normlab, ...): a load that comes and goes on this shared machine then lands on both
+// sides, and each round gives its own ratio.
+Rounds run_rounds(const TorchCommand& cmd, const ToySpec& spec, Device device, int threads) {
+    const size_t norms = kBenchNorms.size(), rows = norms + 1;
+    Rounds r;
+    r.ours.resize(rows), r.theirs.resize(rows), r.ratios.resize(rows), r.ours_composed.resize(norms);
+    for (int64_t round = 0; round < cmd.rounds; ++round) {
+        fmt::print(stderr, "  round {}/{}: timing normlab ...\n", round + 1, cmd.rounds);
+        for (size_t i = 0; i < norms; ++i) {
+            r.ours[i].push_back(time_stability(kBenchNorms[i], true, cmd.epochs, cmd.warmup, device).median);
+            r.ours_composed[i].push_back(time_stability(kBenchNorms[i], false, cmd.epochs, cmd.warmup, device).median);
+        }
+        r.ours[norms].push_back(time_transformer(spec, cmd.steps, cmd.warmup, device).median);
+        if (!r.have_torch) continue;
+        fmt::print(stderr, "  round {}/{}: timing PyTorch ...\n", round + 1, cmd.rounds);
+        std::optional<json> torch = run_torch(cmd, spec, threads, device, r.why);
+        if (!torch) {
+            r.have_torch = false;
+            continue;
+        }
+        r.torch_version = torch->at("torch_version").get<std::string>();
+        for (size_t i = 0; i < norms; ++i)
+            r.theirs[i].push_back(torch->at("stability").at(kBenchNorms[i]).at("median_s").get<double>());
+        r.theirs[norms].push_back(torch->at("transformer").at("median_s").get<double>());
+        r.torch_gemm_flops = torch->at("transformer").value("gemm_flops_per_s", 0.0);
+        for (size_t i = 0; i < rows; ++i) r.ratios[i].push_back(r.theirs[i].back() / r.ours[i].back());
+    }
+    return r;
+}
+
+// "1.23 [1.10, 1.40]": the median of per-round values with the rounds' [min, max].
+std::string ratio_cell(const std::vector<double>& per_round) {
+    const Stats s = summarize(per_round);
+    return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median, s.min, s.max);
+}
+
+void print_table(const TorchCommand& cmd, const ToySpec& spec, const Rounds& r) {
+    // A cell: the median over rounds of each round's median, with the rounds' [min, max].
+    auto cell = [](const std::vector<double>& per_round, double scale, const char* unit) {
+        const Stats s = summarize(per_round);
+        const int decimals = scale == 1.0 ? 0 : 2;  // tok/s as whole numbers, ms with two decimals
+        return fmt::format("{:.{}f} {} [{:.{}f}, {:.{}f}]", s.median * scale, decimals, unit, s.min * scale, decimals,
+                           s.max * scale, decimals);
+    };
+    fmt::print("{:<30} {:<34} {:<34} {}\n", "", "normlab", r.have_torch ? "PyTorch " + r.torch_version : "PyTorch (skipped)",
+               "torch/ours [min, max]");
+    const double tokens = static_cast<double>(spec.batch * spec.seq_len);
+    for (size_t i = 0; i < r.ours.size(); ++i) {
+        const bool transformer = i == kBenchNorms.size();
+        // The transformer row is in tokens/s: tokens / (s/step).
+        std::vector<double> ours_row = r.ours[i], theirs_row = r.theirs[i];
+        if (transformer) {
+            for (double& t : ours_row) t = tokens / t;
+            for (double& t : theirs_row) t = tokens / t;
+        }
+        const char* unit = transformer ? "tok/s" : "ms";
+        const double scale = transformer ? 1.0 : 1e3;
+        const std::string label = transformer ? "transformer tokens/s" : "stability " + kBenchNorms[i] + " s/epoch";
+        fmt::print("{:<30} {:<34} {:<34} {}\n", label, cell(ours_row, scale, unit),
+                   r.have_torch ? cell(theirs_row, scale, unit) : std::string("-"),
+                   r.have_torch ? ratio_cell(r.ratios[i]) : std::string("-"));
+        if (!transformer)
+            fmt::print("{:<30} {:<34}\n", "  (normlab composed norm)", cell(r.ours_composed[i], 1e3, "ms"));
+    }
+    fmt::print("torch/ours = PyTorch time / normlab time, per round (for tokens/s: ours / theirs); >= 1 means normlab "
+               "is at least as fast (the issue's target).\n");
+    fmt::print("each cell: the median over {} rounds of a round's median over its timed epochs/steps, [min, max] over "
+               "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
+               cmd.rounds);
+    if (!r.have_torch) fmt::print("PyTorch side skipped: {}\n", r.why);
+}
+
+// Model FLOP/s against OpenBLAS's sgemm at the model's own GEMM shapes, measured now.
+void print_model_flops(const ToySpec& spec, const Rounds& r) {
+    const double tokens = static_cast<double>(spec.batch * spec.seq_len);
+    const double ours_tokens = tokens / summarize(r.ours[kBenchNorms.size()]).median;
+    const Transformer model(spec.model);  // its weights' shapes: the FLOP count and the GEMM shapes
+    const double flops_per_token = model_flops_per_token(spec, model);
+    const double model_flops = flops_per_token * ours_tokens;
+    const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5, false);
+    fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
+               "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
+               "measured now)\n",
+               model_flops / 1e9, flops_per_token / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
+    if (sgemm_engine_is_native()) {
+        const double own = sgemm_flops_at_model_shapes(spec, model, 5, true);
+        fmt::print("normlab's own gemm engine ({}) at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS "
+                   "sgemm\n",
+                   sgemm_engine_name(), own / 1e9, own / sgemm);
+    }
+    if (r.torch_gemm_flops > 0)
+        fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
+                   "GEMM engines side by side)\n",
+                   r.torch_gemm_flops / 1e9, r.torch_gemm_flops / sgemm);
+}
+
+void print_peak_memory(const TorchCommand& cmd, const ToySpec& spec, Device device) {
+    const int peak_steps = cmd.quick ? 1 : 2;  // --quick: the first step's peak, a smoke run
+    const int64_t peak_fused = peak_step_bytes(spec, true, device, peak_steps);
+    const int64_t peak_composed = peak_step_bytes(spec, false, device, peak_steps);
+    fmt::print("peak memory per training step (normlab's allocator): fused attention {:.1f} MiB, composed attention "
+               "{:.1f} MiB (T = {})\n",
+               static_cast<double>(peak_fused) / (1 << 20), static_cast<double>(peak_composed) / (1 << 20),
+               spec.seq_len);
+}
+
+// Users train beside builds and sweeps: the same steps with a busy loop on one core, normlab's
+// default thread setting against 1 thread, and PyTorch's the same. The two settings alternate which
+// goes first from round to round (the machine's speed drifts during a run), and each round gives
+// one ratio.
+void run_under_load(const TorchCommand& cmd, const ToySpec& spec, Device device, int threads, Rounds& r) {
+    fmt::print(stderr, "  under load: a busy loop on one core while each side trains ...\n");
+    const pid_t busy = start_busy_loop();
+    std::vector<double> ours_default, ours_one, ours_ratio, torch_default, torch_one, torch_ratio;  // (rounds,)
+    int threads_at_end = threads;
+    // normlab's default is train's: auto threads (core/thread_governor.h), up to --threads, from a
+    // new governor as each train run starts one.
+    auto time_ours = [&](bool governed) {
+        omp_set_num_threads(governed ? threads : 1);
+        openblas_set_num_threads(governed ? threads : 1);
+        ThreadGovernor governor(threads, governed);
+        const double seconds =
+            time_transformer(spec, cmd.steps, cmd.warmup, device, nullptr, governed ? &governor : nullptr).median;
+        if (governed) threads_at_end = governor.threads();
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+        return seconds;
+    };
+    auto time_torch = [&](int torch_threads) -> std::optional<double> {  // 0: torch's own default
+        const std::optional<json> j = run_torch(cmd, spec, torch_threads, device, r.why, " --skip-stability");
+        if (!j) return std::nullopt;
+        return j->at("transformer").at("median_s").get<double>();
+    };
+    bool torch_ok = r.have_torch;
+    for (int64_t round = 0; round < cmd.rounds; ++round) {
+        fmt::print(stderr, "  under load, round {}/{} ...\n", round + 1, cmd.rounds);
+        const bool default_first = round % 2 == 0;
+        const double first = time_ours(default_first), second = time_ours(!default_first);
+        ours_default.push_back(default_first ? first : second);
+        ours_one.push_back(default_first ? second : first);
+        ours_ratio.push_back(ours_one.back() / ours_default.back());
+        if (!torch_ok) continue;
+        const std::optional<double> a = time_torch(default_first ? 0 : 1), b = time_torch(default_first ? 1 : 0);
+        if (!a || !b) {
+            torch_ok = false;
+            continue;
+        }
+        torch_default.push_back(default_first ? *a : *b);
+        torch_one.push_back(default_first ? *b : *a);
+        torch_ratio.push_back(torch_one.back() / torch_default.back());
+    }
+    stop_busy_loop(busy);
+    const double tokens = static_cast<double>(spec.batch * spec.seq_len);
+    auto tok = [&](const std::vector<double>& seconds) {
+        return fmt::format("{:.0f} tok/s", tokens / summarize(seconds).median);
+    };
+    fmt::print("under load (a busy loop on one core), transformer tokens/s, medians over {} rounds that alternate "
+               "which setting goes first; default / 1 thread per round, [min, max]:\n",
+               cmd.rounds);
+    fmt::print("  normlab, default threads ({} at the end): {}    normlab, 1 thread: {}    default / 1 thread: {}\n",
+               threads_at_end, tok(ours_default), tok(ours_one), ratio_cell(ours_ratio));
+    if (torch_ok && !torch_ratio.empty())
+        fmt::print("  PyTorch, default threads: {}    PyTorch, 1 thread: {}    default / 1 thread: {}\n",
+                   tok(torch_default), tok(torch_one), ratio_cell(torch_ratio));
+}
+
+// After the timed rounds, so the profiler's clock reads never touch the figures above.
+void run_profiles(const TorchCommand& cmd, const ToySpec& spec, Device device, int threads, Rounds& r) {
+    std::string table;
+    time_transformer(spec, cmd.steps, cmd.warmup, device, &table);
+    fmt::print("\nnormlab's transformer steps under --profile (one more pass of {} steps after {} warm-up):\n{}",
+               cmd.steps, cmd.warmup, table);
+    if (!r.have_torch) return;
+    std::optional<json> torch = run_torch(cmd, spec, threads, device, r.why, " --skip-stability --profile");
+    if (torch && torch->at("transformer").contains("profile_table"))
+        fmt::print("\nPyTorch's transformer steps under torch.profiler (key_averages(), the same steps):\n{}\n",
+                   torch->at("transformer").at("profile_table").get<std::string>());
+    else
+        fmt::print("\nPyTorch's profile: not available ({})\n", torch ? "no profile_table in its output" : r.why);
+}
+
 void run_bench_torch(TorchCommand cmd) {
     const Device device = parse_device_flag(cmd.device);
     if (cmd.quick) {
@@ -404,195 +611,13 @@ void run_bench_torch(TorchCommand cmd) {
     }
     const int threads = omp_get_max_threads();
     const ToySpec spec = resolve_toy_spec(cmd.config, cmd.overrides);
-    const TransformerOptions& m = spec.model;
-    fmt::print("normlab bench torch: normlab vs PyTorch on {}, {} threads each (OpenMP/OpenBLAS; torch.set_num_threads)\n",
-               device.str(), threads);
-    fmt::print("  stability: SimpleModel 100-256-256-10, x (1000, 100), Adam lr 1e-3, MSE, full batch; {} timed epochs "
-               "after {} warm-up\n",
-               cmd.epochs, cmd.warmup);
-    fmt::print("  transformer ({}): vocab {}, dim {}, {} layers, {} heads ({} kv), {} {}, batch {} x seq {}, AdamW, "
-               "clip {}; {} timed steps after {} warm-up\n\n",
-               spec.source, m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads ? m.n_kv_heads : m.n_heads,
-               m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
-               cmd.steps, cmd.warmup);
-
-    // Separate processes cannot interleave per step, so the two sides alternate by rounds (normlab,
-    // PyTorch, normlab, ...): a load that comes and goes on this shared machine then lands on both
-    // sides, and each round gives its own ratio.
-    const std::vector<std::string> norms = {"layernorm", "rmsnorm"};
-    const size_t rows = norms.size() + 1;  // the stability rows per norm, then the transformer
-    std::vector<std::vector<double>> ours(rows), theirs(rows), ratios(rows);  // (rows, rounds): s/epoch or s/step
-    std::vector<std::vector<double>> ours_composed(norms.size());              // (norms, rounds)
-    std::string why, torch_version;
-    double torch_gemm_flops = 0.0;  // torch.mm at the model's GEMM shapes, from the last round
-    bool have_torch = true;
-    for (int64_t round = 0; round < cmd.rounds; ++round) {
-        fmt::print(stderr, "  round {}/{}: timing normlab ...\n", round + 1, cmd.rounds);
-        for (size_t i = 0; i < norms.size(); ++i) {
-            ours[i].push_back(time_stability(norms[i], true, cmd.epochs, cmd.warmup, device).median);
-            ours_composed[i].push_back(time_stability(norms[i], false, cmd.epochs, cmd.warmup, device).median);
-        }
-        ours[norms.size()].push_back(time_transformer(spec, cmd.steps, cmd.warmup, device).median);
-        if (!have_torch) continue;
-        fmt::print(stderr, "  round {}/{}: timing PyTorch ...\n", round + 1, cmd.rounds);
-        std::optional<json> torch = run_torch(cmd, spec, threads, device, why);
-        if (!torch) {
-            have_torch = false;
-            continue;
-        }
-        torch_version = torch->at("torch_version").get<std::string>();
-        for (size_t i = 0; i < norms.size(); ++i)
-            theirs[i].push_back(torch->at("stability").at(norms[i]).at("median_s").get<double>());
-        theirs[norms.size()].push_back(torch->at("transformer").at("median_s").get<double>());
-        torch_gemm_flops = torch->at("transformer").value("gemm_flops_per_s", 0.0);
-        for (size_t i = 0; i < rows; ++i) ratios[i].push_back(theirs[i].back() / ours[i].back());
-    }
-
-    // A cell: the median over rounds of each round's median, with the rounds' [min, max].
-    auto cell = [](const std::vector<double>& per_round, double scale, const char* unit) {
-        const Stats s = summarize(per_round);
-        const int decimals = scale == 1.0 ? 0 : 2;  // tok/s as whole numbers, ms with two decimals
-        return fmt::format("{:.{}f} {} [{:.{}f}, {:.{}f}]", s.median * scale, decimals, unit, s.min * scale, decimals,
-                           s.max * scale, decimals);
-    };
-    fmt::print("{:<30} {:<34} {:<34} {}\n", "", "normlab", have_torch ? "PyTorch " + torch_version : "PyTorch (skipped)",
-               "torch/ours [min, max]");
-    const double tokens = static_cast<double>(spec.batch * spec.seq_len);
-    for (size_t i = 0; i < rows; ++i) {
-        const bool transformer = i == norms.size();
-        // The transformer row is in tokens/s: tokens / (s/step).
-        std::vector<double> ours_row = ours[i], theirs_row = theirs[i];
-        if (transformer) {
-            for (double& t : ours_row) t = tokens / t;
-            for (double& t : theirs_row) t = tokens / t;
-        }
-        const char* unit = transformer ? "tok/s" : "ms";
-        const double scale = transformer ? 1.0 : 1e3;
-        std::string ratio = "-";
-        if (have_torch) {
-            const Stats r = summarize(ratios[i]);
-            ratio = fmt::format("{:.2f} [{:.2f}, {:.2f}]", r.median, r.min, r.max);
-        }
-        const std::string label = transformer ? "transformer tokens/s" : "stability " + norms[i] + " s/epoch";
-        fmt::print("{:<30} {:<34} {:<34} {}\n", label, cell(ours_row, scale, unit),
-                   have_torch ? cell(theirs_row, scale, unit) : std::string("-"), ratio);
-        if (!transformer)
-            fmt::print("{:<30} {:<34}\n", "  (normlab composed norm)", cell(ours_composed[i], 1e3, "ms"));
-    }
-    fmt::print("torch/ours = PyTorch time / normlab time, per round (for tokens/s: ours / theirs); >= 1 means normlab "
-               "is at least as fast (the issue's target).\n");
-    fmt::print("each cell: the median over {} rounds of a round's median over its timed epochs/steps, [min, max] over "
-               "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
-               cmd.rounds);
-    if (!have_torch) fmt::print("PyTorch side skipped: {}\n", why);
-
-    // Model FLOP/s against OpenBLAS's sgemm at the model's own GEMM shapes, measured now.
-    if (device.is_cpu()) {
-        const double ours_tokens = tokens / summarize(ours[norms.size()]).median;
-        const Transformer model(spec.model);  // its weights' shapes: the FLOP count and the GEMM shapes
-        const double flops_per_token = model_flops_per_token(spec, model);
-        const double model_flops = flops_per_token * ours_tokens;
-        const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5, false);
-        fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
-                   "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
-                   "measured now)\n",
-                   model_flops / 1e9, flops_per_token / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
-        if (sgemm_engine_is_native()) {
-            const double own = sgemm_flops_at_model_shapes(spec, model, 5, true);
-            fmt::print("normlab's own gemm engine ({}) at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS "
-                       "sgemm\n",
-                       sgemm_engine_name(), own / 1e9, own / sgemm);
-        }
-        if (torch_gemm_flops > 0)
-            fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
-                       "GEMM engines side by side)\n",
-                       torch_gemm_flops / 1e9, torch_gemm_flops / sgemm);
-    }
-    const int peak_steps = cmd.quick ? 1 : 2;  // --quick: the first step's peak, a smoke run
-    const int64_t peak_fused = peak_step_bytes(spec, true, device, peak_steps);
-    const int64_t peak_composed = peak_step_bytes(spec, false, device, peak_steps);
-    fmt::print("peak memory per training step (normlab's allocator): fused attention {:.1f} MiB, composed attention "
-               "{:.1f} MiB (T = {})\n",
-               static_cast<double>(peak_fused) / (1 << 20), static_cast<double>(peak_composed) / (1 << 20),
-               spec.seq_len);
-
-    if (cmd.load && device.is_cpu()) {
-        // Users train beside builds and sweeps: the same steps with a busy loop on one core, normlab's
-        // default thread setting against 1 thread, and PyTorch's the same. The two settings alternate
-        // which goes first from round to round (the machine's speed drifts during a run), and each
-        // round gives one ratio.
-        fmt::print(stderr, "  under load: a busy loop on one core while each side trains ...\n");
-        const pid_t busy = start_busy_loop();
-        std::vector<double> ours_default, ours_one, ours_ratio, torch_default, torch_one, torch_ratio;  // (rounds,)
-        int threads_at_end = threads;
-        // normlab's default is train's: auto threads (core/thread_governor.h), up to --threads,
-        // from a new governor as each train run starts one.
-        auto time_ours = [&](bool governed) {
-            omp_set_num_threads(governed ? threads : 1);
-            openblas_set_num_threads(governed ? threads : 1);
-            ThreadGovernor governor(threads, governed);
-            const double seconds =
-                time_transformer(spec, cmd.steps, cmd.warmup, device, nullptr, governed ? &governor : nullptr).median;
-            if (governed) threads_at_end = governor.threads();
-            omp_set_num_threads(threads);
-            openblas_set_num_threads(threads);
-            return seconds;
-        };
-        auto time_torch = [&](int torch_threads) -> std::optional<double> {  // 0: torch's own default
-            const std::optional<json> j = run_torch(cmd, spec, torch_threads, device, why, " --skip-stability");
-            if (!j) return std::nullopt;
-            return j->at("transformer").at("median_s").get<double>();
-        };
-        bool torch_ok = have_torch;
-        for (int64_t round = 0; round < cmd.rounds; ++round) {
-            fmt::print(stderr, "  under load, round {}/{} ...\n", round + 1, cmd.rounds);
-            const bool default_first = round % 2 == 0;
-            const double first = time_ours(default_first), second = time_ours(!default_first);
-            ours_default.push_back(default_first ? first : second);
-            ours_one.push_back(default_first ? second : first);
-            ours_ratio.push_back(ours_one.back() / ours_default.back());
-            if (!torch_ok) continue;
-            const std::optional<double> a = time_torch(default_first ? 0 : 1), b = time_torch(default_first ? 1 : 0);
-            if (!a || !b) {
-                torch_ok = false;
-                continue;
-            }
-            torch_default.push_back(default_first ? *a : *b);
-            torch_one.push_back(default_first ? *b : *a);
-            torch_ratio.push_back(torch_one.back() / torch_default.back());
-        }
-        stop_busy_loop(busy);
-        auto tok = [&](const std::vector<double>& seconds) {
-            return fmt::format("{:.0f} tok/s", tokens / summarize(seconds).median);
-        };
-        auto ratio = [](const std::vector<double>& r) {
-            const Stats s = summarize(r);
-            return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median, s.min, s.max);
-        };
-        fmt::print("under load (a busy loop on one core), transformer tokens/s, medians over {} rounds that alternate "
-                   "which setting goes first; default / 1 thread per round, [min, max]:\n",
-                   cmd.rounds);
-        fmt::print("  normlab, default threads ({} at the end): {}    normlab, 1 thread: {}    default / 1 thread: {}\n",
-                   threads_at_end, tok(ours_default), tok(ours_one), ratio(ours_ratio));
-        if (torch_ok && !torch_ratio.empty())
-            fmt::print("  PyTorch, default threads: {}    PyTorch, 1 thread: {}    default / 1 thread: {}\n",
-                       tok(torch_default), tok(torch_one), ratio(torch_ratio));
-    }
-    if (cmd.profile) {
-        // After the timed rounds, so the profiler's clock reads never touch the figures above.
-        std::string table;
-        time_transformer(spec, cmd.steps, cmd.warmup, device, &table);
-        fmt::print("\nnormlab's transformer steps under --profile (one more pass of {} steps after {} warm-up):\n{}",
-                   cmd.steps, cmd.warmup, table);
-        if (have_torch) {
-            std::optional<json> torch = run_torch(cmd, spec, threads, device, why, " --skip-stability --profile");
-            if (torch && torch->at("transformer").contains("profile_table"))
-                fmt::print("\nPyTorch's transformer steps under torch.profiler (key_averages(), the same steps):\n{}\n",
-                           torch->at("transformer").at("profile_table").get<std::string>());
-            else
-                fmt::print("\nPyTorch's profile: not available ({})\n", torch ? "no profile_table in its output" : why);
-        }
-    }
+    print_header(cmd, spec, device, threads);
+    Rounds rounds = run_rounds(cmd, spec, device, threads);
+    print_table(cmd, spec, rounds);
+    if (device.is_cpu()) print_model_flops(spec, rounds);
+    print_peak_memory(cmd, spec, device);
+    if (cmd.load && device.is_cpu()) run_under_load(cmd, spec, device, threads, rounds);
+    if (cmd.profile) run_profiles(cmd, spec, device, threads, rounds);
 }
 
 }  // namespace
