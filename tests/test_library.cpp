@@ -1,5 +1,5 @@
-// The program's jobs as a library (normlab_app): train and the config reader called directly, not
-// through the program; bench torch reads its config with train's reader; and normlab as a CMake
+// The jobs as a library (jobs/): train and the config reader called directly, not through the
+// program; bench torch reads its config with train's reader; and normlab as a CMake
 // dependency of another project, through add_subdirectory and through an installed package.
 #include <catch2/catch.hpp>
 
