@@ -137,8 +137,17 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     data_ = allocator_for(device).allocate(nbytes);
 }
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void()> release)
+    : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {
+    NL_CHECK(release_ != nullptr, "borrowed storage needs a release function");
+}
+
 Storage::~Storage() {
-    if (data_) allocator_for(device_).deallocate(data_, nbytes_);
+    if (release_) {
+        release_();
+    } else if (data_) {
+        allocator_for(device_).deallocate(data_, nbytes_);
+    }
 }
 
 }  // namespace nl

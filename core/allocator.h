@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/device.h"
@@ -31,9 +32,13 @@ MemoryStats memory_stats(Device device);
 void reset_peak(Device device);
 
 // Bytes on one device. CPU storage is 64-byte aligned so vector loops and BLAS get aligned rows.
+// Borrowed storage is memory another owner holds (a NumPy array, a DLPack producer such as a
+// PyTorch tensor): tensors read and write it in place, the allocator neither counts nor frees it,
+// and `release` runs once, when the last tensor using it is gone.
 class Storage {
 public:
     Storage(size_t nbytes, Device device);
+    Storage(void* data, size_t nbytes, Device device, std::function<void()> release);  // borrowed
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -41,11 +46,13 @@ public:
     void* data() const { return data_; }
     size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
+    bool borrowed() const { return static_cast<bool>(release_); }
 
 private:
     void* data_ = nullptr;
     size_t nbytes_ = 0;
     Device device_;
+    std::function<void()> release_;  // borrowed storage only
 };
 
 }  // namespace nl

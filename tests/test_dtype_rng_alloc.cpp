@@ -294,3 +294,25 @@ TEST_CASE("uniform and normal have the right moments", "[tensor]") {
     REQUIRE_THROWS_WITH(g.next_below(0), Contains("next_below"));
     REQUIRE_THROWS_WITH(normal({2}, 0, -1, g), Contains("normal: expected std >= 0"));
 }
+
+TEST_CASE("allocator: borrowed storage is read and written in place, uncounted, and released once", "[alloc]") {
+    std::vector<float> owner = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};  // another library's memory
+    int releases = 0;
+    const int64_t before = memory_stats(Device::cpu()).current_bytes;
+    {
+        auto storage = std::make_shared<Storage>(owner.data(), owner.size() * 4, Device::cpu(), [&] { ++releases; });
+        CHECK(storage->borrowed());
+        Tensor t(storage, {2, 3}, {3, 1}, 0, DType::F32);  // (2, 3) on the owner's memory
+        CHECK(memory_stats(Device::cpu()).current_bytes == before);
+        CHECK(t.at({1, 2}) == 6.0);
+        Tensor column = t.select(1, 1);  // a view keeps the storage too
+        t.fill_(0.5);
+        CHECK(owner[4] == 0.5f);  // written through
+        owner[1] = 9.0f;
+        CHECK(column.at({0}) == 9.0);  // read through
+        t = Tensor();
+        CHECK(releases == 0);  // the view still holds it
+    }
+    CHECK(releases == 1);
+    CHECK_THROWS_AS(Storage(owner.data(), 4, Device::cpu(), nullptr), InternalError);
+}

@@ -1,0 +1,1 @@
+"""normlab's layers with PyTorch's names (torch.nn's analogue)."""

@@ -1,0 +1,1 @@
+"""normlab's optimizers and learning-rate schedules (torch.optim's analogue)."""
