@@ -34,7 +34,7 @@ CliRun run_in(const TempDir& dir, const std::string& args) {
     return nl_test::run_normlab_env(dir.path.string(), "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ", args);
 }
 
-std::string config(const std::string& name) { return std::string(NORMLAB_SOURCE_DIR) + "/configs/" + name; }
+std::string config(const std::string& name) { return (std::filesystem::path(NORMLAB_SOURCE_DIR) / "configs" / name).string(); }
 
 // One short invocation of each job, writing into `out` (a run directory, or the bench's CSV folder).
 struct Job {

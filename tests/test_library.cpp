@@ -24,7 +24,9 @@ namespace {
 using nl_test::CliRun;
 using nl_test::TempDir;
 
-std::string shipped_config(const std::string& name) { return std::string(NORMLAB_SOURCE_DIR) + "/configs/" + name; }
+std::string shipped_config(const std::string& name) {
+    return (std::filesystem::path(NORMLAB_SOURCE_DIR) / "configs" / name).string();
+}
 
 void write_text(const std::string& path, const std::string& text) {
     std::ofstream out(path, std::ios::binary);

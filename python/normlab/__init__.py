@@ -7,6 +7,8 @@ run the jobs of the ``normlab`` program. ``normlab.torch`` runs normlab's fused 
 PyTorch tensors. NumPy arrays and PyTorch tensors cross without copies: ``from_numpy``,
 ``from_dlpack``, ``Tensor.numpy()``, ``numpy.asarray(t)``, ``torch.from_dlpack(t)``.
 """
+import builtins as _builtins
+
 import numpy as _np
 
 from . import _normlab
@@ -31,6 +33,16 @@ _HOST_TYPES = {float32: _np.float32, float64: _np.float64, float16: _np.float16,
                bfloat16: _np.float32}  # bfloat16 is made from float32 (NumPy has none)
 
 
+def _as_dtype(d):
+    """A dtype from a normlab dtype, its name ("float16") or None (kept None: the op's default)."""
+    if d is None or isinstance(d, dtype):
+        return d
+    found = globals().get(d) if isinstance(d, str) else None
+    if not isinstance(found, dtype):
+        raise Error(f"dtype: expected a normlab dtype or one of float32, float64, bfloat16, float16, int64; got {d!r}")
+    return found
+
+
 def _inferred_dtype(data, array):
     """PyTorch's choice for torch.tensor(data): Python floats give float32, ints and bools int64;
     a NumPy array keeps its float width."""
@@ -48,11 +60,12 @@ def tensor(data, dtype=None, requires_grad=False):
     """A new tensor holding a copy of `data` (a nested list, a number, a NumPy array, a Tensor).
     Python floats give float32 and ints int64, as in PyTorch; a NumPy array keeps its dtype."""
     if isinstance(data, Tensor):
-        t = data.detach().clone().to(dtype or data.dtype)
+        t = data.detach().clone().to(_as_dtype(dtype) or data.dtype)
     else:
         array = _np.asarray(data)
+        dtype = _as_dtype(dtype)
         target = dtype if dtype is not None else _inferred_dtype(data, array)
-        t = _normlab._copy_array(_np.ascontiguousarray(array, dtype=_HOST_TYPES[target]))
+        t = _normlab._copy_array(_np.asarray(array, dtype=_HOST_TYPES[target], order="C"))  # 0-d stays 0-d
         if target == bfloat16:
             t = t.to(bfloat16)
     if requires_grad:
@@ -70,22 +83,22 @@ def _made(t, requires_grad):
 
 def zeros(*size, dtype=None, requires_grad=False):
     """A tensor of zeros of the given size (float32 unless dtype says otherwise)."""
-    return _made(_normlab._full(_sizes(size), 0.0, dtype), requires_grad)
+    return _made(_normlab._full(_sizes(size), 0.0, _as_dtype(dtype)), requires_grad)
 
 
 def ones(*size, dtype=None, requires_grad=False):
     """A tensor of ones of the given size."""
-    return _made(_normlab._full(_sizes(size), 1.0, dtype), requires_grad)
+    return _made(_normlab._full(_sizes(size), 1.0, _as_dtype(dtype)), requires_grad)
 
 
 def full(size, fill_value, dtype=None, requires_grad=False):
     """A tensor of the given size filled with fill_value."""
-    return _made(_normlab._full(_sizes((size,)), float(fill_value), dtype), requires_grad)
+    return _made(_normlab._full(_sizes((size,)), _builtins.float(fill_value), _as_dtype(dtype)), requires_grad)
 
 
 def empty(*size, dtype=None, requires_grad=False):
     """A tensor of the given size whose values are not set."""
-    return _made(_normlab._empty(_sizes(size), dtype), requires_grad)
+    return _made(_normlab._empty(_sizes(size), _as_dtype(dtype)), requires_grad)
 
 
 def zeros_like(t, dtype=None):
@@ -104,6 +117,7 @@ def arange(start, end=None, step=1, dtype=None):
     """start, start + step, ... below end; int64 when every argument is an int, else float32."""
     if end is None:
         start, end = 0, start
+    dtype = _as_dtype(dtype)
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
     return _normlab._arange(start, end, step, dtype)
@@ -111,12 +125,12 @@ def arange(start, end=None, step=1, dtype=None):
 
 def randn(*size, generator=None, dtype=None, requires_grad=False):
     """Standard normal values, drawn from `generator` (the default generator: normlab.manual_seed)."""
-    return _made(_normlab._randn(_sizes(size), generator, dtype), requires_grad)
+    return _made(_normlab._randn(_sizes(size), generator, _as_dtype(dtype)), requires_grad)
 
 
 def rand(*size, generator=None, dtype=None, requires_grad=False):
     """Uniform values in [0, 1), drawn from `generator` (the default generator: normlab.manual_seed)."""
-    return _made(_normlab._rand(_sizes(size), generator, dtype), requires_grad)
+    return _made(_normlab._rand(_sizes(size), generator, _as_dtype(dtype)), requires_grad)
 
 
 def stack(tensors, dim=0):
@@ -127,7 +141,7 @@ def stack(tensors, dim=0):
 # ---- Tensor methods written in Python ----
 
 def _flatten(self, start_dim=0, end_dim=-1):
-    ndim = max(self.ndim, 1)
+    ndim = _builtins.max(self.ndim, 1)
     start, end = start_dim % ndim, end_dim % ndim
     if self.ndim == 0:
         return self.reshape(1)
@@ -163,7 +177,7 @@ Tensor.__getitem__ = _getitem
 Tensor.__setitem__ = _setitem
 Tensor.__iter__ = _iter
 Tensor.__bool__ = _bool
-Tensor.__float__ = lambda self: float(self.item())
+Tensor.__float__ = lambda self: _builtins.float(self.item())
 Tensor.__int__ = lambda self: int(self.item())
 Tensor.flatten = _flatten
 Tensor.tolist = _tolist

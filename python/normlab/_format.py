@@ -38,7 +38,8 @@ def _element_formatter(values, floating):
             return "inf" if v > 0 else "-inf"
         return fmt(v)
 
-    width = max((len(text(v)) for v in values.ravel()), default=1)
+    # The width comes from the finite nonzero values (nan, inf and 0 are padded to it, not widen it).
+    width = max((len(fmt(v)) for v in finite[finite != 0].ravel()), default=1)
     return lambda v: text(v).rjust(width)
 
 

@@ -177,10 +177,10 @@ nb::object as_numpy(const Tensor& t) {
     return nb::module_::import_("numpy").attr("asarray")(nb::cast(ArrayView{t}));
 }
 
-// ---- DLPack (the stable C ABI of dlpack.h, legacy unversioned capsules) ----
+// ---- DLPack (the stable C ABI of dlpack.h: versioned 1.x capsules, and legacy ones for old consumers) ----
 
 struct DLDevice {
-    int32_t device_type;  // kDLCPU = 1, kDLCUDA = 2
+    int32_t device_type;  // kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3
     int32_t device_id;
 };
 struct DLDataType {
@@ -197,10 +197,21 @@ struct DLTensor {
     int64_t* strides;  // in elements; null means compact row-major
     uint64_t byte_offset;
 };
-struct DLManagedTensor {
+struct DLManagedTensor {  // legacy capsule "dltensor"
     DLTensor dl_tensor;
     void* manager_ctx;
     void (*deleter)(DLManagedTensor* self);
+};
+struct DLPackVersion {
+    uint32_t major;
+    uint32_t minor;
+};
+struct DLManagedTensorVersioned {  // DLPack 1.x capsule "dltensor_versioned"
+    DLPackVersion version;
+    void* manager_ctx;
+    void (*deleter)(DLManagedTensorVersioned* self);
+    uint64_t flags;  // bit 0: read-only, bit 1: a copy
+    DLTensor dl_tensor;
 };
 
 DLDataType dl_dtype(DType dtype) {
@@ -225,32 +236,36 @@ DType dtype_of_dl(DLDataType t) {
                                "type code ", int(t.code), " with ", int(t.bits), " bits (convert it first)"));
 }
 
-// What a DLManagedTensor given out keeps alive: the tensor (its storage) and the arrays it points to.
+// What a capsule given out keeps alive: the tensor (its storage) and the arrays its DLTensor points to.
 struct ExportContext {
     Tensor tensor;
     std::vector<int64_t> shape, strides;
 };
 
-void delete_export(DLManagedTensor* managed) {
+template <typename Managed>
+void delete_export(Managed* managed) {
     delete static_cast<ExportContext*>(managed->manager_ctx);
     delete managed;
 }
 
-void capsule_destructor(PyObject* capsule) {
-    // A consumer renames the capsule "used_dltensor" and calls the deleter itself; one that never
-    // consumed it leaves the name, and the capsule frees the tensor.
+// A consumer renames the capsule "used_..." and calls the deleter itself; one that never consumed it
+// leaves the name, and the capsule frees the tensor.
+void legacy_capsule_destructor(PyObject* capsule) {
     if (PyCapsule_IsValid(capsule, "dltensor")) {
         auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
         managed->deleter(managed);
     }
 }
 
-nb::object to_dlpack(const Tensor& t) {
-    auto* context = new ExportContext{t, t.shape(), t.strides()};
-    auto* managed = new DLManagedTensor{};
-    managed->manager_ctx = context;
-    managed->deleter = delete_export;
-    DLTensor& dl = managed->dl_tensor;
+void versioned_capsule_destructor(PyObject* capsule) {
+    if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, "dltensor_versioned"));
+        managed->deleter(managed);
+    }
+}
+
+// Fills `dl` to describe t, with shape and strides held by `context`.
+void describe(const Tensor& t, ExportContext* context, DLTensor& dl) {
     dl.data = t.data_ptr();
     dl.device = t.device().is_cpu() ? DLDevice{1, 0} : DLDevice{2, static_cast<int32_t>(t.device().index)};
     dl.ndim = static_cast<int32_t>(t.dim());
@@ -258,7 +273,11 @@ nb::object to_dlpack(const Tensor& t) {
     dl.shape = context->shape.data();
     dl.strides = context->strides.data();
     dl.byte_offset = 0;
-    PyObject* capsule = PyCapsule_New(managed, "dltensor", capsule_destructor);
+}
+
+template <typename Managed>
+nb::object capsule_of(Managed* managed, const char* name, PyCapsule_Destructor destructor) {
+    PyObject* capsule = PyCapsule_New(managed, name, destructor);
     if (capsule == nullptr) {
         delete_export(managed);
         throw nb::python_error();
@@ -266,19 +285,52 @@ nb::object to_dlpack(const Tensor& t) {
     return nb::steal(capsule);
 }
 
-// The tensor a DLPack capsule (or an object with __dlpack__) describes, on its memory.
-Tensor from_dlpack(nb::handle source) {
-    nb::object capsule = nb::borrow(source);
-    if (!PyCapsule_CheckExact(source.ptr())) {
-        NL_REQUIRE(nb::hasattr(source, "__dlpack__"), "from_dlpack: expected an object with __dlpack__ (a NumPy "
-                   "array, a PyTorch tensor, ...) or a DLPack capsule, found ",
-                   nb::str(nb::type_name(source.type())).c_str());
-        capsule = source.attr("__dlpack__")();
+// A capsule on t's memory: versioned (writable, not a copy) when the consumer accepts DLPack 1.x,
+// as the array API standard asks, else legacy.
+nb::object to_dlpack(const Tensor& t, bool versioned) {
+    auto* context = new ExportContext{t, t.shape(), t.strides()};
+    if (versioned) {
+        auto* managed = new DLManagedTensorVersioned{};
+        managed->version = {1, 0};
+        managed->manager_ctx = context;
+        managed->deleter = delete_export<DLManagedTensorVersioned>;
+        managed->flags = 0;
+        describe(t, context, managed->dl_tensor);
+        return capsule_of(managed, "dltensor_versioned", versioned_capsule_destructor);
     }
-    NL_REQUIRE(PyCapsule_IsValid(capsule.ptr(), "dltensor"),
-               "from_dlpack: expected an unused \"dltensor\" capsule (a capsule can be consumed once)");
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-    const DLTensor& dl = managed->dl_tensor;
+    auto* managed = new DLManagedTensor{};
+    managed->manager_ctx = context;
+    managed->deleter = delete_export<DLManagedTensor>;
+    describe(t, context, managed->dl_tensor);
+    return capsule_of(managed, "dltensor", legacy_capsule_destructor);
+}
+
+// Whether a __dlpack__ max_version argument, (major, minor) or None, accepts versioned capsules.
+bool accepts_versioned(nb::handle max_version) {
+    if (max_version.is_none()) return false;
+    NL_REQUIRE(PySequence_Check(max_version.ptr()) && nb::len(max_version) == 2,
+               "__dlpack__: max_version must be a (major, minor) tuple, found ", nb::str(nb::repr(max_version)).c_str());
+    return nb::cast<int64_t>(max_version[0]) >= 1;
+}
+
+// A capsule from an object with __dlpack__: versioned where the producer knows DLPack 1.x.
+nb::object capsule_from(nb::handle source) {
+    if (PyCapsule_CheckExact(source.ptr())) return nb::borrow(source);
+    NL_REQUIRE(nb::hasattr(source, "__dlpack__"), "from_dlpack: expected an object with __dlpack__ (a NumPy "
+               "array, a PyTorch tensor, ...) or a DLPack capsule, found ", nb::str(nb::type_name(source.type())).c_str());
+    nb::object method = source.attr("__dlpack__");
+    try {
+        nb::dict kwargs;
+        kwargs["max_version"] = nb::make_tuple(1, 0);
+        return method(**kwargs);
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_TypeError)) throw;  // a producer from before DLPack 1.0 has no max_version
+        return method();
+    }
+}
+
+// The tensor on a DLTensor's memory; `release` (run when the last view goes) hands it back to the producer.
+Tensor tensor_on_dl(const DLTensor& dl, std::function<void()> release) {
     Device device = Device::cpu();
     if (dl.device.device_type == 2) device = Device::cuda(dl.device.device_id);
     else NL_REQUIRE(dl.device.device_type == 1 || dl.device.device_type == 3, "from_dlpack: DLPack device type ",
@@ -293,16 +345,41 @@ Tensor from_dlpack(nb::handle source) {
         if (span > 0) span += (shape[d] - 1) * strides[d];
         contiguous *= shape[d];
     }
-    PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // consumed: the capsule no longer frees it
     void* data = static_cast<char*>(dl.data) + dl.byte_offset;
-    auto release = [managed] {
+    auto storage = std::make_shared<Storage>(data, static_cast<size_t>(span) * dtype_size(dtype), device, std::move(release));
+    return Tensor(std::move(storage), shape, strides, 0, dtype);
+}
+
+// Calls a producer's deleter from whichever thread drops the last tensor.
+template <typename Managed>
+std::function<void()> dl_release(Managed* managed) {
+    return [managed] {
         if (managed->deleter == nullptr) return;
         if (!Py_IsInitialized()) return;
         nb::gil_scoped_acquire gil;  // a producer's deleter may drop Python objects
         managed->deleter(managed);
     };
-    auto storage = std::make_shared<Storage>(data, static_cast<size_t>(span) * dtype_size(dtype), device, release);
-    return Tensor(std::move(storage), shape, strides, 0, dtype);
+}
+
+// The tensor a DLPack capsule (or an object with __dlpack__) describes, on its memory. The checks
+// run before the capsule is marked used, so a refused capsule still frees itself.
+Tensor from_dlpack(nb::handle source) {
+    nb::object capsule = capsule_from(source);
+    if (PyCapsule_IsValid(capsule.ptr(), "dltensor_versioned")) {
+        auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor_versioned"));
+        NL_REQUIRE(managed->version.major == 1, "from_dlpack: DLPack version ", managed->version.major, ".",
+                   managed->version.minor, " is newer than normlab reads (1.x)");
+        Tensor t = tensor_on_dl(managed->dl_tensor, dl_release(managed));
+        PyCapsule_SetName(capsule.ptr(), "used_dltensor_versioned");  // consumed: the capsule no longer frees it
+        return t;
+    }
+    NL_REQUIRE(PyCapsule_IsValid(capsule.ptr(), "dltensor"),
+               "from_dlpack: expected an unused \"dltensor\" or \"dltensor_versioned\" capsule (a capsule can be "
+               "consumed once)");
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    Tensor t = tensor_on_dl(managed->dl_tensor, dl_release(managed));
+    PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+    return t;
 }
 
 // ---- creation ----
@@ -411,7 +488,7 @@ void bind_tensor_class(nb::module_& m, TensorClass& tensor) {
         .def("__dlpack__", [](const Var& v, nb::handle stream, nb::handle max_version, nb::handle dl_device,
                               nb::handle copy) {
                  NL_REQUIRE(!v.requires_grad(), "__dlpack__: the tensor requires grad; use t.detach()");
-                 return to_dlpack(v.data());
+                 return to_dlpack(v.data(), accepts_versioned(max_version));
              },
              nb::kw_only(), nb::arg("stream").none() = nb::none(), nb::arg("max_version").none() = nb::none(),
              nb::arg("dl_device").none() = nb::none(), nb::arg("copy").none() = nb::none(),
