@@ -453,8 +453,8 @@ ColumnBlock column_block(const Engine& e, const GemmPlan& plan, int64_t n, int64
     block.jc = jc;
     block.nc = std::min(plan.nc_max, n - jc);
     block.n_panels = (block.nc + e.nr - 1) / e.nr;
-    block.n_groups =
-        std::max<int64_t>(1, std::min<int64_t>(block.n_panels, (plan.want_tasks + plan.m_blocks - 1) / plan.m_blocks));
+    const int64_t groups_wanted = (plan.want_tasks + plan.m_blocks - 1) / plan.m_blocks;
+    block.n_groups = std::max<int64_t>(1, std::min<int64_t>(block.n_panels, groups_wanted));
     block.panels_per_group = (block.n_panels + block.n_groups - 1) / block.n_groups;
     block.tasks = plan.m_blocks * block.n_groups;
     return block;
@@ -599,7 +599,8 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                        float beta, float* c, int64_t ldc) {
-    sgemm_on(kernel_named(kernel, "sgemm_with_kernel"), {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
+    sgemm_on(kernel_named(kernel, "sgemm_with_kernel"),
+             {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
 }
 
 void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
