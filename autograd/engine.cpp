@@ -79,10 +79,9 @@ void accumulate_into(VarImpl& target, Var grad, bool create_graph) {
     }
 }
 
-// Runs backward from `root`. With `capture` (gradients()), the grads of those inputs are returned
-// instead of accumulated into any .grad.
-std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain_graph, bool create_graph,
-                              const std::vector<Var>* capture) {
+// The gradient backward starts from, after checking the root: grad_root, or ones for a
+// single-element root when none is given.
+Var root_gradient(const Var& root, const Var& grad_root) {
     NL_REQUIRE(root.defined(), "backward: the Var is undefined");
     NL_REQUIRE(root.requires_grad(), "backward: the Var does not require grad and has no grad_fn "
                "(was it computed under NoGradGuard, or from inputs that do not require grad?)");
@@ -97,51 +96,110 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
                " but the output has shape ", shape_str(root.shape()));
     NL_REQUIRE(grad.dtype() == root.dtype(), "backward: the gradient has dtype ", dtype_name(grad.dtype()),
                " but the output has dtype ", dtype_name(root.dtype()));
-    retain_graph = retain_graph || create_graph;
-    GradModeGuard mode(create_graph);  // record the backward pass only when asked
-    profiler::PhaseGuard phase(profiler::Phase::Backward);  // the profiler's table separates backward kernels
+    return grad;
+}
 
+// One backward walk: where the gradients go (accumulated into .grad, or, with `capture`
+// (gradients()), returned for those inputs instead), and for GradReadyGuard the count of edges not
+// yet walked into each leaf.
+class BackwardWalk {
+public:
+    BackwardWalk(const std::vector<Var>* capture, bool create_graph);
+
+    // A leaf's gradient: accumulated into its .grad, or summed into its captured slot.
+    void to_leaf(VarImpl& leaf, Var g);
+    // Walks `order` (graph_nodes of the root), starting from root_grad at root_node.
+    void walk(const std::vector<std::shared_ptr<Node>>& order, const Node* root_node, const Var& root_grad,
+              bool retain_graph);
+    // The captured inputs' gradients (empty without `capture`).
+    std::vector<Var> take_captured() { return std::move(captured_); }
+
+private:
+    void count_leaf_edges(const std::vector<std::shared_ptr<Node>>& order);
+    void edge_done(VarImpl* leaf);
+    void to_node_output(const Node& node, const Var& g);
+    void to_inputs(const Node& node, std::vector<Var>& input_grads, std::unordered_map<const Node*, Var>& grads);
+
+    const bool capture_;
+    const bool create_graph_;
     // Where captured gradients go: leaves by their impl, non-leaves by their producing node.
-    std::unordered_map<const VarImpl*, size_t> capture_leaf;
-    std::unordered_map<const Node*, size_t> capture_node;
-    std::vector<Var> captured;
+    std::unordered_map<const VarImpl*, size_t> capture_leaf_;
+    std::unordered_map<const Node*, size_t> capture_node_;
+    std::vector<Var> captured_;
+    // GradReadyGuard: a leaf's .grad is final once every edge into it has been walked (or skipped),
+    // so the edges are counted first and the hook is called when a leaf's count reaches zero.
+    bool report_ready_ = false;
+    std::unordered_map<VarImpl*, int64_t> edges_left_;  // leaf -> edges into it not yet walked
+};
+
+BackwardWalk::BackwardWalk(const std::vector<Var>* capture, bool create_graph)
+    : capture_(capture != nullptr), create_graph_(create_graph) {
     if (capture) {
-        captured.resize(capture->size());
+        captured_.resize(capture->size());
         for (size_t i = 0; i < capture->size(); ++i) {
             const Var& v = (*capture)[i];
             NL_REQUIRE(v.defined() && v.requires_grad(), "gradients: input ", i, " does not require grad");
-            if (v.grad_fn()) capture_node[v.grad_fn().get()] = i;
-            else capture_leaf[v.impl().get()] = i;
+            if (v.grad_fn()) capture_node_[v.grad_fn().get()] = i;
+            else capture_leaf_[v.impl().get()] = i;
         }
     }
-    auto to_leaf = [&](VarImpl& leaf, Var g) {
-        if (!capture) return accumulate_into(leaf, std::move(g), create_graph);
-        auto it = capture_leaf.find(&leaf);
-        if (it != capture_leaf.end()) captured[it->second] = captured[it->second].defined()
-                                                                   ? add(captured[it->second], g) : g;
-    };
+}
 
-    if (!root.grad_fn()) {  // a leaf: its gradient is the given one
-        to_leaf(*root.impl(), grad);
-        return captured;
-    }
+void BackwardWalk::to_leaf(VarImpl& leaf, Var g) {
+    if (!capture_) return accumulate_into(leaf, std::move(g), create_graph_);
+    auto it = capture_leaf_.find(&leaf);
+    if (it != capture_leaf_.end()) captured_[it->second] = captured_[it->second].defined()
+                                                              ? add(captured_[it->second], g) : g;
+}
 
-    std::vector<std::shared_ptr<Node>> order = graph_nodes(root);
-
-    // GradReadyGuard: a leaf's .grad is final once every edge into it has been walked (or skipped),
-    // so count the edges first and call the hook when a leaf's count reaches zero.
-    const bool report_ready = t_grad_ready && !capture;
-    std::unordered_map<VarImpl*, int64_t> edges_left;  // leaf -> edges into it not yet walked
-    if (report_ready)
+void BackwardWalk::count_leaf_edges(const std::vector<std::shared_ptr<Node>>& order) {
+    report_ready_ = t_grad_ready && !capture_;
+    if (report_ready_)
         for (const std::shared_ptr<Node>& node : order)
             for (const Edge& edge : node->inputs())
-                if (edge.leaf) ++edges_left[edge.leaf.get()];
-    auto edge_done = [&](VarImpl* leaf) {
-        if (report_ready && --edges_left[leaf] == 0 && leaf->grad) t_grad_ready(*leaf);
-    };
+                if (edge.leaf) ++edges_left_[edge.leaf.get()];
+}
 
+void BackwardWalk::edge_done(VarImpl* leaf) {
+    if (report_ready_ && --edges_left_[leaf] == 0 && leaf->grad) t_grad_ready(*leaf);
+}
+
+// The gradient w.r.t. a node's output, where it is wanted: a captured non-leaf, or a retain_grad one.
+void BackwardWalk::to_node_output(const Node& node, const Var& g) {
+    if (capture_) {
+        auto c = capture_node_.find(&node);
+        if (c != capture_node_.end()) captured_[c->second] = g;
+    } else if (auto out = node.output.lock(); out && out->retains_grad) {
+        accumulate_into(*out, g, create_graph_);
+    }
+}
+
+// A node's input gradients, each to where its edge leads: summed into the gradient of the node that
+// produced the input (grads), or sent to the leaf.
+void BackwardWalk::to_inputs(const Node& node, std::vector<Var>& input_grads,
+                             std::unordered_map<const Node*, Var>& grads) {
+    for (size_t i = 0; i < input_grads.size(); ++i) {
+        const Edge& edge = node.inputs()[i];
+        if (!edge.requires_grad() || !input_grads[i].defined()) {
+            if (edge.leaf) edge_done(edge.leaf.get());
+            continue;
+        }
+        if (edge.node) {
+            Var& slot = grads[edge.node.get()];
+            slot = add_grad(slot, input_grads[i], edge.shape, edge.dtype, node, i);
+        } else {
+            // Moved: when this was the gradient's last handle, the leaf takes it without a copy.
+            to_leaf(*edge.leaf, add_grad(Var(), std::move(input_grads[i]), edge.shape, edge.dtype, node, i));
+            edge_done(edge.leaf.get());
+        }
+    }
+}
+
+void BackwardWalk::walk(const std::vector<std::shared_ptr<Node>>& order, const Node* root_node,
+                        const Var& root_grad, bool retain_graph) {
+    count_leaf_edges(order);
     std::unordered_map<const Node*, Var> grads;  // gradient w.r.t. each node's output, so far
-    grads[root.grad_fn().get()] = grad;
+    grads[root_node] = root_grad;
     for (const std::shared_ptr<Node>& node : order) {
         auto it = grads.find(node.get());
         if (it == grads.end()) {  // no gradient reached this node
@@ -151,34 +209,32 @@ std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain
         }
         Var g = std::move(it->second);
         grads.erase(it);
-        if (capture) {
-            auto c = capture_node.find(node.get());
-            if (c != capture_node.end()) captured[c->second] = g;
-        } else if (auto out = node->output.lock(); out && out->retains_grad) {
-            accumulate_into(*out, g, create_graph);
-        }
+        to_node_output(*node, g);
         std::vector<Var> input_grads = node->apply(g);
         g = Var();
-        for (size_t i = 0; i < input_grads.size(); ++i) {
-            const Edge& edge = node->inputs()[i];
-            if (!edge.requires_grad() || !input_grads[i].defined()) {
-                if (edge.leaf) edge_done(edge.leaf.get());
-                continue;
-            }
-            if (edge.node) {
-                Var& slot = grads[edge.node.get()];
-                slot = add_grad(slot, input_grads[i], edge.shape, edge.dtype, *node, i);
-            } else {
-                // Moved: when this was the gradient's last handle, the leaf takes it without a copy.
-                to_leaf(*edge.leaf, add_grad(Var(), std::move(input_grads[i]), edge.shape, edge.dtype, *node, i));
-                edge_done(edge.leaf.get());
-            }
-        }
+        to_inputs(*node, input_grads, grads);
         if (!retain_graph) node->release();  // free saved tensors as soon as they are used
     }
     if (!retain_graph)
         for (const std::shared_ptr<Node>& node : order) node->release();
-    return captured;
+}
+
+// Runs backward from `root`. With `capture` (gradients()), the grads of those inputs are returned
+// instead of accumulated into any .grad.
+std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain_graph, bool create_graph,
+                              const std::vector<Var>* capture) {
+    const Var grad = root_gradient(root, grad_root);
+    retain_graph = retain_graph || create_graph;
+    GradModeGuard mode(create_graph);  // record the backward pass only when asked
+    profiler::PhaseGuard phase(profiler::Phase::Backward);  // the profiler's table separates backward kernels
+    BackwardWalk walk(capture, create_graph);
+    if (!root.grad_fn()) {  // a leaf: its gradient is the given one
+        walk.to_leaf(*root.impl(), grad);
+        return walk.take_captured();
+    }
+    const std::vector<std::shared_ptr<Node>> order = graph_nodes(root);
+    walk.walk(order, root.grad_fn().get(), grad, retain_graph);
+    return walk.take_captured();
 }
 
 }  // namespace

@@ -304,14 +304,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     }
 }
 
-SafeTensorsFile load_safetensors(const std::string& path) {
-    struct stat st {};
-    NL_REQUIRE(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open ", path, ": ", errno_text());
-    NL_REQUIRE(S_ISREG(st.st_mode), "load_safetensors: ", path, " is not a regular file");
-    std::ifstream in(path, std::ios::binary);
-    NL_REQUIRE(in.good(), "load_safetensors: cannot open ", path, ": ", errno_text());
-    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+namespace {
 
+// The header's length: the file's first 8 bytes, little-endian, bounded by the limit and by the
+// rest of the file.
+uint64_t read_header_length(std::ifstream& in, const std::string& path, uint64_t file_size) {
     NL_REQUIRE(file_size >= 8, "load_safetensors: ", path, ": file too short: expected at least 8 bytes ",
                "(the header length), found ", file_size);
     unsigned char size_bytes[8];
@@ -323,7 +320,11 @@ SafeTensorsFile load_safetensors(const std::string& path) {
                " bytes exceeds the limit of ", kMaxHeaderBytes, " bytes");
     NL_REQUIRE(header_size <= file_size - 8, "load_safetensors: ", path, ": header length ", header_size,
                " bytes is larger than the rest of the file (", file_size - 8, " bytes): truncated or corrupt");
+    return header_size;
+}
 
+// The header's JSON text, header_size bytes, parsed into a JSON object with unique top-level keys.
+json read_header(std::ifstream& in, const std::string& path, uint64_t header_size) {
     std::string header_text(header_size, '\0');
     in.read(header_text.data(), static_cast<std::streamsize>(header_size));
     NL_REQUIRE(in.good(), "load_safetensors: ", path, ": cannot read the ", header_size, "-byte header");
@@ -347,9 +348,13 @@ SafeTensorsFile load_safetensors(const std::string& path) {
                header.type_name());
     NL_REQUIRE(sax.duplicate().empty(), "load_safetensors: ", path, ": duplicate tensor name '", sax.duplicate(),
                "' in the header");
+    return header;
+}
 
-    SafeTensorsFile file;
-    file.path = path;
+// The header's entries: "__metadata__" (an object of strings) into metadata, every other key a
+// tensor's entry, validated, in the header's (sorted) key order.
+std::vector<EntryInfo> parse_header_entries(const std::string& path, const json& header,
+                                            std::map<std::string, std::string>& metadata) {
     std::vector<EntryInfo> entries;
     for (const auto& [key, value] : header.items()) {
         if (key == "__metadata__") {
@@ -358,21 +363,24 @@ SafeTensorsFile load_safetensors(const std::string& path) {
             for (const auto& [meta_key, meta_value] : value.items()) {
                 NL_REQUIRE(meta_value.is_string(), "load_safetensors: ", path, ": expected __metadata__['",
                            meta_key, "'] to be a string, found ", brief_json(meta_value));
-                file.metadata[meta_key] = meta_value.get<std::string>();
+                metadata[meta_key] = meta_value.get<std::string>();
             }
             continue;
         }
         entries.push_back(parse_entry(detail::concat("load_safetensors: ", path, ": tensor '", key, "'"), key, value));
     }
+    return entries;
+}
 
-    // The tensors must tile the data section exactly: sorted by offset, each starts where the
-    // previous ended, the first at 0 and the last at the end of the file (as the reference validates).
+// Sorts the entries by offset and checks that they tile the data section exactly: each starts
+// where the previous ended, the first at 0 and the last at the end of the file (as the reference
+// validates), and each holds exactly its shape's bytes.
+void check_data_layout(const std::string& path, std::vector<EntryInfo>& entries, uint64_t data_size) {
     std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) {
         if (a.begin != b.begin) return a.begin < b.begin;
         if (a.end != b.end) return a.end < b.end;
         return a.name < b.name;
     });
-    const uint64_t data_size = file_size - 8 - header_size;
     uint64_t expected_begin = 0;
     for (const EntryInfo& info : entries) {
         std::string where = detail::concat("load_safetensors: ", path, ": tensor '", info.name, "'");
@@ -394,8 +402,12 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     }
     NL_REQUIRE(expected_begin == data_size, "load_safetensors: ", path, ": trailing garbage: the tensors cover ",
                expected_begin, " bytes of the data section, but it holds ", data_size, " bytes");
+}
 
-    // Every size is now bounded by the file size, so the allocations below are safe.
+// The tensors' data, read in file order (the entries sorted by offset, the stream at the data section).
+// Every size is bounded by the file size (check_data_layout), so the allocations are safe.
+void read_tensors(std::ifstream& in, const std::string& path, const std::vector<EntryInfo>& entries,
+                  std::vector<std::pair<std::string, Tensor>>& tensors) {
     for (const EntryInfo& info : entries) {
         Tensor tensor;
         try {
@@ -409,8 +421,27 @@ SafeTensorsFile load_safetensors(const std::string& path) {
             NL_REQUIRE(in.good(), "load_safetensors: ", path, ": cannot read ", nbytes, " bytes of tensor '",
                        info.name, "'");
         }
-        file.tensors.emplace_back(info.name, std::move(tensor));
+        tensors.emplace_back(info.name, std::move(tensor));
     }
+}
+
+}  // namespace
+
+SafeTensorsFile load_safetensors(const std::string& path) {
+    struct stat st {};
+    NL_REQUIRE(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open ", path, ": ", errno_text());
+    NL_REQUIRE(S_ISREG(st.st_mode), "load_safetensors: ", path, " is not a regular file");
+    std::ifstream in(path, std::ios::binary);
+    NL_REQUIRE(in.good(), "load_safetensors: cannot open ", path, ": ", errno_text());
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+
+    const uint64_t header_size = read_header_length(in, path, file_size);
+    const json header = read_header(in, path, header_size);
+    SafeTensorsFile file;
+    file.path = path;
+    std::vector<EntryInfo> entries = parse_header_entries(path, header, file.metadata);
+    check_data_layout(path, entries, file_size - 8 - header_size);
+    read_tensors(in, path, entries, file.tensors);
     return file;
 }
 

@@ -133,23 +133,12 @@ void save_checkpoint(const std::string& path, const Module& model, const Statefu
 
 CheckpointInfo read_checkpoint_info(const std::string& path) { return checkpoint_info(load_safetensors(path)); }
 
-CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulOptimizer* optimizer,
-                               Generator* rng) {
-    const SafeTensorsFile file = load_safetensors(path);
-    const CheckpointInfo info = checkpoint_info(file);
+namespace {
 
-    // ---- validate the model part completely before changing anything ----
-    std::map<std::string, const Tensor*> in_file;
-    std::vector<std::string> unexpected;
-    NamedTensors optim_tensors;
-    for (const auto& [name, tensor] : file.tensors) {
-        if (starts_with(name, kCheckpointOptimPrefix)) {
-            optim_tensors.emplace_back(name.substr(std::string(kCheckpointOptimPrefix).size()), tensor);
-            continue;
-        }
-        in_file[name] = &tensor;
-    }
-    const NamedTensors expected = model.state_dict();
+// Checks the file's model tensors (in_file, by name) against the model's own (expected): the same
+// names, each with the model's shape and dtype. Throws nl::Error naming the first difference.
+void check_model_tensors(const std::string& path, const std::string& model_type, const NamedTensors& expected,
+                         const std::map<std::string, const Tensor*>& in_file) {
     std::set<std::string> expected_names;
     std::vector<std::string> missing;
     for (const auto& [name, tensor] : expected) {
@@ -165,12 +154,51 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulO
         NL_REQUIRE(found.dtype() == tensor.dtype(), "load_checkpoint: ", path, ": '", name, "' has dtype ",
                    dtype_name(found.dtype()), " in the file, but the model's is ", dtype_name(tensor.dtype()));
     }
+    std::vector<std::string> unexpected;
     for (const auto& [name, tensor] : in_file)
         if (!expected_names.count(name)) unexpected.push_back(name);
     NL_REQUIRE(missing.empty(), "load_checkpoint: ", path, ": missing key(s) ", join(missing),
-               " that the model (", model.type_name(), ") has");
+               " that the model (", model_type, ") has");
     NL_REQUIRE(unexpected.empty(), "load_checkpoint: ", path, ": unexpected key(s) ", join(unexpected),
-               " that the model (", model.type_name(), ") does not have");
+               " that the model (", model_type, ") does not have");
+}
+
+// The optimizer state the file holds: type, step and hyperparameters from the metadata, with the
+// tensors found under the optimizer prefix (optim_tensors, the prefix taken off).
+OptimizerState optimizer_state_in(const SafeTensorsFile& file, NamedTensors optim_tensors) {
+    OptimizerState state;
+    state.type = meta_at(file, kMeta + "optim.type");
+    state.step = parse_count(file, kMeta + "optim.step");
+    const std::string prefix = kMeta + "optim.";
+    for (const auto& [key, value] : file.metadata) {
+        if (!starts_with(key, prefix)) continue;
+        const std::string name = key.substr(prefix.size());
+        if (name == "type" || name == "step") continue;
+        state.hyper[name] = parse_double(file, key);
+    }
+    state.tensors = std::move(optim_tensors);
+    return state;
+}
+
+}  // namespace
+
+CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulOptimizer* optimizer,
+                               Generator* rng) {
+    const SafeTensorsFile file = load_safetensors(path);
+    const CheckpointInfo info = checkpoint_info(file);
+
+    // ---- validate the model part completely before changing anything ----
+    std::map<std::string, const Tensor*> in_file;
+    NamedTensors optim_tensors;
+    for (const auto& [name, tensor] : file.tensors) {
+        if (starts_with(name, kCheckpointOptimPrefix)) {
+            optim_tensors.emplace_back(name.substr(std::string(kCheckpointOptimPrefix).size()), tensor);
+            continue;
+        }
+        in_file[name] = &tensor;
+    }
+    const NamedTensors expected = model.state_dict();
+    check_model_tensors(path, model.type_name(), expected, in_file);
     NL_REQUIRE(rng == nullptr || info.has_rng, "load_checkpoint: ", path,
                ": a generator state was requested but the file holds none");
 
@@ -178,17 +206,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, StatefulO
     if (optimizer != nullptr) {
         NL_REQUIRE(info.has_optimizer, "load_checkpoint: ", path,
                    ": an optimizer state was requested but the file holds none");
-        OptimizerState state;
-        state.type = meta_at(file, kMeta + "optim.type");
-        state.step = parse_count(file, kMeta + "optim.step");
-        const std::string prefix = kMeta + "optim.";
-        for (const auto& [key, value] : file.metadata) {
-            if (!starts_with(key, prefix)) continue;
-            const std::string name = key.substr(prefix.size());
-            if (name == "type" || name == "step") continue;
-            state.hyper[name] = parse_double(file, key);
-        }
-        state.tensors = std::move(optim_tensors);
+        const OptimizerState state = optimizer_state_in(file, std::move(optim_tensors));
         try {
             optimizer->load_state_dict(state);
         } catch (const Error& e) {

@@ -65,8 +65,8 @@ struct Engine {
 // Each A value feeds one FMA, so the compiler folds its broadcast into the FMA ({1to16} from memory):
 // a k step is 16 FMAs and one load, about 1.1 instructions per FMA against 1.6 for a 12 x 32 tile
 // that broadcasts each A value into a register for two FMAs. Both reach the FMA peak when a core
-// runs them alone; on a shared 2-core virtual machine the lighter instruction stream measured 4-11%
-// faster at a nanoGPT-sized step's gemm shapes (docs/benchmarks.md).
+// runs them alone; on a core shared with other work the lighter instruction stream is the faster
+// one (docs/benchmarks.md).
 __attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const float* a, int64_t /*a_rs*/,
                                                             int64_t /*a_cs*/, const float* b, int64_t b_step,
                                                             float* c, int64_t ldc, float alpha, float beta,
@@ -76,7 +76,7 @@ __attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const fl
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
     for (int i = 0; i < 16; ++i)  // the C tile is read only at the end: fetch it while the FMAs run
         _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-#pragma GCC unroll 4  // four k steps per trip: 1-4% faster than two at a training step's shapes
+#pragma GCC unroll 4  // four k steps per trip: faster than two at a training step's shapes
     for (int64_t p = 0; p < kc; ++p) {
         const __m512 bp = _mm512_loadu_ps(b);  // (16): row p of the B panel
 #pragma GCC unroll 16
@@ -178,12 +178,9 @@ __attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src,
 #endif  // NL_SGEMM_X86
 
 // Every kernel normlab has, best first. "auto" takes the first this CPU runs among those marked
-// for it; the AVX2 kernel is not. On a 2-core AVX2 CPU (AMD EPYC), at a nanoGPT-sized step's GEMM
-// shapes, it took 0.88-1.04 of OpenBLAS's Zen kernels' time on packed A (median 0.96 over seven runs
-// of one process alternating the two) and 0.89-1.09 with A read in place (median 1.03), but whole
-// training steps on it were no faster (five pairs of runs alternating the two, median step 1.35 s
-// against OpenBLAS's 1.27 s). So on an AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks
-// for it.
+// for it; the AVX2 kernel is not. On an AVX2 CPU (AMD EPYC) it matches OpenBLAS's Zen kernels at a
+// nanoGPT-sized step's GEMM shapes, but whole training steps on it are no faster
+// (docs/benchmarks.md). So on an AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks for it.
 struct KernelEntry {
     Engine engine;
     bool (*cpu_runs)();
@@ -352,10 +349,9 @@ constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;
 constexpr int64_t kNcMax = 4096;  // the packed B block: kc_max x 4096 floats = 4 MiB at most
 constexpr int64_t kDirectBMaxRows = 256;  // up to this m, a non-transposed B is read in place
 // Up to this m, B is read in place too when its rows are not a multiple of 1 KiB apart: then a
-// panel's rows fall in 8 or more L1 sets. Measured with 2 threads on an AVX-512 Xeon at dW = dY^T X
-// with k 2,048: 352 x 128 (char_text's SwiGLU) 1.15x faster warm, 1.03x with cold operands; 384 x
-// 384 (nanoGPT's attention) 1.03-1.08x; 1,024 x 384 0.91-0.98x (so not beyond 512); and at 384 x
-// 1,024, rows 4 KiB apart, all in one set, 0.78-0.90x (so not at such strides).
+// panel's rows fall in 8 or more L1 sets. At a weight gradient dW = dY^T X of up to 512 rows so
+// spread, reading B in place is faster than packing it; beyond 512 rows, or with B's rows 4 KiB
+// apart (all in one set), packing is the faster (docs/benchmarks.md).
 constexpr int64_t kDirectBMaxRowsSpread = 512;
 constexpr int64_t kSplitMaxOutputs = int64_t(1) << 19;  // C of up to 2 MiB is summed in two parts (below)
 
@@ -374,144 +370,221 @@ std::vector<std::string> sgemm_kernels_this_cpu_runs() {
 
 namespace {
 
-void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-    NL_CHECK(e.kernel != nullptr, "sgemm_native called with the OpenBLAS engine");
-    NL_CHECK(m >= 0 && n >= 0 && k >= 0, "sgemm_native: negative size");
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // an empty sum: C = beta * C, and beta == 0 must not read C
-        for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-        return;
-    }
+// One gemm's operands, as sgemm_native takes them: C = alpha * op(A) op(B) + beta * C.
+struct GemmArgs {
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+    float alpha;
+    const float* a;
+    int64_t lda;
+    const float* b;
+    int64_t ldb;
+    float beta;
+    float* c;
+    int64_t ldc;
+};
+
+// How a gemm is cut into blocks and shared out over the threads, decided from its sizes before any work.
+struct GemmPlan {
+    int threads;         // the team (1: the calling thread alone)
+    int64_t kc_step;     // the k block: k in blocks of equal size, at most kc_max
+    int64_t nc_max;      // the column block: whole B panels, at most kNcMax columns
+    bool direct_b;       // B read in place; false: packed, once per k block, shared by the team
+    int64_t want_tasks;  // the tasks wanted per column block: 4 per thread, or 1 on one thread
+    int64_t m_blocks;    // row blocks of mc_step rows (whole A panels), the last one partial
+    int64_t mc_step;
+    int64_t k_parts;     // 1, or 2: the sum over k in two parts, the second into a scratch C
+    int64_t part_split;  // the second part's first k row
+};
+
+GemmPlan plan_gemm(const Engine& e, const GemmArgs& g) {
+    GemmPlan plan;
     // k blocks of equal size (so a k of 300 runs as 150 + 150, not 256 + 44); they depend on k only.
-    const int64_t k_blocks = (k + e.kc_max - 1) / e.kc_max;
-    const int64_t kc_step = (k + k_blocks - 1) / k_blocks;
-    const int64_t nc_max = std::min(kNcMax, (n + e.nr - 1) / e.nr * e.nr);
-    // A panel is packed once per (row panel, k block) and read by all of the task's B panels, so the
-    // pack is about 1/nc of the panel's work.
+    const int64_t k_blocks = (g.k + e.kc_max - 1) / e.kc_max;
+    plan.kc_step = (g.k + k_blocks - 1) / k_blocks;
+    plan.nc_max = std::min(kNcMax, (g.n + e.nr - 1) / e.nr * e.nr);
+    // An A panel is packed once per (row panel, k block) and read by all of the task's B panels, so
+    // the pack is about 1/nc of the panel's work.
     //
     // B is packed, once per k block and shared by the threads (a barrier each side), when its panels
     // are read by many A panels, or when it is stored transposed. A gemm of few rows (a weight
     // gradient dW = dY^T X of a small layer, k the batch's rows) reuses each B panel a few times
-    // only: there B is read in place (b_step ldb) and nothing is shared, so each thread runs a fixed
-    // run of tasks with the k blocks outermost and no barrier (measured 1.3-2x at m 65 and 128).
-    // In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats, 4 KiB)
-    // maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up to
-    // kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
-    const bool b_rows_spread = (ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
-    const bool direct_b = !trans_b && (m <= kDirectBMaxRows || (m <= kDirectBMaxRowsSpread && b_rows_spread));
-    const int threads = omp_in_parallel() || m * n * k < kThreadedMinWork ? 1 : omp_get_max_threads();
+    // only: there packing costs more than it saves, so B is read in place (b_step ldb) and nothing
+    // is shared, and each thread runs a fixed run of tasks with the k blocks outermost and no
+    // barrier. In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats,
+    // 4 KiB) maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up
+    // to kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
+    const bool b_rows_spread = (g.ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
+    plan.direct_b =
+        !g.trans_b && (g.m <= kDirectBMaxRows || (g.m <= kDirectBMaxRowsSpread && b_rows_spread));
+    plan.threads = omp_in_parallel() || g.m * g.n * g.k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
     // with packed B they are handed out dynamically, so a thread slowed by another process on its
     // core (a shared machine) does not hold the others at the barrier.
-    const int64_t m_panels = (m + e.mr - 1) / e.mr;
+    const int64_t m_panels = (g.m + e.mr - 1) / e.mr;
     const int64_t max_panels = e.mc_max / e.mr;
-    const int64_t want_tasks = threads > 1 ? 4 * threads : 1;
-    int64_t m_blocks = std::max((m_panels + max_panels - 1) / max_panels, std::min(m_panels, want_tasks));
-    const int64_t mc_step = (m_panels + m_blocks - 1) / m_blocks * e.mr;
-    m_blocks = (m + mc_step - 1) / mc_step;
-
-    thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
-    float* b_packed = direct_b ? nullptr : b_buffer.get(kc_step * nc_max);  // (nc / nr panels, kc, nr)
-
+    plan.want_tasks = plan.threads > 1 ? 4 * plan.threads : 1;
+    plan.m_blocks = std::max((m_panels + max_panels - 1) / max_panels, std::min(m_panels, plan.want_tasks));
+    plan.mc_step = (m_panels + plan.m_blocks - 1) / plan.m_blocks * e.mr;
+    plan.m_blocks = (g.m + plan.mc_step - 1) / plan.mc_step;
     // A long sum into a small C with B read in place (a weight gradient dW = dY^T X, k the batch's
     // token rows) runs in two parts: the first half of the k blocks into C, the second into a
     // scratch C, added at the end. Two threads then each read half of dY's and X's rows instead of
-    // both reading all of X, which in a training step comes cold from memory: char_text's backward
-    // matmuls took 27.2 ms per step instead of 31.2 (2 threads, AVX-512 Xeon; docs/benchmarks.md).
+    // both reading all of X, which in a training step comes cold from memory (docs/benchmarks.md).
     // The parts are decided by the sizes alone, never by the thread count, so the bits are the same
     // on any number of threads.
-    const int64_t k_parts = direct_b && k_blocks >= 4 && m * n <= kSplitMaxOutputs ? 2 : 1;
-    const int64_t part_split = (k_blocks / 2) * kc_step;  // the second part's first k row
-    thread_local PackBuffer scratch_buffer;
-    float* k_scratch = k_parts == 2 ? scratch_buffer.get(m * n) : nullptr;  // (m, n): the second part's sum
+    plan.k_parts = plan.direct_b && k_blocks >= 4 && g.m * g.n <= kSplitMaxOutputs ? 2 : 1;
+    plan.part_split = (k_blocks / 2) * plan.kc_step;
+    return plan;
+}
 
-#pragma omp parallel num_threads(threads)
-    {
-        thread_local PackBuffer a_buffer, b_edge_buffer;
-        float* a_packed = a_buffer.get(e.mr * kc_step);                          // (kc, mr): a partial A panel
-        float* b_edge = direct_b ? b_edge_buffer.get(kc_step * e.nr) : nullptr;  // (kc, nr): a partial B panel
-        for (int64_t jc = 0; jc < n; jc += nc_max) {
-            const int64_t nc = std::min(nc_max, n - jc);
-            const int64_t n_panels = (nc + e.nr - 1) / e.nr;
-            // Tasks: m_blocks row blocks x n_groups groups of B panels, at least 4 per thread where
-            // the sizes allow (so a small-m gemm also splits along n).
-            const int64_t n_groups =
-                std::max<int64_t>(1, std::min<int64_t>(n_panels, (want_tasks + m_blocks - 1) / m_blocks));
-            const int64_t panels_per_group = (n_panels + n_groups - 1) / n_groups;
-            const int64_t tasks = m_blocks * n_groups;
+// Columns [jc, jc + nc) of C, cut into tasks: m_blocks row blocks x n_groups groups of B panels,
+// at least want_tasks where the sizes allow (so a small-m gemm also splits along n).
+struct ColumnBlock {
+    int64_t jc, nc;
+    int64_t n_panels;  // B panels of nr columns, the last one partial
+    int64_t n_groups;
+    int64_t panels_per_group;
+    int64_t tasks;
+};
 
-            // One task over one k block: one A panel against the task's B panels in turn (the A panel
-            // stays in L1 while the B panels stream from L2), C row tile by row tile.
-            // The task's sum goes to out (row stride ld_out); first: pc is the first k block of that
-            // sum, which scales out by first_beta (0: out is written without being read).
-            auto run_task = [&](int64_t task, int64_t pc, int64_t kc, float* out, int64_t ld_out, bool first,
-                                float first_beta) {
-                const int64_t ic = task / n_groups * mc_step, mc = std::min(mc_step, m - ic);
-                const int64_t group = task % n_groups;
-                const int64_t jp_begin = group * panels_per_group;
-                const int64_t jp_end = std::min(n_panels, (group + 1) * panels_per_group);
-                const float block_beta = first ? first_beta : 1.0f;
-                const bool read_c = !(first && first_beta == 0.0f);
-                if (direct_b && jp_end == n_panels && nc % e.nr != 0)  // the partial last B panel
-                    pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, b_edge);
-                for (int64_t ir = 0; ir < mc; ir += e.mr) {
-                    const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
-                    const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
-                    int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-                    if (rows < e.mr || e.packs_a) {
-                        pack_a_panel(e, trans_a, a, lda, ic + ir, rows, pc, kc, a_packed);
-                        a_panel = a_packed;
-                        a_rs = 1;
-                        a_cs = e.mr;
-                    }
-                    for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
-                        const int64_t jr = jp * e.nr;
-                        const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
-                        const bool in_place = direct_b && cols == e.nr;
-                        const float* b_panel = in_place ? b + pc * ldb + jc + jr
-                                               : direct_b ? b_edge
-                                                          : b_packed + jp * kc * e.nr;
-                        run_tile(e, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr,
-                                 out + (ic + ir) * ld_out + jc + jr, ld_out, rows, cols, alpha, block_beta, read_c);
-                    }
-                }
-            };
+ColumnBlock column_block(const Engine& e, const GemmPlan& plan, int64_t n, int64_t jc) {
+    ColumnBlock block;
+    block.jc = jc;
+    block.nc = std::min(plan.nc_max, n - jc);
+    block.n_panels = (block.nc + e.nr - 1) / e.nr;
+    const int64_t groups_wanted = (plan.want_tasks + plan.m_blocks - 1) / plan.m_blocks;
+    block.n_groups = std::max<int64_t>(1, std::min<int64_t>(block.n_panels, groups_wanted));
+    block.panels_per_group = (block.n_panels + block.n_groups - 1) / block.n_groups;
+    block.tasks = plan.m_blocks * block.n_groups;
+    return block;
+}
 
-            if (direct_b) {
-                // The thread's run of (part, task) pairs, parts outermost: with two parts on two
-                // threads, each thread reads half of A's and B's k rows.
-                const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
-                const int64_t pairs = tasks * k_parts;
-                const int64_t pair_begin = pairs * t / team, pair_end = pairs * (t + 1) / team;
-                for (int64_t part = 0; part < k_parts; ++part) {
-                    const int64_t part_begin = part == 0 ? 0 : part_split, part_end = part + 1 == k_parts ? k : part_split;
-                    float* out = part == 0 ? c : k_scratch;
-                    const int64_t ld_out = part == 0 ? ldc : n;
-                    for (int64_t pc = part_begin; pc < part_end; pc += kc_step)
-                        for (int64_t pair = std::max(pair_begin, part * tasks); pair < std::min(pair_end, (part + 1) * tasks);
-                             ++pair)
-                            run_task(pair - part * tasks, pc, std::min(kc_step, k - pc), out, ld_out, pc == part_begin,
-                                     part == 0 ? beta : 0.0f);
-                }
-            } else {
-                for (int64_t pc = 0; pc < k; pc += kc_step) {
-                    const int64_t kc = std::min(kc_step, k - pc);
-#pragma omp for schedule(static)
-                    for (int64_t jp = 0; jp < n_panels; ++jp)
-                        pack_b_panel(e, trans_b, b, ldb, pc, kc, jc, nc, jp, b_packed + jp * kc * e.nr);
-#pragma omp for schedule(dynamic, 1)
-                    for (int64_t task = 0; task < tasks; ++task) run_task(task, pc, kc, c, ldc, pc == 0, beta);
-                }
-            }
+// What a thread's tasks read B and A through: b_packed, the team's packed B block (packed B only);
+// a_packed, the thread's A panel (kc, mr); b_edge, its partial last B panel (kc, nr) (direct B only).
+struct TaskPanels {
+    const float* b_packed;
+    float* a_packed;
+    float* b_edge;
+};
+
+// One task over the k block [pc, pc + kc): each A panel of its row block against the task's B
+// panels in turn (the A panel stays in L1 while the B panels stream from L2), C row tile by row
+// tile. The task's sum goes to out (row stride ld_out); first: pc is the first k block of that sum,
+// which scales out by first_beta (0: out is written without being read). The gemm's hot loops.
+void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const ColumnBlock& block,
+              const TaskPanels& panels, int64_t task, int64_t pc, int64_t kc, float* out, int64_t ld_out,
+              bool first, float first_beta) {
+    const bool trans_a = g.trans_a, direct_b = plan.direct_b;
+    const float *a = g.a, *b = g.b;
+    const int64_t lda = g.lda, ldb = g.ldb, jc = block.jc, nc = block.nc, n_panels = block.n_panels;
+    const float alpha = g.alpha;
+    const int64_t ic = task / block.n_groups * plan.mc_step, mc = std::min(plan.mc_step, g.m - ic);
+    const int64_t group = task % block.n_groups;
+    const int64_t jp_begin = group * block.panels_per_group;
+    const int64_t jp_end = std::min(n_panels, (group + 1) * block.panels_per_group);
+    const float block_beta = first ? first_beta : 1.0f;
+    const bool read_c = !(first && first_beta == 0.0f);
+    if (direct_b && jp_end == n_panels && nc % e.nr != 0)  // the partial last B panel
+        pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, panels.b_edge);
+    for (int64_t ir = 0; ir < mc; ir += e.mr) {
+        const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
+        const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
+        int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
+        if (rows < e.mr || e.packs_a) {
+            pack_a_panel(e, trans_a, a, lda, ic + ir, rows, pc, kc, panels.a_packed);
+            a_panel = panels.a_packed;
+            a_rs = 1;
+            a_cs = e.mr;
         }
-        if (k_parts == 2) {  // C += the second part's sum, once both are done
+        for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
+            const int64_t jr = jp * e.nr;
+            const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
+            const bool in_place = direct_b && cols == e.nr;
+            const float* b_panel = in_place ? b + pc * ldb + jc + jr
+                                   : direct_b ? panels.b_edge
+                                              : panels.b_packed + jp * kc * e.nr;
+            run_tile(e, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr, out + (ic + ir) * ld_out + jc + jr,
+                     ld_out, rows, cols, alpha, block_beta, read_c);
+        }
+    }
+}
+
+// A column block with B read in place: the thread's fixed run of (part, task) pairs, parts
+// outermost, no barrier. With two parts on two threads, each thread reads half of A's and B's k rows.
+void run_tasks_direct_b(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const ColumnBlock& block,
+                        const TaskPanels& panels, float* k_scratch) {
+    const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+    const int64_t tasks = block.tasks;
+    const int64_t pairs = tasks * plan.k_parts;
+    const int64_t pair_begin = pairs * t / team, pair_end = pairs * (t + 1) / team;
+    for (int64_t part = 0; part < plan.k_parts; ++part) {
+        const int64_t part_begin = part == 0 ? 0 : plan.part_split;
+        const int64_t part_end = part + 1 == plan.k_parts ? g.k : plan.part_split;
+        float* out = part == 0 ? g.c : k_scratch;
+        const int64_t ld_out = part == 0 ? g.ldc : g.n;
+        for (int64_t pc = part_begin; pc < part_end; pc += plan.kc_step)
+            for (int64_t pair = std::max(pair_begin, part * tasks); pair < std::min(pair_end, (part + 1) * tasks);
+                 ++pair)
+                run_task(e, g, plan, block, panels, pair - part * tasks, pc, std::min(plan.kc_step, g.k - pc), out,
+                         ld_out, pc == part_begin, part == 0 ? g.beta : 0.0f);
+    }
+}
+
+// A column block with B packed: per k block the team packs B's panels into b_packed (a barrier
+// after), then takes the tasks one at a time (a barrier after, before the next pack).
+void run_tasks_packed_b(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const ColumnBlock& block,
+                        float* b_packed, const TaskPanels& panels) {
+    for (int64_t pc = 0; pc < g.k; pc += plan.kc_step) {
+        const int64_t kc = std::min(plan.kc_step, g.k - pc);
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < block.n_panels; ++jp)
+            pack_b_panel(e, g.trans_b, g.b, g.ldb, pc, kc, block.jc, block.nc, jp, b_packed + jp * kc * e.nr);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < block.tasks; ++task)
+            run_task(e, g, plan, block, panels, task, pc, kc, g.c, g.ldc, pc == 0, g.beta);
+    }
+}
+
+// C += the second part's sum k_scratch (m, n), once every thread's tasks are done (called by the team).
+void add_second_part(const GemmArgs& g, const float* k_scratch) {
+    float* c = g.c;
+    const int64_t m = g.m, n = g.n, ldc = g.ldc;
 #pragma omp barrier
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += k_scratch[i * n + j];
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += k_scratch[i * n + j];
+}
+
+void sgemm_on(const Engine& e, const GemmArgs& g) {
+    NL_CHECK(e.kernel != nullptr, "sgemm_native called with the OpenBLAS engine");
+    NL_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "sgemm_native: negative size");
+    if (g.m == 0 || g.n == 0) return;
+    if (g.k == 0) {  // an empty sum: C = beta * C, and beta == 0 must not read C
+        for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < g.n; ++j)
+                g.c[i * g.ldc + j] = g.beta == 0.0f ? 0.0f : g.beta * g.c[i * g.ldc + j];
+        return;
+    }
+    const GemmPlan plan = plan_gemm(e, g);
+    thread_local PackBuffer b_buffer;  // the calling thread's: shared with its team below
+    float* b_packed = plan.direct_b ? nullptr : b_buffer.get(plan.kc_step * plan.nc_max);  // (nc / nr panels, kc, nr)
+    thread_local PackBuffer scratch_buffer;
+    float* k_scratch = plan.k_parts == 2 ? scratch_buffer.get(g.m * g.n) : nullptr;  // (m, n): the second part's sum
+
+#pragma omp parallel num_threads(plan.threads)
+    {
+        thread_local PackBuffer a_buffer, b_edge_buffer;
+        TaskPanels panels;
+        panels.b_packed = b_packed;
+        panels.a_packed = a_buffer.get(e.mr * plan.kc_step);                                 // (kc, mr)
+        panels.b_edge = plan.direct_b ? b_edge_buffer.get(plan.kc_step * e.nr) : nullptr;  // (kc, nr)
+        for (int64_t jc = 0; jc < g.n; jc += plan.nc_max) {
+            const ColumnBlock block = column_block(e, plan, g.n, jc);
+            if (plan.direct_b) run_tasks_direct_b(e, g, plan, block, panels, k_scratch);
+            else run_tasks_packed_b(e, g, plan, block, b_packed, panels);
         }
+        if (plan.k_parts == 2) add_second_part(g, k_scratch);
     }
 }
 
@@ -520,14 +593,14 @@ void sgemm_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n,
 void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
-    sgemm_on(engine(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    sgemm_on(engine(), {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
 }
 
 void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                        float beta, float* c, int64_t ldc) {
-    sgemm_on(kernel_named(kernel, "sgemm_with_kernel"), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-             beta, c, ldc);
+    sgemm_on(kernel_named(kernel, "sgemm_with_kernel"),
+             {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
 }
 
 void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
