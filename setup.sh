@@ -133,7 +133,7 @@ main() {
             build
             cd build
             # ctest runs tests side by side: idle OpenMP workers must sleep, not spin, or the
-            # parallel tests starve each other on a small machine (measured: 29 s vs 2 s).
+            # parallel tests starve each other on a small machine.
             export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
             ctest --output-on-failure -j"$(nproc)"
             ;;

@@ -20,9 +20,8 @@ namespace {
 constexpr size_t kAlignment = 64;
 // Blocks of at least this size are cached after free and reused: the C library returns them to the
 // OS (munmap), so without a cache every large temporary would page-fault its memory in again on each
-// op (measured: a fused norm at 32768x512 ran at ~1 GB/s through the tensor API instead of ~10).
-// Training a small transformer reuses the same 64-256 KiB temporaries every step, and glibc trims and
-// re-faults those too (~10% of a step's samples), so the cache starts at 64 KiB.
+// op. Training a small transformer reuses the same 64-256 KiB temporaries every step, and glibc
+// trims and re-faults those too, so the cache starts at 64 KiB.
 constexpr size_t kCacheMinBytes = size_t(64) << 10;
 constexpr size_t kCacheGranule = size_t(64) << 10;      // cached sizes round up to whole 64 KiB
 constexpr size_t kCacheMaxBytes = size_t(2) << 30;      // never keep more than 2 GiB idle

@@ -1,9 +1,9 @@
 // The thread count a training loop uses when the user has not fixed one: the cores that other
 // processes leave free. OpenMP's parallel regions end in barriers, so a team of N threads on a
 // machine where another process keeps a core busy waits, at every region, for the thread that the
-// scheduler put beside it (measured: 100 toy-transformer steps with a busy loop on one of two cores
-// took 6.4 s on 2 threads and 1.5 s on 1; docs/benchmarks.md). Linux's /proc/stat says how busy all
-// cores were and /proc/self/stat how much of that was this process; the difference is the others'.
+// scheduler put beside it, and a step slows to the pace of the shared core (docs/benchmarks.md has it
+// measured). Linux's /proc/stat says how busy all cores were and /proc/self/stat how much of that was
+// this process; the difference is the others'.
 // Before a window of those ticks has passed, /proc/loadavg's count of running threads, less this
 // process's own, says how many other threads are running at that moment.
 // Results do not depend on the thread count (every reduction sums in fixed chunks and a fixed

@@ -1,5 +1,6 @@
 // LLaMA-style transformer parts (reference: meta-llama/llama model.py; the fixtures' generator
-// tests/reference/make_fixtures.py mirrors it). Everything is composed from autograd ops.
+// tests/reference/make_fixtures.py mirrors it): autograd ops, fused kernels (core/fused.h) for RoPE,
+// SwiGLU's gate and causal attention, and the norms of layers/norms.h.
 #include "layers/transformer.h"
 
 #include <cmath>

@@ -35,10 +35,9 @@ constexpr int64_t kRowChunk = 64;   // backward: query rows whose P and dS are k
 // The accumulators of the backward's register tiles (rows_times_packed, rows_accumulate), in bytes:
 // half the vector registers, so the values a tile loads and broadcasts fit beside them. AVX-512 has
 // 32 of 64 B, AVX2 16 of 32 B; tiles sized for AVX-512 spill their accumulators to the stack on
-// AVX2 (sized so, the backward measured 1.06-1.09x faster at the nanoGPT size on an AVX2 CPU). A smaller tile makes more
-// passes over a product's columns; each element's sum runs in the same order either way, so the
-// bits do not depend on it. (The forward's 16 x 16 tiles measured level at 4 and 8 keys per pass on
-// AVX2, so they stay as they are.)
+// AVX2, so AVX2 gets smaller ones. A smaller tile makes more passes over a product's columns; each
+// element's sum runs in the same order either way, so the bits do not depend on it. (The forward's
+// 16 x 16 tiles are the same on both.)
 #if defined(__AVX512F__)
 constexpr int64_t kTileBytes = 16 * 64;
 #else
@@ -85,8 +84,8 @@ inline T dot(const T* a, const T* b, int64_t n) {
 }
 
 // n values from src to dst, and n zeros at dst: 64 bytes at a time with a size the compiler knows,
-// so a head row (128 bytes at head size 32) is a few vector moves rather than a C library call; the
-// calls, a few hundred per backward task, measured a tenth of the attention's time at char_text's size.
+// so a head row (128 bytes at head size 32) is a few vector moves rather than a C library call (a
+// backward task makes a few hundred of these).
 template <typename T>
 inline void copy_values(T* dst, const T* src, int64_t n) {
     constexpr int64_t kPiece = 64 / static_cast<int64_t>(sizeof(T));
@@ -114,8 +113,7 @@ void transpose_rows(const T* src, int64_t ld, int64_t rows, int64_t hd, T* dst, 
         for (int64_t d = 0; d < hd; ++d) dst[d * width + r] = src[r * ld + d];
 }
 
-// f32: the gemm engine's block transpose (16 x 16 AVX-512 shuffles instead of the scalar moves above,
-// which measured a tenth of the forward's time at T 256).
+// f32: the gemm engine's block transpose (16 x 16 AVX-512 shuffles instead of the scalar moves above).
 void transpose_rows(const float* src, int64_t ld, int64_t rows, int64_t hd, float* dst, int64_t width) {
     transpose_pad_f32(src, ld, rows, hd, dst, width, width);
 }

@@ -1,4 +1,5 @@
-// The CPU backend: OpenBLAS for gemm, OpenMP across rows/chunks, contiguous fast paths with
+// The CPU backend: gemm on normlab's own f32 engine (core/cpu/cpu_sgemm.h) where the CPU has AVX-512,
+// else OpenBLAS, which also runs f64; OpenMP across rows/chunks, contiguous fast paths with
 // vectorizable inner loops and a general strided path for views.
 #pragma once
 

@@ -17,9 +17,8 @@ namespace nl::cpu_math {
 
 // a * b + c for the register-blocked products (the fused attention's). Where the build targets FMA
 // hardware (__FMA__: -march=native on any x86-64 CPU since 2013) it is std::fma, one rounding and one
-// vector instruction, which measured 15-35% faster attention than a multiply and an add. Elsewhere
-// (the portable build) it is the multiply and the add: there std::fma would be a library call per
-// element, measured 12-18x slower. So NORMLAB_NATIVE changes these sums' last bits as well as speed.
+// vector instruction. Elsewhere (the portable build) it is the multiply and the add: there std::fma
+// would be a library call per element. So NORMLAB_NATIVE changes these sums' last bits as well as speed.
 template <typename T>
 inline T mul_add(T a, T b, T c) {
 #if defined(__FMA__)
@@ -46,7 +45,7 @@ constexpr float kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.00000012
 // (ln2 split hi + lo so n * ln2_hi is exact), e^r by a degree-7 polynomial, 2^n by building the
 // exponent bits. Below -87.3 (where e^x is subnormal) it returns 0; above 88.7, +inf; NaN stays NaN.
 // The reduction and the polynomial are multiply-adds (mul_add: one instruction each where the build
-// targets FMA; SwiGLU's forward at (2048, 1024) measured 1.4x faster so than with a multiply and an add).
+// targets FMA).
 inline float exp_f32(float x) {
     using namespace exp_f32_constants;
     // NaN fails both comparisons and lands on kMin: n stays finite, so the int conversion below is

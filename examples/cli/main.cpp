@@ -42,13 +42,12 @@ int fail_alone(const std::exception& e, int exit_code) {
 // variable, the program starts again (the same program, arguments and process id, so mpirun's ranks
 // are unaffected) with:
 // - OPENBLAS_CORETYPE, where OpenBLAS fell back to its slowest kernels on a CPU that can run faster
-//   ones (core/cpu/blas_kernel_choice.h): about 4x on sgemm;
+//   ones (core/cpu_runtime.h: blas_kernel_override);
 // - GOMP_SPINCOUNT=10000 (libgomp), unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: an idle OpenMP
 //   thread spins about 10 us instead of the default 300,000 spins before it sleeps. A training step
 //   runs thousands of short parallel regions with serial work between them; threads spinning through
 //   those gaps take the core from whatever must run next (another process, or the thread they wait
-//   for when two virtual CPUs share a core), measured on char_text at 2 threads: 13,400 tokens/s
-//   with the default, 18,000 with 10,000 spins (docs/benchmarks.md).
+//   for when two virtual CPUs share a core); docs/benchmarks.md has it measured.
 // The new process finds the variables set and does not restart again; if the restart fails, carry on.
 void restart_with_better_runtime_settings(char** argv) {
     // Not under an MPI launcher: OpenMPI's process setup does not survive an exec before MPI_Init
