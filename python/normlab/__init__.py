@@ -34,7 +34,8 @@ _HOST_TYPES = {float32: _np.float32, float64: _np.float64, float16: _np.float16,
 
 
 def _as_dtype(d):
-    """A dtype from a normlab dtype, its name ("float16") or None (kept None: the op's default)."""
+    """A dtype from a normlab dtype, its name ("float16") or None (kept None: the op's default). The
+    C++ creation functions read names themselves; tensor() needs the dtype object for NumPy's type."""
     if d is None or isinstance(d, dtype):
         return d
     found = globals().get(d) if isinstance(d, str) else None
@@ -83,22 +84,22 @@ def _made(t, requires_grad):
 
 def zeros(*size, dtype=None, requires_grad=False):
     """A tensor of zeros of the given size (float32 unless dtype says otherwise)."""
-    return _made(_normlab._full(_sizes(size), 0.0, _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._full(_sizes(size), 0.0, dtype), requires_grad)
 
 
 def ones(*size, dtype=None, requires_grad=False):
     """A tensor of ones of the given size."""
-    return _made(_normlab._full(_sizes(size), 1.0, _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._full(_sizes(size), 1.0, dtype), requires_grad)
 
 
 def full(size, fill_value, dtype=None, requires_grad=False):
     """A tensor of the given size filled with fill_value."""
-    return _made(_normlab._full(_sizes((size,)), _builtins.float(fill_value), _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._full(_sizes((size,)), _builtins.float(fill_value), dtype), requires_grad)
 
 
 def empty(*size, dtype=None, requires_grad=False):
     """A tensor of the given size whose values are not set."""
-    return _made(_normlab._empty(_sizes(size), _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._empty(_sizes(size), dtype), requires_grad)
 
 
 def zeros_like(t, dtype=None):
@@ -117,7 +118,6 @@ def arange(start, end=None, step=1, dtype=None):
     """start, start + step, ... below end; int64 when every argument is an int, else float32."""
     if end is None:
         start, end = 0, start
-    dtype = _as_dtype(dtype)
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
     return _normlab._arange(start, end, step, dtype)
@@ -125,12 +125,12 @@ def arange(start, end=None, step=1, dtype=None):
 
 def randn(*size, generator=None, dtype=None, requires_grad=False):
     """Standard normal values, drawn from `generator` (the default generator: normlab.manual_seed)."""
-    return _made(_normlab._randn(_sizes(size), generator, _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._randn(_sizes(size), generator, dtype), requires_grad)
 
 
 def rand(*size, generator=None, dtype=None, requires_grad=False):
     """Uniform values in [0, 1), drawn from `generator` (the default generator: normlab.manual_seed)."""
-    return _made(_normlab._rand(_sizes(size), generator, _as_dtype(dtype)), requires_grad)
+    return _made(_normlab._rand(_sizes(size), generator, dtype), requires_grad)
 
 
 def stack(tensors, dim=0):

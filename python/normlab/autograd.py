@@ -26,11 +26,12 @@ class set_grad_enabled:
         return False
 
 
-class no_grad:
-    """A ``with`` block (or a decorator) in which ops record no graph: evaluation, in-place updates."""
+class _GradMode:
+    """A ``with`` block (or a decorator) that runs with graph recording set to ``_enabled``."""
+    _enabled = False
 
     def __enter__(self):
-        self._before = C._set_grad_enabled(False)
+        self._before = C._set_grad_enabled(self._enabled)
         return self
 
     def __exit__(self, *exc):
@@ -40,24 +41,19 @@ class no_grad:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with no_grad():
+            with type(self)():
                 return fn(*args, **kwargs)
         return wrapper
 
 
-class enable_grad(no_grad):
+class no_grad(_GradMode):
+    """A ``with`` block (or a decorator) in which ops record no graph: evaluation, in-place updates."""
+    _enabled = False
+
+
+class enable_grad(_GradMode):
     """A ``with`` block (or a decorator) in which ops record the graph again."""
-
-    def __enter__(self):
-        self._before = C._set_grad_enabled(True)
-        return self
-
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with enable_grad():
-                return fn(*args, **kwargs)
-        return wrapper
+    _enabled = True
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):

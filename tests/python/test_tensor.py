@@ -25,8 +25,10 @@ def test_creation_dtypes_and_shapes():
     assert a.tolist() == b.tolist()  # a seed gives the same numbers
     t = nl.randn(2, 3, 4)
     assert t.ndim == 3 and t.numel() == 24 and t.size(1) == 3 and t.stride() == (12, 4, 1)
-    with pytest.raises(nl.Error, match="dtype"):
+    with pytest.raises(nl.Error, match='dtype: expected .*found "int32"'):
         nl.zeros(2, dtype="int32")
+    with pytest.raises(nl.Error, match="dtype: expected .*float16.*got 'float17'"):
+        nl.tensor([1.0], dtype="float17")
 
 
 def test_numpy_shares_memory_both_ways():
@@ -163,6 +165,26 @@ def test_backward_grad_and_double_backward():
     with nl.no_grad():
         z -= 1.0  # an in-place update outside the graph, as an optimizer's
     assert z.tolist() == [[0.0, 1.0]]
+
+
+def test_grad_modes_as_blocks_and_decorators():
+    x = nl.ones(2, requires_grad=True)
+
+    @nl.no_grad()
+    def evaluate(v):
+        return v * 2.0
+
+    @nl.enable_grad()
+    def record(v):
+        return v * 2.0
+
+    assert not evaluate(x).requires_grad and nl.is_grad_enabled()
+    with nl.no_grad():
+        assert record(x).requires_grad  # enable_grad inside no_grad records again
+        with nl.enable_grad():
+            assert (x * 1.0).requires_grad
+        assert not (x * 1.0).requires_grad and not nl.is_grad_enabled()
+    assert nl.is_grad_enabled()
 
 
 def test_gradcheck_and_gradgradcheck():
