@@ -19,20 +19,38 @@ Var to_compute(const Var& x) {
 
 Var cast_back(const Var& y, DType dtype) { return y.dtype() == dtype ? y : to(y, dtype); }
 
-void check_norm_args(const char* op, const Var& x, const Var& weight, const Var& bias) {
-    NL_REQUIRE(x.defined(), op, ": the input is undefined");
+// ---- the op boundary's checks (each functional form runs them once) ----
+
+void check_input(const char* op, const Var& x, double eps) {
+    NL_REQUIRE(x.defined(), op, ": expected an input (..., d), found an undefined Var");
     NL_REQUIRE(is_floating(x.dtype()), op, ": expected a floating dtype, found ", dtype_name(x.dtype()));
     NL_REQUIRE(x.dim() >= 1 && x.size(-1) > 0, op, ": expected an input (..., d) with d > 0, found ",
                shape_str(x.shape()));
-    const Shape expected = {x.size(-1)};
-    for (const Var* p : {&weight, &bias}) {
-        if (!p->defined()) continue;
-        const char* what = p == &weight ? "weight" : "bias";
-        NL_REQUIRE(p->shape() == expected, op, ": expected ", what, " ", shape_str(expected), " for input ",
-                   shape_str(x.shape()), ", found ", shape_str(p->shape()));
-        NL_REQUIRE(p->dtype() == x.dtype(), op, ": ", what, " has dtype ", dtype_name(p->dtype()),
-                   " but the input has ", dtype_name(x.dtype()), " (convert the module with to(dtype))");
+    NL_REQUIRE(std::isfinite(eps) && eps >= 0.0, op, ": expected a finite eps >= 0, found ", eps);
+}
+
+// A parameter of `shape` with x's dtype and device. An undefined one is absent, which only a
+// required parameter may not be.
+void check_parameter(const char* op, const char* name, const Var& param, const Shape& shape, const Var& x,
+                     bool required) {
+    if (!param.defined()) {
+        NL_REQUIRE(!required, op, ": expected ", name, " ", shape_str(shape), ", found an undefined Var");
+        return;
     }
+    NL_REQUIRE(param.shape() == shape, op, ": expected ", name, " ", shape_str(shape), " for input ",
+               shape_str(x.shape()), ", found ", shape_str(param.shape()));
+    NL_REQUIRE(param.dtype() == x.dtype(), op, ": ", name, " has dtype ", dtype_name(param.dtype()),
+               " but the input has ", dtype_name(x.dtype()), " (convert the module with to(dtype))");
+    NL_REQUIRE(param.device() == x.device(), op, ": ", name, " is on ", param.device().str(),
+               " but the input is on ", x.device().str());
+}
+
+// x, and an optional weight and bias of shape [d].
+void check_affine_args(const char* op, const Var& x, const Var& weight, const Var& bias, double eps) {
+    check_input(op, x, eps);
+    const Shape features = {x.size(-1)};
+    check_parameter(op, "weight", weight, features, x, false);
+    check_parameter(op, "bias", bias, features, x, false);
 }
 
 // The affine tail shared by the composed forms: y * w + b, skipping what is absent.
@@ -71,12 +89,9 @@ Var fused_norm_node(const char* name, const Var& x, const Var& weight, const Var
         });
 }
 
-}  // namespace
-
-// ---- functional forms ----
-
-Var layer_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps) {
-    check_norm_args("layer_norm", x, weight, bias);
+// The forms without checks, for the public forms below (which check first) to share.
+Var layer_norm_unchecked(const Var& x, const Var& weight, const Var& bias, double eps, bool fused) {
+    if (fused) return fused_norm_node("layer_norm", x, weight, bias, eps, true, -1);
     Var xf = to_compute(x);                             // (..., d)
     Var xc = xf - mean(xf, {-1}, true);                 // centered, two-pass
     Var var_ = mean(square(xc), {-1}, true);            // (..., 1), biased
@@ -84,45 +99,55 @@ Var layer_norm_composed(const Var& x, const Var& weight, const Var& bias, double
     return affine(y, weight, bias);
 }
 
-Var layer_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps) {
-    check_norm_args("layer_norm", x, weight, bias);
-    return fused_norm_node("layer_norm", x, weight, bias, eps, true, -1);
-}
-
-Var rms_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count) {
-    check_norm_args("rms_norm", x, weight, bias);
+Var rms_norm_unchecked(const Var& x, const Var& weight, const Var& bias, double eps, bool fused, int64_t stat_count) {
+    if (fused) return fused_norm_node("rms_norm", x, weight, bias, eps, false, stat_count);
     const int64_t d = x.size(-1);
-    NL_REQUIRE(stat_count == -1 || (stat_count >= 1 && stat_count <= d), "rms_norm: stat_count must be -1 or in [1, ",
-               d, "], found ", stat_count);
     Var xf = to_compute(x);                                                     // (..., d)
     Var stat = (stat_count == -1 || stat_count == d) ? xf : narrow(xf, -1, 0, stat_count);  // (..., k)
     Var y = xf * rsqrt(mean(square(stat), {-1}, true) + eps);                   // LLaMA: self._norm(x.float())
     return affine(cast_back(y, x.dtype()), weight, bias);                       // .type_as(x) * self.weight
 }
 
-Var rms_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count) {
-    check_norm_args("rms_norm", x, weight, bias);
-    return fused_norm_node("rms_norm", x, weight, bias, eps, false, stat_count);
-}
+}  // namespace
+
+// ---- functional forms ----
 
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused) {
-    return fused ? layer_norm_fused(x, weight, bias, eps) : layer_norm_composed(x, weight, bias, eps);
+    check_affine_args("layer_norm", x, weight, bias, eps);
+    return layer_norm_unchecked(x, weight, bias, eps, fused);
+}
+
+Var layer_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps) {
+    return layer_norm(x, weight, bias, eps, false);
+}
+
+Var layer_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps) {
+    return layer_norm(x, weight, bias, eps, true);
 }
 
 Var rms_norm(const Var& x, const Var& weight, const Var& bias, double eps, bool fused, int64_t stat_count) {
-    return fused ? rms_norm_fused(x, weight, bias, eps, stat_count)
-                 : rms_norm_composed(x, weight, bias, eps, stat_count);
+    check_affine_args("rms_norm", x, weight, bias, eps);
+    const int64_t d = x.size(-1);
+    NL_REQUIRE(stat_count == -1 || (stat_count >= 1 && stat_count <= d), "rms_norm: expected stat_count -1 or in [1, ",
+               d, "] for input ", shape_str(x.shape()), ", found ", stat_count);
+    return rms_norm_unchecked(x, weight, bias, eps, fused, stat_count);
+}
+
+Var rms_norm_composed(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count) {
+    return rms_norm(x, weight, bias, eps, false, stat_count);
+}
+
+Var rms_norm_fused(const Var& x, const Var& weight, const Var& bias, double eps, int64_t stat_count) {
+    return rms_norm(x, weight, bias, eps, true, stat_count);
 }
 
 Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double eps, bool fused) {
-    check_norm_args("adaptive_rms_norm", x, weight, Var());
-    NL_REQUIRE(x.size(-1) >= 2, "adaptive_rms_norm: the unbiased std needs d >= 2, found an input ",
-               shape_str(x.shape()));
-    NL_REQUIRE(alpha.defined() && alpha.shape() == Shape{1}, "adaptive_rms_norm: expected alpha [1], found ",
-               alpha.defined() ? shape_str(alpha.shape()) : std::string("an undefined Var"));
-    NL_REQUIRE(alpha.dtype() == x.dtype(), "adaptive_rms_norm: alpha has dtype ", dtype_name(alpha.dtype()),
-               " but the input has ", dtype_name(x.dtype()));
-    Var y = rms_norm(x, weight, Var(), eps, fused);               // (..., d): super().forward(x)
+    const char* op = "adaptive_rms_norm";
+    check_input(op, x, eps);
+    NL_REQUIRE(x.size(-1) >= 2, op, ": the unbiased std needs d >= 2, found an input ", shape_str(x.shape()));
+    check_parameter(op, "weight", weight, {x.size(-1)}, x, false);
+    check_parameter(op, "alpha", alpha, {1}, x, true);
+    Var y = rms_norm_unchecked(x, weight, Var(), eps, fused, -1);  // (..., d): super().forward(x)
     Var std_ = sqrt(var(to_compute(x), {-1}, 1, true));           // (..., 1): x.std(dim=-1, keepdim=True)
     Var gate = sigmoid(to_compute(alpha) * std_);                 // (..., 1)
     return y * cast_back(gate, x.dtype());
@@ -130,9 +155,14 @@ Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double 
 
 Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const Var& ln_bias, double alpha,
                 double eps, bool fused) {
-    check_norm_args("hybrid_norm", x, rms_weight, Var());
-    Var r = rms_norm(x, rms_weight, Var(), eps, fused);           // (..., d): self.rms_norm(x)
-    Var l = layer_norm(x, ln_weight, ln_bias, eps, fused);        // (..., d): self.layer_norm(x)
+    const char* op = "hybrid_norm";
+    check_input(op, x, eps);
+    const Shape features = {x.size(-1)};
+    check_parameter(op, "rms_weight", rms_weight, features, x, false);
+    check_parameter(op, "ln_weight", ln_weight, features, x, false);
+    check_parameter(op, "ln_bias", ln_bias, features, x, false);
+    Var r = rms_norm_unchecked(x, rms_weight, Var(), eps, fused, -1);  // (..., d): self.rms_norm(x)
+    Var l = layer_norm_unchecked(x, ln_weight, ln_bias, eps, fused);   // (..., d): self.layer_norm(x)
     return r * alpha + l * (1.0 - alpha);
 }
 
@@ -145,33 +175,59 @@ NormOptions with_type(NormOptions options, const char* type) {
     return options;
 }
 
-bool is_rms_type(const std::string& type) {
-    return type == "rmsnorm" || type == "rmsnorm_bias" || type == "prmsnorm";
-}
-
 }  // namespace
 
 double NormOptions::resolved_eps() const { return eps ? *eps : find_norm_type(type).default_eps; }
 
-Norm::Norm(NormOptions options) : options_(std::move(options)) {
-    find_norm_type(options_.type);  // an unknown type is an error naming the choices
+// The options every entry reads; a module checks the ones only its norm reads (alpha, a dim >= 2).
+Norm::Norm(NormOptions options) : options_(std::move(options)), type_(&find_norm_type(options_.type)) {
     NL_REQUIRE(options_.dim > 0, options_.type, ": expected dim > 0, found ", options_.dim);
     NL_REQUIRE(options_.resolved_eps() >= 0.0 && std::isfinite(options_.resolved_eps()), options_.type,
                ": expected a finite eps >= 0, found ", options_.resolved_eps());
     NL_REQUIRE(is_floating(options_.dtype), options_.type, ": expected a floating dtype, found ",
                dtype_name(options_.dtype));
+    if (type_->partial_row)
+        NL_REQUIRE(options_.p > 0.0 && options_.p <= 1.0, type_->class_name, ": expected p in (0, 1], found ",
+                   options_.p);
 }
 
-std::string Norm::type_name() const { return find_norm_type(options_.type).class_name; }
+std::string Norm::type_name() const { return type_->class_name; }
 
 std::string Norm::extra_repr() const {
     return detail::concat(options_.dim, ", eps=", eps(), ", elementwise_affine=",
                           options_.elementwise_affine ? "true" : "false", ", fused=", fused() ? "true" : "false");
 }
 
-void Norm::check_input(const Var& x) const {
-    NL_REQUIRE(x.defined() && x.dim() >= 1 && x.size(-1) == options_.dim, type_name(), ": expected input (..., ",
-               options_.dim, "), found ", x.defined() ? shape_str(x.shape()) : std::string("an undefined Var"));
+Var Norm::forward(const Var& x) {
+    // The module's one check: its dim, which the op cannot know. The op checks the rest of x
+    // (an undefined or 0-dim x included).
+    if (x.defined() && x.dim() >= 1)
+        NL_REQUIRE(x.size(-1) == options_.dim, type_name(), ": expected input (..., ", options_.dim, "), found ",
+                   shape_str(x.shape()));
+    return type_->forward(x, norm_parameters(), options_, fused());
+}
+
+std::vector<Var> Norm::norm_parameters() const {
+    std::vector<Var> out;
+    for (const NormParameter& p : type_->parameters) {
+        Var found;
+        if (p.child.empty()) {
+            if (has_parameter(p.name)) found = parameter(p.name);
+        } else {  // through named_parameters, so a child that wraps its norm (a monitor) is read too
+            for (const auto& [name, param] : child(p.child)->named_parameters())
+                if (name == p.name) found = param;
+        }
+        out.push_back(found);
+    }
+    return out;
+}
+
+void Norm::register_norm_parameters() {
+    for (const NormParameter& p : type_->parameters) {
+        if (!p.child.empty() || !norm_parameter_present(p, options_)) continue;  // a child registers its own
+        const std::vector<double> init = norm_parameter_init(p, options_.dim);
+        register_parameter(p.name, Var(from_vector(init, {static_cast<int64_t>(init.size())}, options_.dtype)));
+    }
 }
 
 std::shared_ptr<Norm> make_norm(const NormOptions& options) {
@@ -202,36 +258,41 @@ int64_t set_norms_fused(Module& model, bool fused) {
     return count;
 }
 
+// ---- RegistryNorm ----
+
+RegistryNorm::RegistryNorm(const NormOptions& options) : Norm(options) { register_norm_parameters(); }
+
 // ---- LayerNorm ----
 
-LayerNorm::LayerNorm(const NormOptions& options) : Norm(with_type(options, "layernorm")) {
-    if (options_.elementwise_affine) {
-        register_parameter("weight", Var(ones({options_.dim}, options_.dtype)));
-        if (options_.bias) register_parameter("bias", Var(zeros({options_.dim}, options_.dtype)));
-    }
-}
+LayerNorm::LayerNorm(const NormOptions& options) : Norm(with_type(options, "layernorm")) { register_norm_parameters(); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps) : LayerNorm(NormOptions{.type = "layernorm", .dim = dim, .eps = eps}) {}
 
 Var LayerNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
 Var LayerNorm::bias() const { return has_parameter("bias") ? parameter("bias") : Var(); }
 
-Var LayerNorm::forward(const Var& x) {
-    check_input(x);
-    return layer_norm(x, weight(), bias(), eps(), fused());
-}
-
 // ---- RMSNorm (plain, with bias, partial) ----
 
+namespace {
+
+// The registry types the RMSNorm module serves: an RMS statistic in one kernel node.
+bool is_rms_kernel_type(const NormType& type) {
+    return type.statistic == NormStatistic::RootMeanSquare && type.fused == FusedForm::OneKernelNode;
+}
+
+std::string rms_kernel_type_choices() {
+    std::string out;
+    for (const NormType& t : norm_registry())
+        if (is_rms_kernel_type(t)) out += (out.empty() ? "" : ", ") + t.name;
+    return out;
+}
+
+}  // namespace
+
 RMSNorm::RMSNorm(const NormOptions& options) : Norm(options) {
-    NL_REQUIRE(is_rms_type(options_.type), "RMSNorm: expected type rmsnorm, rmsnorm_bias or prmsnorm, found '",
+    NL_REQUIRE(is_rms_kernel_type(norm_type()), "RMSNorm: expected type ", rms_kernel_type_choices(), ", found '",
                options_.type, "'");
-    if (options_.type == "prmsnorm")
-        NL_REQUIRE(options_.p > 0.0 && options_.p <= 1.0, "PRMSNorm: expected p in (0, 1], found ", options_.p);
-    if (options_.elementwise_affine) {
-        register_parameter("weight", Var(ones({options_.dim}, options_.dtype)));
-        if (options_.type == "rmsnorm_bias") register_parameter("bias", Var(zeros({options_.dim}, options_.dtype)));
-    }
+    register_norm_parameters();
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : RMSNorm(NormOptions{.type = "rmsnorm", .dim = dim, .eps = eps}) {}
@@ -240,28 +301,17 @@ Var RMSNorm::weight() const { return has_parameter("weight") ? parameter("weight
 Var RMSNorm::bias() const { return has_parameter("bias") ? parameter("bias") : Var(); }
 
 int64_t RMSNorm::stat_count() const {
-    return options_.type == "prmsnorm" ? partial_stat_count(options_.dim, options_.p) : options_.dim;
-}
-
-Var RMSNorm::forward(const Var& x) {
-    check_input(x);
-    return rms_norm(x, weight(), bias(), eps(), fused(), stat_count());
+    return norm_type().partial_row ? partial_stat_count(options_.dim, options_.p) : options_.dim;
 }
 
 // ---- AdaptiveRMSNorm ----
 
 AdaptiveRMSNorm::AdaptiveRMSNorm(const NormOptions& options) : Norm(with_type(options, "adaptive_rmsnorm")) {
     NL_REQUIRE(options_.dim >= 2, "AdaptiveRMSNorm: the unbiased std needs dim >= 2, found ", options_.dim);
-    if (options_.elementwise_affine) register_parameter("weight", Var(ones({options_.dim}, options_.dtype)));
-    register_parameter("alpha", Var(ones({1}, options_.dtype)));  // nn.Parameter(torch.ones(1))
+    register_norm_parameters();  // weight, and alpha as nn.Parameter(torch.ones(1))
 }
 
 Var AdaptiveRMSNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
-
-Var AdaptiveRMSNorm::forward(const Var& x) {
-    check_input(x);
-    return adaptive_rms_norm(x, weight(), alpha(), eps(), fused());
-}
 
 // ---- HybridNorm ----
 
@@ -294,14 +344,6 @@ void HybridNorm::set_fused(bool fused) {
     Norm::set_fused(fused);
     rms_norm()->set_fused(fused);
     layer_norm()->set_fused(fused);
-}
-
-Var HybridNorm::forward(const Var& x) {
-    check_input(x);
-    auto rms = rms_norm();
-    auto ln = layer_norm();
-    // The functional form, so both branches run in this norm's form (the children's flags follow it).
-    return hybrid_norm(x, rms->weight(), ln->weight(), ln->bias(), alpha(), eps(), fused());
 }
 
 }  // namespace nl

@@ -10,6 +10,13 @@
 // it instead of saving it, so graph inspection counts activation memory only. The fused backward is
 // first-order only (a kernel, not Var ops): backward(create_graph=true) through a fused norm throws
 // an nl::Error saying so; gradgradcheck and double backward use the composed forms.
+//
+// Checks: the functional forms below are the op boundary. Each checks its arguments once (x
+// defined, floating, (..., d) with d > 0; each parameter's shape, dtype and device against x; eps
+// finite and >= 0) and names what it expected and what it found. A module checks its options when
+// it is built (type, dim, dtype, p, alpha) and, on forward, only what the op cannot know: that x's
+// last dim is the module's dim. Each module's forward is its registry entry's functional form
+// (layers/norm_registry.h) over the module's parameters.
 #pragma once
 
 #include <cstdint>
@@ -69,23 +76,33 @@ struct NormOptions {
 // The accepted NormOptions::type values, in the registry's order.
 const std::vector<std::string>& norm_types();
 
+struct NormType;
+
 // Every norm: a one-input module over the last dim with a fused/composed switch.
 class Norm : public UnaryModule {
 public:
     explicit Norm(NormOptions options);
     // The registry's PyTorch class name of options().type ("RMSNorm", "RMSNormWithBias", ...).
     std::string type_name() const override;
+    const NormType& norm_type() const { return *type_; }  // options().type's registry entry
     const NormOptions& options() const { return options_; }
     int64_t dim() const { return options_.dim; }
     double eps() const { return options_.resolved_eps(); }
     virtual bool fused() const { return options_.fused; }
     virtual void set_fused(bool fused) { options_.fused = fused; }
     std::string extra_repr() const override;
+    // The registry entry's functional form over this module's parameters, in this module's form.
+    Var forward(const Var& x) override;
+    // The parameters in the registry entry's order, an absent one as an undefined Var.
+    std::vector<Var> norm_parameters() const;
 
 protected:
-    // nl::Error unless x is floating, has options().dim as its last dim and the norm's dtype.
-    void check_input(const Var& x) const;
+    // Registers the entry's own parameters (not its children's) present under options(), at their init.
+    void register_norm_parameters();
     NormOptions options_;
+
+private:
+    const NormType* type_;
 };
 
 // Builds the norm named by options.type through the registry; an unknown type is an nl::Error
@@ -96,12 +113,19 @@ std::shared_ptr<Norm> make_norm(const NormOptions& options);
 // norms it set. A norm made of norms (HybridNorm, a monitored norm) counts once: it sets its parts.
 int64_t set_norms_fused(Module& model, bool fused);
 
+// A norm that is its registry entry and nothing more: it registers the entry's parameters at their
+// init, and its forward is the entry's functional form. The module of the entries that need no
+// accessors or option checks of their own.
+class RegistryNorm : public Norm {
+public:
+    explicit RegistryNorm(const NormOptions& options);
+};
+
 // nn.LayerNorm(dim, eps, elementwise_affine, bias): weight ones, bias zeros.
 class LayerNorm : public Norm {
 public:
     explicit LayerNorm(const NormOptions& options);
     explicit LayerNorm(int64_t dim, double eps = 1e-5);
-    Var forward(const Var& x) override;
     Var weight() const;  // undefined without elementwise_affine
     Var bias() const;    // undefined without elementwise_affine or bias
 };
@@ -109,16 +133,17 @@ public:
 // LLaMA's RMSNorm as the article writes it (type "rmsnorm", RMSNorm(dim, eps=1e-5)), with a bias
 // (type "rmsnorm_bias", the article's RMSNormWithBias: y = RMSNorm(x) + b, bias zeros), or partial
 // (type "prmsnorm": the RMS over the first partial_stat_count(d, p) elements of each row, the
-// paper's pRMSNorm, normalizing all d). Weight ones. The article's StableRMSNorm (x * rsqrt(mean(x^2)
-// + eps) * weight, without the f32 upcast) is this same function for f32 and f64 inputs.
+// paper's pRMSNorm, normalizing all d). Weight ones. It serves every registry type whose statistic
+// is the RMS in one kernel node; the entry says whether it has a bias and a partial row. The
+// article's StableRMSNorm (x * rsqrt(mean(x^2) + eps) * weight, without the f32 upcast) is this
+// same function for f32 and f64 inputs.
 class RMSNorm : public Norm {
 public:
     explicit RMSNorm(const NormOptions& options);
     explicit RMSNorm(int64_t dim, double eps = 1e-5);
-    Var forward(const Var& x) override;
     Var weight() const;
-    Var bias() const;                 // defined for rmsnorm_bias only
-    int64_t stat_count() const;       // d, or ceil(p * d) for prmsnorm
+    Var bias() const;                 // defined where the entry lists a bias (rmsnorm_bias)
+    int64_t stat_count() const;       // d, or partial_stat_count(d, p) for a partial row (prmsnorm)
 };
 
 // The article's AdaptiveRMSNorm (section 8.2): y = RMSNorm(x) * sigmoid(alpha * x.std(dim=-1,
@@ -130,7 +155,6 @@ public:
 class AdaptiveRMSNorm : public Norm {
 public:
     explicit AdaptiveRMSNorm(const NormOptions& options);
-    Var forward(const Var& x) override;
     Var weight() const;
     Var alpha() const { return parameter("alpha"); }
 };
@@ -144,7 +168,6 @@ class HybridNorm : public Norm {
 public:
     explicit HybridNorm(const NormOptions& options);
     std::string extra_repr() const override;
-    Var forward(const Var& x) override;
     void set_fused(bool fused) override;
     double alpha() const { return options_.alpha; }
     std::shared_ptr<RMSNorm> rms_norm() const;       // read through child(), so replacements are seen

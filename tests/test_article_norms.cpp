@@ -221,10 +221,13 @@ TEST_CASE("norm registry: every entry builds its class with the listed parameter
         CHECK(norm->eps() == type.default_eps);
         std::vector<std::string> names;
         for (const auto& [name, p] : norm->named_parameters()) names.push_back(name);
-        CHECK(names == type.parameters);
-        CHECK(type.gradcheck_param_sizes.size() == type.parameters.size());
-        CHECK_FALSE(type.formula.empty());
-        CHECK_FALSE(type.reference.empty());
+        CHECK(names == norm_parameter_names(type));
+        CHECK(type.forward);
+        CHECK(type.reference);
+        CHECK(type.make);
+        CHECK_FALSE(type.help.formula.empty());
+        CHECK_FALSE(type.help.reference.empty());
+        CHECK_FALSE(type.help.fused_form.empty());
         CHECK(&find_norm_type(type.name) == &type);
     }
     REQUIRE_THROWS_WITH(find_norm_type("batchnorm"), Catch::Contains("unknown norm type 'batchnorm'") &&
@@ -294,5 +297,5 @@ TEST_CASE("normlab norms lists every registered norm with its class, eps and par
     for (const NormType& type : norm_registry())
         CHECK(std::regex_search(run.output, std::regex("\\n" + type.name + " +" + type.class_name + " +1e-05  ")));
     CHECK_THAT(run.output, Catch::Contains("rms_norm.weight, layer_norm.weight, layer_norm.bias"));
-    for (const NormType& type : norm_registry()) CHECK_THAT(run.output, Catch::Contains("fused form: " + type.fused_form));
+    for (const NormType& type : norm_registry()) CHECK_THAT(run.output, Catch::Contains("fused form: " + type.help.fused_form));
 }

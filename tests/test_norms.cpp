@@ -1,16 +1,22 @@
-// Norm tests: every norm against a plain f64 reference loop, fused vs composed (forward and every
-// gradient, f32 and f64), gradcheck of both forms, saved bytes, the paper's invariances, bf16,
+// Norm tests: every norm of the registry, read from its entry (layers/norm_registry.h), against the
+// entry's plain f64 reference loop, fused vs composed (forward and every gradient, f32 and f64),
+// gradcheck of both forms at the entry's tolerances, saved bytes by the entry's fused form,
+// state-dict names and init; then one hand-computed row per norm, the paper's invariances, bf16,
 // the factory, the monitor and the LayerNorm -> RMSNorm migration.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
-#include <map>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "autograd/autograd.h"
 #include "core/fused.h"
 #include "layers/linear.h"
 #include "layers/migrate.h"
 #include "layers/monitor.h"
+#include "layers/norm_registry.h"
 #include "layers/norms.h"
 #include "tests/layers_test_util.h"
 
@@ -20,79 +26,31 @@ using nl::test::randomize_parameters;
 
 namespace {
 
-const std::vector<std::string>& kTypes = norm_types();  // every type of the registry
-
-NormOptions options_for(const std::string& type, int64_t dim, bool fused, DType dtype) {
-    NormOptions o;
-    o.type = type;
-    o.dim = dim;
-    o.fused = fused;
+// The options a test builds `type` with: the entry's gradcheck options (p and alpha away from their
+// defaults where the norm reads them), over dim, in the given form and dtype.
+NormOptions options_for(const NormType& type, int64_t dim, bool fused, DType dtype) {
+    NormOptions o = norm_gradcheck_options(type, dim, fused);
     o.dtype = dtype;
-    o.p = 0.3;      // prmsnorm: ceil(0.3 * 16) = 5 of 16 elements
-    o.alpha = 0.3;  // hybridnorm
     return o;
 }
 
-// The norm's output in plain f64 loops, from the module's own parameters. x: (rows, d) row-major.
-std::vector<double> reference_norm(const Norm& norm, const std::vector<double>& x, int64_t rows, int64_t d) {
-    const std::string& type = norm.options().type;
-    const double eps = norm.eps();
-    NamedVars params = norm.named_parameters();  // dotted: HybridNorm's live in its two children
-    auto param = [&](const std::string& name, double fallback) {
-        for (const auto& [n, p] : params)
-            if (n == name) return p.data().to_vector();
-        return std::vector<double>(d, fallback);
-    };
-    std::vector<double> w = param("weight", 1.0), b = param("bias", 0.0);
-    std::vector<double> rms_w = param("rms_norm.weight", 1.0), ln_w = param("layer_norm.weight", 1.0),
-                        ln_b = param("layer_norm.bias", 0.0);
-    const double alpha = norm.has_parameter("alpha") ? norm.parameter("alpha").item() : 0.0;
-    const int64_t k = type == "prmsnorm" ? partial_stat_count(d, norm.options().p) : d;
+// The norm's output by its entry's f64 reference loop, from the module's own parameters (an absent
+// one at its init, as the reference expects). x: (rows, d) row-major.
+std::vector<double> reference_output(const Norm& norm, const std::vector<double>& x, int64_t rows, int64_t d) {
+    const NormType& type = norm.norm_type();
+    std::vector<std::vector<double>> params;
+    const std::vector<Var> vars = norm.norm_parameters();
+    for (size_t i = 0; i < vars.size(); ++i)
+        params.push_back(vars[i].defined() ? vars[i].data().to_vector() : norm_parameter_init(type.parameters[i], d));
     std::vector<double> out(x.size());
-    for (int64_t r = 0; r < rows; ++r) {
-        const double* xr = &x[r * d];
-        double mu = 0, ms = 0, var = 0;
-        for (int64_t j = 0; j < d; ++j) mu += xr[j] / d;
-        for (int64_t j = 0; j < k; ++j) ms += xr[j] * xr[j] / k;
-        for (int64_t j = 0; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu) / d;
-        const double std_unbiased = std::sqrt(var * d / (d - 1));  // x.std(dim=-1): PyTorch's default
-        for (int64_t j = 0; j < d; ++j) {
-            const double rms_hat = xr[j] / std::sqrt(ms + eps);
-            const double ln_hat = (xr[j] - mu) / std::sqrt(var + eps);
-            double y = 0;
-            if (type == "layernorm") y = ln_hat * w[j] + b[j];
-            else if (type == "rmsnorm" || type == "prmsnorm") y = rms_hat * w[j];
-            else if (type == "rmsnorm_bias") y = rms_hat * w[j] + b[j];
-            else if (type == "adaptive_rmsnorm") y = rms_hat * w[j] / (1 + std::exp(-alpha * std_unbiased));
-            else if (type == "hybridnorm") y = 0.3 * rms_hat * rms_w[j] + 0.7 * (ln_hat * ln_w[j] + ln_b[j]);
-            out[r * d + j] = y;
-        }
-    }
+    for (int64_t r = 0; r < rows; ++r) type.reference(&x[r * d], d, params, norm.options(), &out[r * d]);
     return out;
 }
 
-// The functional form of each norm over gradcheck inputs {x, weight, [bias | alpha]}; hybridnorm:
-// {x, rms weight, ln weight, ln bias}.
-std::vector<Var> functional_inputs(const std::string& type, int64_t rows, int64_t d, Generator& gen) {
-    auto leaf = [&](const Shape& s, double scale, double shift) {
-        return Var(randn(s, gen, DType::F64) * scale + shift, true);
-    };
-    std::vector<Var> in = {leaf({rows, d}, 1.5, 0.3), leaf({d}, 0.5, 1.0)};
-    if (type == "hybridnorm") in.push_back(leaf({d}, 0.5, 1.0));
-    if (type == "layernorm" || type == "rmsnorm_bias" || type == "hybridnorm") in.push_back(leaf({d}, 0.5, 0.0));
-    if (type == "adaptive_rmsnorm") in.push_back(Var(full({1}, 0.7, DType::F64), true));
-    return in;
-}
-
-Var apply_functional(const std::string& type, const std::vector<Var>& in, bool fused) {
-    const int64_t d = in[0].size(-1);
-    if (type == "layernorm") return layer_norm(in[0], in[1], in[2], 1e-5, fused);
-    if (type == "rmsnorm") return rms_norm(in[0], in[1], Var(), 1e-5, fused);
-    if (type == "rmsnorm_bias") return rms_norm(in[0], in[1], in[2], 1e-5, fused);
-    if (type == "prmsnorm") return rms_norm(in[0], in[1], Var(), 1e-5, fused, partial_stat_count(d, 0.3));
-    if (type == "adaptive_rmsnorm") return adaptive_rms_norm(in[0], in[1], in[2], 1e-5, fused);
-    REQUIRE(type == "hybridnorm");  // a new registry type needs its functional form here
-    return hybrid_norm(in[0], in[1], in[2], in[3], 0.3, 1e-5, fused);
+// The entry's functional form over gradcheck inputs {x, parameters...}.
+Var apply_functional(const NormType& type, const std::vector<Var>& in, bool fused) {
+    const NormOptions options = norm_gradcheck_options(type, in[0].size(-1), fused);
+    return type.forward(in[0], std::vector<Var>(in.begin() + 1, in.end()), options, fused);
 }
 
 }  // namespace
@@ -100,15 +58,15 @@ Var apply_functional(const std::string& type, const std::vector<Var>& in, bool f
 TEST_CASE("norms: every norm matches a plain f64 reference loop, both forms", "[norms]") {
     Generator gen(11);
     const int64_t rows = 6, d = 16;
-    for (const auto& type : kTypes) {
+    for (const NormType& type : norm_registry()) {
         for (bool fused : {true, false}) {
-            INFO(type << (fused ? " fused" : " composed"));
+            INFO(type.name << (fused ? " fused" : " composed"));
             auto norm = make_norm(options_for(type, d, fused, DType::F64));
             randomize_parameters(*norm, gen);
             Tensor x = randn({2, 3, d}, gen, DType::F64) * 2.0 + 0.5;  // (2, 3, d): centering matters
             Var y = norm->forward(Var(x));
             REQUIRE(y.shape() == x.shape());
-            Tensor expected = from_vector(reference_norm(*norm, x.to_vector(), rows, d), x.shape(), DType::F64);
+            Tensor expected = from_vector(reference_output(*norm, x.to_vector(), rows, d), x.shape(), DType::F64);
             check_close(y, expected, 1e-12, 1e-10, "output");
         }
     }
@@ -120,8 +78,8 @@ TEST_CASE("norms: fused and composed agree on the output and every gradient (f32
     for (DType dtype : {DType::F32, DType::F64}) {
         const double atol = dtype == DType::F64 ? 1e-12 : 1e-5;
         const double rtol = dtype == DType::F64 ? 1e-10 : 1e-4;
-        for (const auto& type : kTypes) {
-            INFO(type << " " << dtype_name(dtype));
+        for (const NormType& type : norm_registry()) {
+            INFO(type.name << " " << dtype_name(dtype));
             auto fused = make_norm(options_for(type, d, true, dtype));
             auto composed = make_norm(options_for(type, d, false, dtype));
             randomize_parameters(*fused, gen);
@@ -150,9 +108,9 @@ TEST_CASE("norms: fused and composed agree on the output and every gradient (f32
 
 TEST_CASE("norms: a non-contiguous (transposed) input gives the same result", "[norms]") {
     Generator gen(13);
-    for (const auto& type : kTypes) {
+    for (const NormType& type : norm_registry()) {
         for (bool fused : {true, false}) {
-            INFO(type << (fused ? " fused" : " composed"));
+            INFO(type.name << (fused ? " fused" : " composed"));
             auto norm = make_norm(options_for(type, 8, fused, DType::F64));
             randomize_parameters(*norm, gen);
             Tensor base = randn({8, 5}, gen, DType::F64);  // its transpose (5, 8) is the input
@@ -167,20 +125,22 @@ TEST_CASE("norms: a non-contiguous (transposed) input gives the same result", "[
     }
 }
 
-TEST_CASE("norms: gradcheck passes for both forms (f64), gradgradcheck for the composed", "[norms]") {
+TEST_CASE("norms: gradcheck passes for both forms (f64), gradgradcheck for the composed, at the registry's "
+          "tolerances", "[norms]") {
     Generator gen(14);
-    for (const auto& type : kTypes) {
-        std::vector<Var> inputs = functional_inputs(type, 3, 6, gen);
+    for (const NormType& type : norm_registry()) {
+        std::vector<Var> inputs = norm_gradcheck_inputs(type, {3, 6}, gen);
+        const double atol = type.gradcheck.atol, rtol = type.gradcheck.rtol;
         for (bool fused : {true, false}) {
-            INFO(type << (fused ? " fused" : " composed"));
+            INFO(type.name << (fused ? " fused" : " composed"));
             GradcheckResult r = gradcheck([&](const std::vector<Var>& in) { return apply_functional(type, in, fused); },
-                                          inputs);
+                                          inputs, 1e-6, atol, rtol);
             INFO(r.message);
             CHECK(r.ok);
         }
-        INFO(type << " composed, second order");
+        INFO(type.name << " composed, second order");
         GradcheckResult r2 = gradgradcheck(
-            [&](const std::vector<Var>& in) { return apply_functional(type, in, false); }, inputs);
+            [&](const std::vector<Var>& in) { return apply_functional(type, in, false); }, inputs, 1e-6, atol, rtol);
         INFO(r2.message);
         CHECK(r2.ok);
     }
@@ -188,27 +148,32 @@ TEST_CASE("norms: gradcheck passes for both forms (f64), gradgradcheck for the c
 
 TEST_CASE("norms: a fused norm refuses create_graph with a clear error", "[norms]") {
     Generator gen(15);
-    std::vector<Var> in = functional_inputs("rmsnorm", 2, 4, gen);
+    std::vector<Var> in = norm_gradcheck_inputs(find_norm_type("rmsnorm"), {2, 4}, gen);
     Var y = sum(square(rms_norm(in[0], in[1], Var(), 1e-6, true)));
     REQUIRE_THROWS_WITH(gradients(y, {in[0]}, Var(), false, true), Catch::Contains("first-order only"));
 }
 
-TEST_CASE("norms: fused saves exactly x + rstd (+ mean), less than composed", "[norms]") {
+TEST_CASE("norms: a one-node fused form saves exactly x + rstd (+ mean), any kernel form less than composed",
+          "[norms]") {
     Generator gen(16);
     const int64_t d = 16, rows = 20;
     for (DType dtype : {DType::F32, DType::F64}) {
         const int64_t stat = dtype == DType::F64 ? 8 : 4;  // rstd/mean are f64 for f64 x, else f32
-        for (const auto& type : kTypes) {
-            INFO(type << " " << dtype_name(dtype));
+        for (const NormType& type : norm_registry()) {
+            INFO(type.name << " " << dtype_name(dtype));
             auto fused = make_norm(options_for(type, d, true, dtype));
             auto composed = make_norm(options_for(type, d, false, dtype));
             Var x(randn({4, 5, d}, gen, dtype), true);  // (4, 5, d): 20 rows
             Var yf = fused->forward(x), yc = composed->forward(x);
             const int64_t bf = graph_saved_bytes(yf), bc = graph_saved_bytes(yc);
             INFO("fused " << bf << " B, composed " << bc << " B\n" << graph_summary(yf) << "\n" << graph_summary(yc));
+            if (type.fused == FusedForm::Composed) {  // no kernel: the fused form is the composed form
+                CHECK(bf == bc);
+                continue;
+            }
             CHECK(bf < bc);
-            if (type == "adaptive_rmsnorm" || type == "hybridnorm") continue;  // partly composed by design
-            const bool ln = type == "layernorm";
+            if (type.fused == FusedForm::KernelAndOps) continue;  // the kernel's nodes plus composed ops
+            const bool ln = type.statistic == NormStatistic::Variance;  // the node saves the mean too
             CHECK(bf == x.data().nbytes() + rows * stat * (ln ? 2 : 1));
             // The graph is one node, and it saved exactly these names.
             auto nodes = graph_nodes(yf);
@@ -267,22 +232,67 @@ TEST_CASE("norms: bf16 RMSNorm equals the f32 math then a cast (LLaMA's x.float(
     }
 }
 
+namespace {
+
+// One row per norm, written by hand rather than read from the registry, so the entry is checked
+// against something it did not produce: its state-dict names with the default options, and its
+// output on the explainer's x = [1, 2, 3, 4] (d = 4) with its parameters at their init and the
+// default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5), as a function of each x_j.
+struct NormRow {
+    std::string type;
+    std::vector<std::string> state_names;
+    std::function<double(double)> y;
+};
+
+const double kRms = std::sqrt(7.5 + 1e-5);   // sqrt(mean(x^2) + eps)
+const double kStd = std::sqrt(1.25 + 1e-5);  // sqrt(var(x) + eps), var biased
+const double kGate = 1.0 / (1.0 + std::exp(-std::sqrt(5.0 / 3.0)));  // sigmoid(1 * unbiased std)
+
+const std::vector<NormRow> kNormRows = {
+    {"layernorm", {"weight", "bias"}, [](double x) { return (x - 2.5) / kStd; }},
+    {"rmsnorm", {"weight"}, [](double x) { return x / kRms; }},
+    {"rmsnorm_bias", {"weight", "bias"}, [](double x) { return x / kRms; }},
+    {"prmsnorm", {"weight"}, [](double x) { return x / std::sqrt(1.0 + 1e-5); }},
+    {"adaptive_rmsnorm", {"weight", "alpha"}, [](double x) { return x / kRms * kGate; }},
+    {"hybridnorm", {"rms_norm.weight", "layer_norm.weight", "layer_norm.bias"},
+     [](double x) { return 0.5 * x / kRms + 0.5 * (x - 2.5) / kStd; }},
+};
+
+}  // namespace
+
+TEST_CASE("norms: every registry entry has a hand-written row, and matches it", "[norms]") {
+    REQUIRE(kNormRows.size() == norm_registry().size());
+    const Tensor x = from_vector(std::vector<double>{1, 2, 3, 4}, {1, 4}, DType::F64);
+    for (const NormType& type : norm_registry()) {
+        INFO(type.name);
+        auto row = std::find_if(kNormRows.begin(), kNormRows.end(), [&](const NormRow& r) { return r.type == type.name; });
+        REQUIRE(row != kNormRows.end());  // a new norm adds its row to kNormRows
+        CHECK(norm_parameter_names(type) == row->state_names);
+        std::vector<double> expected;
+        for (double v : x.to_vector()) expected.push_back(row->y(v));
+        for (bool fused : {true, false}) {
+            auto norm = make_norm(NormOptions{.type = type.name, .dim = 4, .fused = fused, .dtype = DType::F64});
+            check_close(norm->forward(Var(x)), from_vector(expected, {1, 4}, DType::F64), 1e-12, 1e-12, "output");
+        }
+    }
+}
+
 TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
-    std::map<std::string, std::vector<std::string>> expected_names = {
-        {"layernorm", {"weight", "bias"}},      {"rmsnorm", {"weight"}},
-        {"rmsnorm_bias", {"weight", "bias"}},   {"prmsnorm", {"weight"}},
-        {"adaptive_rmsnorm", {"weight", "alpha"}},
-        {"hybridnorm", {"rms_norm.weight", "layer_norm.weight", "layer_norm.bias"}}};
-    for (const auto& type : kTypes) {
-        INFO(type);
-        auto norm = make_norm(NormOptions{.type = type, .dim = 8});
+    for (const NormType& type : norm_registry()) {
+        INFO(type.name);
+        auto norm = make_norm(NormOptions{.type = type.name, .dim = 8});
+        CHECK(norm->type_name() == type.class_name);
         std::vector<std::string> names;
         for (auto& [name, p] : norm->named_parameters()) names.push_back(name);
-        CHECK(names == expected_names[type]);
+        CHECK(names == norm_parameter_names(type));
         CHECK(norm->eps() == 1e-5);  // the article's classes' default, for every type
-        // weights start at one, biases at zero, alpha at one
-        for (auto& [name, p] : norm->named_parameters())
-            CHECK(p.data().to_vector() == std::vector<double>(p.numel(), name.find("bias") != std::string::npos ? 0.0 : 1.0));
+        // Each parameter at its entry's init (weights one, biases zero, alpha one), in f32.
+        const NamedVars params = norm->named_parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+            const Tensor& value = params[i].second.data();
+            const Tensor init = from_vector(norm_parameter_init(type.parameters[i], 8), value.shape(), value.dtype());
+            CHECK(value.to_vector() == init.to_vector());
+        }
     }
     CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .eps = 1e-3})->eps() == 1e-3);
     CHECK(make_norm(NormOptions{.type = "layernorm", .dim = 8, .bias = false})->named_parameters().size() == 1);

@@ -1,37 +1,39 @@
-// The `normlab` program's subcommands: each job lives in its own examples/<job>.cpp (the library
-// normlab_app) and adds itself to the command line through one register function declared here,
-// which main.cpp, the program's entry point, calls.
+// The `normlab` program's subcommands: each lives in its own examples/cli/<job>_cmd.cpp (or
+// bench_<name>.cpp), which parses its flags, calls the job in jobs/ and prints, and adds itself to
+// the command line through one register function declared here, which main.cpp calls.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 namespace nl::cli {
 
-// `normlab info`: version, build, BLAS, threads, devices, dtypes, memory (examples/info.cpp).
+// `normlab info`: version, build, BLAS, threads, devices, dtypes, memory (examples/cli/info_cmd.cpp).
 void register_info(CLI::App& app);
 
 // `normlab bench ...`: benchmarks are subcommands of `bench`, which main.cpp creates.
-// `normlab bench core`: matmul vs direct cblas, elementwise vs memcpy (examples/bench_core.cpp).
+// `normlab bench core`: matmul vs direct cblas, elementwise vs memcpy (examples/cli/bench_core.cpp).
 void register_bench_core(CLI::App& bench);
 
-// `normlab train CONFIG`: the toy transformer LM on synthetic tasks or a text file (examples/train.cpp).
+// `normlab train CONFIG`: the toy transformer LM on synthetic tasks or a text file (examples/cli/train_cmd.cpp).
 void register_train(CLI::App& app);
-// `normlab sample CHECKPOINT`: sequences or text from a train checkpoint (examples/sample.cpp).
+// `normlab sample CHECKPOINT`: sequences or text from a train checkpoint (examples/cli/sample_cmd.cpp).
 void register_sample(CLI::App& app);
 // `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm, fused vs composed, fwd and fwd+bwd, GB/s vs a
-// memory copy, peak memory and bytes saved for backward (examples/bench_norms.cpp).
+// memory copy, peak memory and bytes saved for backward (examples/cli/bench_norms.cpp).
 void register_bench_norms(CLI::App& bench);
 // `normlab bench torch`: normlab vs PyTorch on CPU, the stability experiment's seconds per epoch and
-// the toy transformer's tokens/s, side by side in one run (examples/bench_torch.cpp).
+// the toy transformer's tokens/s, side by side in one run (examples/cli/bench_torch.cpp).
 void register_bench_torch(CLI::App& bench);
 
-// `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/stability.cpp).
+// `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/cli/stability_cmd.cpp).
 void register_stability(CLI::App& app);
-// `normlab gradcheck`: every norm (both forms) and layer checked in f64 (examples/gradcheck_cmd.cpp).
+// `normlab gradcheck`: every norm (both forms) and layer checked in f64 (jobs/gradcheck.h,
+// examples/cli/gradcheck_cmd.cpp).
 void register_gradcheck(CLI::App& app);
-// `normlab graph --layer NAME --dot out.dot`: a norm's autograd graph (examples/graph_cmd.cpp).
+// `normlab graph --layer NAME --dot out.dot`: a norm's autograd graph (jobs/norm_graph.h,
+// examples/cli/graph_cmd.cpp).
 void register_graph(CLI::App& app);
-// `normlab norms [--example]`: the norm registry, or the explainer's worked example (examples/norms_cmd.cpp).
+// `normlab norms [--example]`: the norm registry, or the explainer's worked example (examples/cli/norms_cmd.cpp).
 void register_norms(CLI::App& app);
 
 }  // namespace nl::cli

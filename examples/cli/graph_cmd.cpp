@@ -1,7 +1,7 @@
 // `normlab graph --layer NAME [--fused|--composed] --dot out.dot`: runs one norm forward on a small
-// random batch and shows the autograd graph it records: one line per node with what it saved for
-// backward, the total saved bytes (next to the other form's, for comparison), and Graphviz DOT,
-// rendered to PNG when `dot` is installed.
+// random batch (jobs/norm_graph.h) and shows the autograd graph it records: one line per node with
+// what it saved for backward, the total saved bytes (next to the other form's, for comparison), and
+// Graphviz DOT, rendered to PNG when `dot` is installed.
 #include "examples/cli/commands.h"
 
 #include <cstdlib>
@@ -11,12 +11,10 @@
 
 #include <fmt/core.h>
 
-#include "autograd/autograd.h"
-#include "autograd/graph.h"
 #include "core/error.h"
+#include "jobs/norm_graph.h"
 #include "jobs/run_dir.h"
 #include "layers/norm_registry.h"
-#include "layers/norms.h"
 
 namespace nl::cli {
 
@@ -32,19 +30,6 @@ struct Options {
     std::string dtype = "f32";
 };
 
-// The norm's output on a (rows, dim) N(0, 1) input that requires grad, so the graph is recorded.
-Var norm_output(const Options& opt, bool fused) {
-    NormOptions options;
-    options.type = opt.layer;
-    options.dim = opt.dim;
-    options.fused = fused;
-    options.dtype = dtype_from_name(opt.dtype);
-    std::shared_ptr<Norm> norm = make_norm(options);
-    Generator gen(0);
-    Var x(randn({opt.rows, opt.dim}, gen, options.dtype), true);  // (rows, dim)
-    return norm->forward(x);
-}
-
 std::string shell_quote(const std::string& text) {
     std::string out = "'";
     for (char ch : text) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -56,14 +41,14 @@ void run_graph(const Options& opt) {
     NL_REQUIRE(opt.rows >= 1 && opt.dim >= 1, "graph: --rows and --dim must be at least 1, found ", opt.rows, " and ",
                opt.dim);
     const bool fused = !opt.composed;  // the layers' default form
-    Var y = norm_output(opt, fused);
-    Var other = norm_output(opt, !fused);
+    const NormGraph graph = inspect_norm_graph(
+        {.type = opt.layer, .fused = fused, .rows = opt.rows, .dim = opt.dim, .dtype = dtype_from_name(opt.dtype)});
     const char* form = fused ? "fused" : "composed";
-    fmt::print("{} ({}), input [{}, {}] {}\n{}", opt.layer, form, opt.rows, opt.dim, opt.dtype, graph_summary(y));
-    fmt::print("saved for backward: {} B ({} form: {} B)\n", graph_saved_bytes(y), fused ? "composed" : "fused",
-               graph_saved_bytes(other));
+    fmt::print("{} ({}), input [{}, {}] {}\n{}", opt.layer, form, opt.rows, opt.dim, opt.dtype, graph.summary);
+    fmt::print("saved for backward: {} B ({} form: {} B)\n", graph.saved_bytes, fused ? "composed" : "fused",
+               graph.other_saved_bytes);
     if (opt.dot.empty()) return;
-    write_file_atomic(opt.dot, graph_to_dot(y));
+    write_file_atomic(opt.dot, graph.dot);
     fmt::print("wrote {}\n", opt.dot);
     if (std::system("command -v dot >/dev/null 2>&1") != 0) {
         fmt::print("Graphviz `dot` not found: no PNG (render later with: dot -Tpng {} -o graph.png)\n", opt.dot);

@@ -1,5 +1,5 @@
-// `normlab norms`: lists the norm registry (name, PyTorch class, default eps, parameters, formula,
-// fused form);
+// `normlab norms`: lists the norm registry (name, PyTorch class, default eps, statistic, parameters,
+// formula, fused form);
 // `normlab norms --example` runs the RMSNorm explainer's worked example, x = [1, 2, 3, 4], through
 // normlab's LayerNorm and RMSNorm (weight 1, bias 0, default eps) and prints each step.
 #include "examples/cli/commands.h"
@@ -36,13 +36,15 @@ std::string vector_str(const std::vector<double>& values, const char* format) {
 }
 
 void print_registry() {
-    fmt::print("{:<17} {:<16} {:>7}  {}\n", "type", "class", "eps", "parameters");
+    fmt::print("{:<17} {:<16} {:>7}  {:<22} {}\n", "type", "class", "eps", "statistic", "parameters");
     for (const NormType& t : norm_registry())
-        fmt::print("{:<17} {:<16} {:>7g}  {}\n", t.name, t.class_name, t.default_eps, join(t.parameters));
+        fmt::print("{:<17} {:<16} {:>7g}  {:<22} {}\n", t.name, t.class_name, t.default_eps,
+                   norm_statistic_name(t.statistic) + std::string(t.partial_row ? " (part of the row)" : ""),
+                   join(norm_parameter_names(t)));
     fmt::print("\n");
     for (const NormType& t : norm_registry())
-        fmt::print("{:<17} {}\n{:<17} ({})\n{:<17} fused form: {}\n", t.name, t.formula, "", t.reference, "",
-                   t.fused_form);
+        fmt::print("{:<17} {}\n{:<17} ({})\n{:<17} fused form: {}\n", t.name, t.help.formula, "", t.help.reference, "",
+                   t.help.fused_form);
     fmt::print("\nEvery type also has a composed form (\"fused\": false: autograd ops, differentiable twice). "
                "`normlab norms --example` shows the explainer's worked example.\n");
 }
