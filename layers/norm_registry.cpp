@@ -2,6 +2,7 @@
 // of the formulas the entries' reference forms share.
 #include "layers/norm_registry.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -197,11 +198,38 @@ void add_article_norms(std::vector<NormType>& types) {
     });
 }
 
+// Norms without a kernel of their own: the fused form is the composed form.
+void add_composed_norms(std::vector<NormType>& types) {
+    types.push_back({
+        .name = "scalenorm",
+        .class_name = "ScaleNorm",
+        .default_eps = 1e-5,
+        .statistic = NormStatistic::L2Norm,
+        .fused = FusedForm::Composed,
+        .parameters = {{"", "g", ParameterShape::One, ParameterInit::SqrtDim, ParameterPresence::Always}},
+        .forward = [](const Var& x, const std::vector<Var>& p, const NormOptions& o, bool) {
+            return scale_norm(x, p[0], o.resolved_eps());
+        },
+        .reference = [](const double* x, int64_t d, const Values& p, const NormOptions& o, double* y) {
+            double ss = 0.0;
+            for (int64_t j = 0; j < d; ++j) ss += x[j] * x[j];
+            const double scale = p[0][0] / std::max(std::sqrt(ss), o.resolved_eps());
+            for (int64_t j = 0; j < d; ++j) y[j] = x[j] * scale;
+        },
+        .gradcheck = {},  // the default options and tolerances
+        .help = {.formula = "y = g * x / max(||x||_2, eps)   (g a learned [1] scale, init sqrt(d))",
+                 .reference = "Nguyen & Salazar 2019, Transformers without Tears (ScaleNorm)",
+                 .fused_form = "the composed form (autograd ops; no kernel of its own)"},
+        .make = make<RegistryNorm>,
+    });
+}
+
 std::vector<NormType> build_registry() {
     std::vector<NormType> types;
     add_layer_norms(types);
     add_rms_norms(types);
     add_article_norms(types);
+    add_composed_norms(types);
     return types;
 }
 
@@ -214,6 +242,7 @@ const char* norm_statistic_name(NormStatistic statistic) {
         case NormStatistic::Variance: return "variance";
         case NormStatistic::RootMeanSquare: return "RMS";
         case NormStatistic::Both: return "variance and RMS";
+        case NormStatistic::L2Norm: return "L2 norm";
     }
     throw Error("norm_statistic_name: unknown statistic");
 }
@@ -255,6 +284,7 @@ std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t 
     switch (parameter.init) {
         case ParameterInit::Ones: return std::vector<double>(n, 1.0);
         case ParameterInit::Zeros: return std::vector<double>(n, 0.0);
+        case ParameterInit::SqrtDim: return std::vector<double>(n, std::sqrt(static_cast<double>(d)));
     }
     throw Error("norm_parameter_init: unknown init");
 }

@@ -23,6 +23,7 @@ enum class NormStatistic {
     Variance,        // mean-subtracting: (x - mean(x)) / sqrt(var(x) + eps), var biased (LayerNorm)
     RootMeanSquare,  // x / sqrt(mean(x^2) + eps) (RMSNorm)
     Both,            // a Variance branch and a RootMeanSquare branch, blended (HybridNorm)
+    L2Norm,          // x / max(||x||_2, eps) (ScaleNorm)
 };
 
 // What the fused form (NormOptions::fused, the default) runs.
@@ -33,7 +34,7 @@ enum class FusedForm {
 };
 
 enum class ParameterShape { Features, One };      // [d] or [1]
-enum class ParameterInit { Ones, Zeros };  // 1 or 0 in every element
+enum class ParameterInit { Ones, Zeros, SqrtDim };  // 1, 0 or sqrt(d) in every element
 // When the module has the parameter: always, with elementwise_affine, or with elementwise_affine
 // and bias (NormOptions).
 enum class ParameterPresence { Always, Affine, AffineAndBias };
@@ -76,7 +77,7 @@ struct NormHelp {
     std::string fused_form;  // what the fused form runs
 };
 
-// "variance", "RMS" or "variance and RMS": for help texts.
+// "variance", "RMS", "variance and RMS" or "L2 norm": for help texts.
 const char* norm_statistic_name(NormStatistic statistic);
 
 struct NormType {
@@ -107,7 +108,7 @@ std::string norm_type_choices();
 // The state-dict names of the parameters with the default options: {"weight", "bias"}.
 std::vector<std::string> norm_parameter_names(const NormType& type);
 
-// A parameter's initial values for a norm over d features: d (or 1) ones or zeros.
+// A parameter's initial values for a norm over d features: d (or 1) ones, zeros or sqrt(d).
 std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t d);
 
 // Whether a module built with `options` has the parameter.

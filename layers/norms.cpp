@@ -166,6 +166,15 @@ Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const
     return r * alpha + l * (1.0 - alpha);
 }
 
+Var scale_norm(const Var& x, const Var& g, double eps) {
+    const char* op = "scale_norm";
+    check_input(op, x, eps);
+    check_parameter(op, "g", g, {1}, x, true);
+    Var xf = to_compute(x);                                               // (..., d)
+    Var sum_of_squares = maximum(sum(square(xf), {-1}, true), eps * eps);  // (..., 1): max(||x||, eps)^2
+    return cast_back(xf * rsqrt(sum_of_squares), x.dtype()) * g;
+}
+
 // ---- options, base, factory ----
 
 namespace {

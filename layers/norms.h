@@ -53,6 +53,11 @@ Var adaptive_rms_norm(const Var& x, const Var& weight, const Var& alpha, double 
 // layer_norm(x, ln_weight, ln_bias), each branch with its own affine parameters.
 Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const Var& ln_bias, double alpha,
                 double eps, bool fused);
+// ScaleNorm (Nguyen & Salazar 2019, Transformers without Tears): y = g * x / max(||x||_2, eps) over
+// the last dim, g a [1] Var of x's dtype. Composed from autograd ops (it has no kernel of its own),
+// as x * rsqrt(max(sum(x^2), eps^2)): the same value, with a zero gradient instead of 0 * inf for
+// a row of zeros. The L2 norm in f32 for half inputs, cast back, then * g.
+Var scale_norm(const Var& x, const Var& g, double eps);
 
 // ---- options and the factory ----
 
@@ -115,7 +120,7 @@ int64_t set_norms_fused(Module& model, bool fused);
 
 // A norm that is its registry entry and nothing more: it registers the entry's parameters at their
 // init, and its forward is the entry's functional form. The module of the entries that need no
-// accessors or option checks of their own.
+// accessors or option checks of their own (scalenorm: ScaleNorm, whose parameter is "g").
 class RegistryNorm : public Norm {
 public:
     explicit RegistryNorm(const NormOptions& options);

@@ -237,7 +237,7 @@ namespace {
 // One row per norm, written by hand rather than read from the registry, so the entry is checked
 // against something it did not produce: its state-dict names with the default options, and its
 // output on the explainer's x = [1, 2, 3, 4] (d = 4) with its parameters at their init and the
-// default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5), as a function of each x_j.
+// default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5, g = sqrt(4)), as a function of each x_j.
 struct NormRow {
     std::string type;
     std::vector<std::string> state_names;
@@ -256,6 +256,7 @@ const std::vector<NormRow> kNormRows = {
     {"adaptive_rmsnorm", {"weight", "alpha"}, [](double x) { return x / kRms * kGate; }},
     {"hybridnorm", {"rms_norm.weight", "layer_norm.weight", "layer_norm.bias"},
      [](double x) { return 0.5 * x / kRms + 0.5 * (x - 2.5) / kStd; }},
+    {"scalenorm", {"g"}, [](double x) { return 2.0 * x / std::sqrt(30.0); }},
 };
 
 }  // namespace
@@ -286,7 +287,7 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
         for (auto& [name, p] : norm->named_parameters()) names.push_back(name);
         CHECK(names == norm_parameter_names(type));
         CHECK(norm->eps() == 1e-5);  // the article's classes' default, for every type
-        // Each parameter at its entry's init (weights one, biases zero, alpha one), in f32.
+        // Each parameter at its entry's init (weights one, biases zero, alpha one, g sqrt(d)), in f32.
         const NamedVars params = norm->named_parameters();
         for (size_t i = 0; i < params.size(); ++i) {
             const Tensor& value = params[i].second.data();
