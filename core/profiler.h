@@ -5,7 +5,7 @@
 // building, allocation, shape checks) shows as the gap between the kernels' total and the measured
 // step time.
 //
-// Cost when off: one branch on a global in backend_for (core/cpu/cpu_backend.cpp). When on,
+// Cost when off: one branch on a global in backend_for (core/backend.cpp). When on,
 // backend_for hands out a wrapper backend that reads the clock around each call (and on a GPU
 // synchronizes after it, so the time is the kernel's, not its launch). Meant for one thread driving
 // the kernels (the train loop); the kernels' own OpenMP threads are inside the timed call.

@@ -1,25 +1,8 @@
-// The backend registry: one static CpuBackend, and the CUDA backends when built with CUDA.
+// What the CPU kernels were compiled for and what this CPU runs (core/cpu_runtime.h): compiled with
+// core/cpu, so each x86 level's objects report their own target.
 #include "core/cpu/cpu_backend.h"
 
-#include "core/error.h"
-#include "core/profiler.h"
-#ifdef NORMLAB_HAVE_CUDA
-#include "core/cuda/nl_cuda_api.h"
-#endif
-
 namespace nl {
-
-static Backend& unprofiled_backend_for(Device device) {
-    if (device.is_cpu()) {
-        static CpuBackend cpu;
-        return cpu;
-    }
-#ifdef NORMLAB_HAVE_CUDA
-    return cuda_backend(device.index);
-#else
-    throw Error("backend_for: normlab was built without CUDA (asked for " + device.str() + ")");
-#endif
-}
 
 const char* cpu_vector_target() {
 #if defined(__AVX512F__) && defined(NORMLAB_VECTOR_LOOPS_512)
@@ -47,12 +30,6 @@ const char* cpu_vector_support() {
 #else
     return "a non-x86 vector unit";
 #endif
-}
-
-Backend& backend_for(Device device) {
-    // The profiler's switch (core/profiler.h): one branch when it is off.
-    if (profiler::enabled()) return profiler::profiled(unprofiled_backend_for(device));
-    return unprofiled_backend_for(device);
 }
 
 }  // namespace nl
