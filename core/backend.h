@@ -1,8 +1,9 @@
 // The one backend interface: one function per kernel, forward and backward next to each other.
-// Kernels take raw pointers and explicit sizes; ops.cpp does the checking, broadcasting and
-// allocation. A backend implements every pure virtual here, so a missing kernel fails to compile
-// (an abstract class cannot be instantiated). Floating kernels see f32 or f64 only: ops convert
-// bf16/f16 to f32 first (copy/fill see every dtype).
+// Kernels take raw pointers and explicit sizes (the wide fused ones as one argument struct each);
+// the ops (ops*.cpp, fused.cpp) do the user-facing checking, broadcasting and allocation. A backend
+// implements every pure virtual here, so a missing kernel fails to compile (an abstract class cannot
+// be instantiated). Floating kernels see f32 or f64 only: ops convert bf16/f16 to f32 first
+// (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,179 @@ enum class BinaryOp { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le,
 enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Silu, Sigmoid, Tanh, Gelu, Sign, Square };
 // SumSquares is sum(x * x) without the squared tensor (gradient clipping's norms).
 enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax, SumSquares };
+
+// ---- the wide kernels' arguments: one struct per kernel ----
+// The fused kernels (norms, cross-entropy, optimizers, attention) take their many pointers and sizes
+// as one struct, so each parameter list is written once, here: the Backend methods, both backends
+// and the profiler name the struct only, and callers fill it field by field by name. Unlike the
+// kernels above, the norm and cross-entropy kernels read and write bf16/f16 themselves (converting to
+// f32 in registers), so a half-precision norm moves only half-precision bytes.
+//
+// Checks: the op layer (core/fused.cpp) refuses bad user input with a message for the user; a
+// backend calls check_kernel_args, which only asserts the invariants (InternalError).
+
+// One norm over the last dim of contiguous x, serving LayerNorm, RMSNorm, RMSNorm with bias and
+// pRMSNorm. Statistics use each row's first k = stat_count (1..d) elements:
+//   subtract_mean: mean = sum_k(x)/k, var = sum_k((x-mean)^2)/k (two-pass, biased),
+//                  rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * w + b
+//   else (RMS):    rstd = 1/sqrt(sum_k(x^2)/k + eps) (eps inside the sqrt, as LLaMA),
+//                  y = x * rstd * w + b
+// x, y, weight and bias have `dtype`; mean and rstd are f64 for f64, else f32.
+struct NormForwardArgs {
+    DType dtype = DType::F32;      // f32, f64, bf16 or f16
+    const void* x = nullptr;       // [rows, d]
+    const void* weight = nullptr;  // [d], or null: 1
+    const void* bias = nullptr;    // [d], or null: 0
+    void* y = nullptr;             // [rows, d]
+    void* mean = nullptr;          // [rows]; null or ignored unless subtract_mean
+    void* rstd = nullptr;          // [rows]
+    int64_t rows = 0;
+    int64_t d = 0;
+    double eps = 0.0;
+    bool subtract_mean = false;  // LayerNorm; else RMS
+    int64_t stat_count = 0;      // k
+};
+// Closed-form backward of norm_forward given its saved mean/rstd. With xhat = (x - mean) * rstd,
+// g = dy * w and S the first k elements (llm.c layernorm_backward, generalized to k <= d):
+//   dx_j = rstd * (g_j - [j in S] * (sum_d(g)/k [subtract_mean only] + xhat_j * sum_d(g*xhat)/k))
+//   dweight = sum_rows(dy * xhat), dbias = sum_rows(dy), deterministic (no atomics; the same
+//   bits for any thread count). With rows == 0, dweight and dbias are written as zeros.
+struct NormBackwardArgs {
+    DType dtype = DType::F32;      // f32, f64, bf16 or f16: dy, x, weight, dx, dweight, dbias
+    const void* dy = nullptr;      // [rows, d]
+    const void* x = nullptr;       // [rows, d]
+    const void* weight = nullptr;  // [d], or null: 1
+    const void* mean = nullptr;    // [rows], f64 for f64 else f32; needed when subtract_mean
+    const void* rstd = nullptr;    // [rows], f64 for f64 else f32
+    void* dx = nullptr;            // [rows, d]
+    void* dweight = nullptr;       // [d], or null: not wanted
+    void* dbias = nullptr;         // [d], or null: not wanted
+    int64_t rows = 0;
+    int64_t d = 0;
+    bool subtract_mean = false;
+    int64_t stat_count = 0;  // k
+};
+
+// Cross-entropy over contiguous logits with i64 targets, each in [0, classes) or equal to
+// ignore_index (checked by the caller). Writes lse = logsumexp(logits row) and loss = lse -
+// logit[target] (0 for ignored rows).
+struct CrossEntropyForwardArgs {
+    DType dtype = DType::F32;         // of logits: f32, f64, bf16 or f16
+    const void* logits = nullptr;     // [rows, classes]
+    const int64_t* targets = nullptr;  // [rows]
+    void* loss = nullptr;             // [rows], f64 for f64 else f32
+    void* lse = nullptr;              // [rows], f64 for f64 else f32
+    int64_t rows = 0;
+    int64_t classes = 0;
+    int64_t ignore_index = -100;
+};
+// dlogits = (softmax(logits) - onehot(target)) * dloss[r] * scale; ignored rows get exact zeros.
+struct CrossEntropyBackwardArgs {
+    DType dtype = DType::F32;          // of logits and dlogits: f32, f64, bf16 or f16
+    const void* logits = nullptr;      // [rows, classes]
+    const int64_t* targets = nullptr;  // [rows]
+    const void* lse = nullptr;         // [rows], f64 for f64 else f32: the forward's
+    const void* dloss = nullptr;       // [rows], f64 for f64 else f32; or null: 1
+    double scale = 1.0;
+    void* dlogits = nullptr;  // [rows, classes]
+    int64_t rows = 0;
+    int64_t classes = 0;
+    int64_t ignore_index = -100;
+};
+
+// One pass of Adam (decoupled = false, L2 decay added to the gradient) or AdamW (decoupled = true,
+// p *= 1 - lr*wd) over n contiguous elements, in place, in the exact op order of PyTorch's
+// _single_tensor_adam.
+struct AdamStepArgs {
+    DType dtype = DType::F32;           // f32 or f64, every buffer
+    void* param = nullptr;              // [n]
+    const void* grad = nullptr;         // [n]
+    void* exp_avg = nullptr;            // [n]
+    void* exp_avg_sq = nullptr;         // [n]
+    void* max_exp_avg_sq = nullptr;     // [n]: AMSGrad's running max of exp_avg_sq; or null
+    int64_t n = 0;
+    double lr = 0.0;
+    double beta1 = 0.0;
+    double beta2 = 0.0;
+    double eps = 0.0;
+    double weight_decay = 0.0;
+    int64_t step = 0;  // counts from 1 (already incremented)
+    bool decoupled = false;
+};
+// SGD as PyTorch: g += wd*p; with momentum: buf = g on the first step, else
+// buf = momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf; p -= lr*g.
+struct SgdStepArgs {
+    DType dtype = DType::F32;         // f32 or f64, every buffer
+    void* param = nullptr;            // [n]
+    const void* grad = nullptr;       // [n]
+    void* momentum_buffer = nullptr;  // [n]; null when momentum == 0
+    int64_t n = 0;
+    double lr = 0.0;
+    double momentum = 0.0;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+    bool first_step = false;
+};
+
+// The sizes of one causal attention: q and out [batch, q_len, heads, head_dim], k and v [batch,
+// kv_len, kv_heads, head_dim]; heads % kv_heads == 0 and query head h reads kv head h / (heads /
+// kv_heads) (grouped-query attention, no repeated copies).
+struct AttentionDims {
+    int64_t batch = 0;
+    int64_t q_len = 0;
+    int64_t kv_len = 0;
+    int64_t heads = 0;
+    int64_t kv_heads = 0;
+    int64_t head_dim = 0;
+};
+// Causal scaled dot-product attention (FlashAttention's algorithm: Dao et al. 2022, and
+// FlashAttention-2, Dao 2023). Query row i sits at position kv_len - q_len + i (the cached positions
+// come first) and sees the keys j <= it:
+//   s_ij = scale * q_i . k_j,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j
+// Key tiles are visited with an online softmax (running max and sum), so no (q_len x kv_len)
+// matrix is ever stored. lse holds the row statistics the backward recomputes the probabilities from.
+struct AttentionForwardArgs {
+    DType dtype = DType::F32;  // f32 or f64, every buffer
+    AttentionDims dims;
+    const void* q = nullptr;  // [batch, q_len, heads, head_dim]
+    const void* k = nullptr;  // [batch, kv_len, kv_heads, head_dim]
+    const void* v = nullptr;  // [batch, kv_len, kv_heads, head_dim]
+    void* out = nullptr;      // [batch, q_len, heads, head_dim]
+    void* lse = nullptr;      // [batch, heads, q_len]
+    double scale = 1.0;
+};
+// Its backward (FlashAttention-2's, with p_ij = exp(s_ij - lse_i) recomputed tile by tile):
+//   delta_i = dout_i . out_i,  dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - delta_i)
+//   dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_{i, h in j's group} ds_ij q_i,  dv_j = sum p_ij dout_i
+// dq, dk, dv are written, not accumulated; each element is summed by one thread in a fixed order, so
+// the bits do not depend on the thread count.
+struct AttentionBackwardArgs {
+    DType dtype = DType::F32;  // f32 or f64, every buffer
+    AttentionDims dims;
+    const void* q = nullptr;     // [batch, q_len, heads, head_dim]
+    const void* k = nullptr;     // [batch, kv_len, kv_heads, head_dim]
+    const void* v = nullptr;     // [batch, kv_len, kv_heads, head_dim]
+    const void* out = nullptr;   // [batch, q_len, heads, head_dim]: the forward's
+    const void* dout = nullptr;  // [batch, q_len, heads, head_dim]
+    const void* lse = nullptr;   // [batch, heads, q_len]: the forward's
+    void* delta = nullptr;       // [batch, heads, q_len]: scratch the caller provides
+    void* dq = nullptr;          // [batch, q_len, heads, head_dim]
+    void* dk = nullptr;          // [batch, kv_len, kv_heads, head_dim]
+    void* dv = nullptr;          // [batch, kv_len, kv_heads, head_dim]
+    double scale = 1.0;
+};
+
+// The invariants of each struct (dtype, sizes, the pointers a flag requires), as NL_CHECKs: every
+// backend calls these first, so the two backends assert the same things.
+void check_kernel_args(const NormForwardArgs& a);
+void check_kernel_args(const NormBackwardArgs& a);
+void check_kernel_args(const CrossEntropyForwardArgs& a);
+void check_kernel_args(const CrossEntropyBackwardArgs& a);
+void check_kernel_args(const AdamStepArgs& a);
+void check_kernel_args(const SgdStepArgs& a);
+void check_kernel_args(const AttentionForwardArgs& a);
+void check_kernel_args(const AttentionBackwardArgs& a);
 
 class Backend {
 public:
@@ -81,57 +255,15 @@ public:
     virtual void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src,
                              int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
 
-    // ---- fused kernels (norms, loss, optimizer) ----
-    // Unlike the kernels above these read and write bf16/f16 themselves (converting to f32 in
-    // registers), so a half-precision norm moves only half-precision bytes.
-
-    // One norm over the last dim of contiguous x (rows, d) serves LayerNorm, RMSNorm, RMSNorm with
-    // bias and pRMSNorm. Statistics use the first `stat_count` (k, 1..d) elements of each row:
-    //   subtract_mean: mean = sum_k(x)/k, var = sum_k((x-mean)^2)/k (two-pass, biased),
-    //                  rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * w + b
-    //   else (RMS):    rstd = 1/sqrt(sum_k(x^2)/k + eps) (eps inside the sqrt, as LLaMA),
-    //                  y = x * rstd * w + b
-    // x, y, weight (d), bias (d) have `dtype` (f32, f64, bf16, f16); weight/bias may be null (1, 0).
-    // mean (rows; null or ignored unless subtract_mean) and rstd (rows) are f64 for f64, else f32.
-    virtual void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                              void* mean, void* rstd, int64_t rows, int64_t d, double eps,
-                              bool subtract_mean, int64_t stat_count) = 0;
-    // Closed-form backward of norm_forward given its saved mean/rstd. With xhat = (x - mean) * rstd,
-    // g = dy * w and S the first k elements (llm.c layernorm_backward, generalized to k <= d):
-    //   dx_j = rstd * (g_j - [j in S] * (sum_d(g)/k [subtract_mean only] + xhat_j * sum_d(g*xhat)/k))
-    //   dweight = sum_rows(dy * xhat), dbias = sum_rows(dy), deterministic (no atomics; the same
-    //   bits for any thread count). dweight/dbias (d, dtype) may be null; weight null means 1.
-    virtual void norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
-                               const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
-                               int64_t rows, int64_t d, bool subtract_mean, int64_t stat_count) = 0;
-
-    // Cross-entropy over contiguous logits (rows, classes) of `dtype` (f32, f64, bf16, f16) with
-    // i64 targets (rows), each in [0, classes) or equal to ignore_index (checked by the caller).
-    // Writes lse (rows) = logsumexp(logits row) and loss (rows) = lse - logit[target] (0 for ignored
-    // rows), both f64 for f64, else f32.
-    virtual void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
-                                       void* loss, void* lse, int64_t rows, int64_t classes,
-                                       int64_t ignore_index) = 0;
-    // dlogits (rows, classes; `dtype`) = (softmax(logits) - onehot(target)) * dloss[r] * scale, with
-    // dloss (rows; f64 for f64, else f32) or null meaning 1; ignored rows get exact zeros.
-    virtual void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
-                                        const void* lse, const void* dloss, double scale,
-                                        void* dlogits, int64_t rows, int64_t classes,
-                                        int64_t ignore_index) = 0;
-
-    // One pass of Adam (decoupled=false, L2 decay added to the gradient) or AdamW (decoupled=true,
-    // p *= 1 - lr*wd) over n contiguous elements of f32 or f64, in place, in the exact op order of
-    // PyTorch's _single_tensor_adam; `step` counts from 1 (already incremented). max_exp_avg_sq is
-    // null, or AMSGrad's running max of exp_avg_sq.
-    virtual void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                           void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2,
-                           double eps, double weight_decay, int64_t step, bool decoupled) = 0;
-    // SGD as PyTorch: g += wd*p; with momentum: buf = g on the first step, else
-    // buf = momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf; p -= lr*g.
-    // momentum_buffer is null when momentum == 0.
-    virtual void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n,
-                          double lr, double momentum, double dampening, double weight_decay,
-                          bool nesterov, bool first_step) = 0;
+    // ---- fused kernels: their arguments and formulas are the structs above ----
+    virtual void norm_forward(const NormForwardArgs& a) = 0;
+    virtual void norm_backward(const NormBackwardArgs& a) = 0;
+    virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
+    virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
+    virtual void adam_step(const AdamStepArgs& a) = 0;
+    virtual void sgd_step(const SgdStepArgs& a) = 0;
+    virtual void attention_forward(const AttentionForwardArgs& a) = 0;
+    virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
 
     // Rotary position embedding (RoFormer; LLaMA's apply_rotary_emb): x and out (batch, seq, heads,
     // head_dim) contiguous, cos and sin (seq, head_dim / 2), all `dtype` (f32 or f64). Each (even, odd)
@@ -148,40 +280,7 @@ public:
     virtual void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) = 0;
     virtual void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
                                  int64_t n) = 0;
-
-    // Causal scaled dot-product attention (FlashAttention's algorithm: Dao et al. 2022, and
-    // FlashAttention-2, Dao 2023). q and out (batch, q_len, heads, head_dim), k and v (batch, kv_len,
-    // kv_heads, head_dim), all contiguous `dtype` (f32 or f64); heads % kv_heads == 0 and query head h
-    // reads kv head h / (heads / kv_heads) (grouped-query attention, no repeated copies). Query row i
-    // sits at position kv_len - q_len + i (the cached positions come first) and sees the keys j <= it:
-    //   s_ij = scale * q_i . k_j,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j
-    // Key tiles are visited with an online softmax (running max and sum), so no (q_len x kv_len)
-    // matrix is ever stored. lse (batch, heads, q_len) is f64 for f64, else f32: the row statistics
-    // the backward recomputes the probabilities from.
-    virtual void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
-                                   int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, double scale) = 0;
-    // Its backward (FlashAttention-2's, with p_ij = exp(s_ij - lse_i) recomputed tile by tile):
-    //   delta_i = dout_i . out_i,  dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - delta_i)
-    //   dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_{i, h in j's group} ds_ij q_i,  dv_j = sum p_ij dout_i
-    // delta (batch, heads, q_len; lse's dtype) is scratch the caller provides. dq, dk, dv are written,
-    // not accumulated; each element is summed by one thread in a fixed order, so the bits do not
-    // depend on the thread count.
-    virtual void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
-                                    const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                                    int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                    int64_t head_dim, double scale) = 0;
 };
-
-// The sizes attention_forward/backward accept: the op layer (core/fused.cpp) has already refused bad
-// ones with a message for the user, so a backend only checks the invariant (InternalError).
-inline void check_attention_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                  int64_t head_dim) {
-    NL_CHECK(batch >= 0 && q_len >= 0 && kv_len >= q_len && (kv_len > 0 || q_len == 0) && head_dim > 0 &&
-                 kv_heads > 0 && heads % kv_heads == 0,
-             "attention sizes: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len, ", heads ", heads,
-             ", kv_heads ", kv_heads, ", head_dim ", head_dim);
-}
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.
 Backend& backend_for(Device device);

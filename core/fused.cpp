@@ -104,8 +104,9 @@ NormForward norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bi
     if (subtract_mean) out.mean = Tensor::empty(leading_shape(x.shape()), stat_dtype, x.device());  // (rows)
     if (rows == 0) return out;
     backend_for(x.device())
-        .norm_forward(x.dtype(), xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), out.y.data_ptr(),
-                      mut_ptr_or_null(out.mean), out.rstd.data_ptr(), rows, d, eps, subtract_mean, k);
+        .norm_forward({.dtype = x.dtype(), .x = xc.data_ptr(), .weight = ptr_or_null(wc), .bias = ptr_or_null(bc),
+                       .y = out.y.data_ptr(), .mean = mut_ptr_or_null(out.mean), .rstd = out.rstd.data_ptr(),
+                       .rows = rows, .d = d, .eps = eps, .subtract_mean = subtract_mean, .stat_count = k});
     return out;
 }
 
@@ -135,9 +136,10 @@ NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weig
     if (need_dbias) out.dbias = Tensor::empty({d}, x.dtype(), x.device());
     // Called even for rows == 0: the kernel then writes zero dweight/dbias.
     backend_for(x.device())
-        .norm_backward(x.dtype(), dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), ptr_or_null(mc),
-                       rc.data_ptr(), out.dx.data_ptr(), mut_ptr_or_null(out.dweight),
-                       mut_ptr_or_null(out.dbias), rows, d, subtract_mean, k);
+        .norm_backward({.dtype = x.dtype(), .dy = dyc.data_ptr(), .x = xc.data_ptr(), .weight = ptr_or_null(wc),
+                        .mean = ptr_or_null(mc), .rstd = rc.data_ptr(), .dx = out.dx.data_ptr(),
+                        .dweight = mut_ptr_or_null(out.dweight), .dbias = mut_ptr_or_null(out.dbias), .rows = rows,
+                        .d = d, .subtract_mean = subtract_mean, .stat_count = k});
     return out;
 }
 
@@ -187,8 +189,10 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
     out.lse = Tensor::empty(targets.shape(), stat_dtype, logits.device());        // (rows)
     if (rows > 0) {
         backend_for(logits.device())
-            .cross_entropy_forward(logits.dtype(), lc.data_ptr(), static_cast<const int64_t*>(tc.data_ptr()),
-                                   per_row.data_ptr(), out.lse.data_ptr(), rows, classes, ignore_index);
+            .cross_entropy_forward({.dtype = logits.dtype(), .logits = lc.data_ptr(),
+                                    .targets = static_cast<const int64_t*>(tc.data_ptr()),
+                                    .loss = per_row.data_ptr(), .lse = out.lse.data_ptr(), .rows = rows,
+                                    .classes = classes, .ignore_index = ignore_index});
     }
     if (reduction == Reduction::None) {
         out.loss = per_row.to(logits.dtype());
@@ -236,9 +240,11 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
     Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());  // (rows, classes)
     if (rows > 0) {
         backend_for(logits.device())
-            .cross_entropy_backward(logits.dtype(), lc.data_ptr(), static_cast<const int64_t*>(tc.data_ptr()),
-                                    sc.data_ptr(), ptr_or_null(dloss_rows), scale, dlogits.data_ptr(), rows,
-                                    classes, ignore_index);
+            .cross_entropy_backward({.dtype = logits.dtype(), .logits = lc.data_ptr(),
+                                     .targets = static_cast<const int64_t*>(tc.data_ptr()), .lse = sc.data_ptr(),
+                                     .dloss = ptr_or_null(dloss_rows), .scale = scale,
+                                     .dlogits = dlogits.data_ptr(), .rows = rows, .classes = classes,
+                                     .ignore_index = ignore_index});
     }
     return dlogits;
 }
@@ -284,9 +290,11 @@ void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_a
     if (param.numel() == 0) return;
     const Tensor gc = grad.contiguous();
     backend_for(param.device())
-        .adam_step(param.dtype(), param.data_ptr(), gc.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
-                   params.amsgrad ? max_exp_avg_sq.data_ptr() : nullptr, param.numel(), params.lr,
-                   params.beta1, params.beta2, params.eps, params.weight_decay, step, params.decoupled);
+        .adam_step({.dtype = param.dtype(), .param = param.data_ptr(), .grad = gc.data_ptr(),
+                    .exp_avg = exp_avg.data_ptr(), .exp_avg_sq = exp_avg_sq.data_ptr(),
+                    .max_exp_avg_sq = params.amsgrad ? max_exp_avg_sq.data_ptr() : nullptr, .n = param.numel(),
+                    .lr = params.lr, .beta1 = params.beta1, .beta2 = params.beta2, .eps = params.eps,
+                    .weight_decay = params.weight_decay, .step = step, .decoupled = params.decoupled});
 }
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdParams& params,
@@ -305,9 +313,10 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
     if (param.numel() == 0) return;
     const Tensor gc = grad.contiguous();
     backend_for(param.device())
-        .sgd_step(param.dtype(), param.data_ptr(), gc.data_ptr(),
-                  params.momentum != 0.0 ? momentum_buffer.data_ptr() : nullptr, param.numel(), params.lr,
-                  params.momentum, params.dampening, params.weight_decay, params.nesterov, first_step);
+        .sgd_step({.dtype = param.dtype(), .param = param.data_ptr(), .grad = gc.data_ptr(),
+                   .momentum_buffer = params.momentum != 0.0 ? momentum_buffer.data_ptr() : nullptr,
+                   .n = param.numel(), .lr = params.lr, .momentum = params.momentum, .dampening = params.dampening,
+                   .weight_decay = params.weight_decay, .nesterov = params.nesterov, .first_step = first_step});
 }
 
 Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
@@ -403,8 +412,9 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
     f.lse = Tensor::empty({B, H, T}, compute, q.device());  // (B, H, T)
     if (f.out.numel() > 0)
         backend_for(q.device())
-            .attention_forward(compute, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), f.out.data_ptr(),
-                               f.lse.data_ptr(), B, T, L, H, KV, hd, 1.0 / std::sqrt(static_cast<double>(hd)));
+            .attention_forward({.dtype = compute, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
+                                .k = kc.data_ptr(), .v = vc.data_ptr(), .out = f.out.data_ptr(),
+                                .lse = f.lse.data_ptr(), .scale = 1.0 / std::sqrt(static_cast<double>(hd))});
     f.out = f.out.to(q.dtype());
     return f;
 }
@@ -432,10 +442,11 @@ AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const 
             g.dv.fill_(0.0);
         } else {
             backend_for(q.device())
-                .attention_backward(compute, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(),
-                                    dc.data_ptr(), lc.data_ptr(), delta.data_ptr(), g.dq.data_ptr(),
-                                    g.dk.data_ptr(), g.dv.data_ptr(), B, T, L, H, KV, hd,
-                                    1.0 / std::sqrt(static_cast<double>(hd)));
+                .attention_backward({.dtype = compute, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
+                                     .k = kc.data_ptr(), .v = vc.data_ptr(), .out = oc.data_ptr(),
+                                     .dout = dc.data_ptr(), .lse = lc.data_ptr(), .delta = delta.data_ptr(),
+                                     .dq = g.dq.data_ptr(), .dk = g.dk.data_ptr(), .dv = g.dv.data_ptr(),
+                                     .scale = 1.0 / std::sqrt(static_cast<double>(hd))});
         }
     }
     g.dq = g.dq.to(q.dtype());

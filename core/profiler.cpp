@@ -79,10 +79,12 @@ const char* reduce_name(ReduceOp op) {
     return "reduce";
 }
 
-// (query, visible key) pairs of causal attention: query i (of q_len) sees kv_len - q_len + i + 1 keys.
-double attention_pairs(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads) {
-    const double t = static_cast<double>(q_len), offset = static_cast<double>(kv_len - q_len);
-    return static_cast<double>(batch * heads) * (t * offset + t * (t + 1) / 2);
+// One product over the (query, visible key) pairs of causal attention, 2 * head_dim FLOPs a pair:
+// query i (of q_len) sees kv_len - q_len + i + 1 keys.
+double attention_pair_flops(const AttentionDims& s) {
+    const double t = static_cast<double>(s.q_len), offset = static_cast<double>(s.kv_len - s.q_len);
+    const double pairs = static_cast<double>(s.batch * s.heads) * (t * offset + t * (t + 1) / 2);
+    return pairs * 2.0 * static_cast<double>(s.head_dim);
 }
 
 double bytes_of(DType dtype, int64_t elements) {
@@ -160,52 +162,29 @@ public:
         timed("scatter_add", 0, 3 * bytes_of(dtype, outer * n * inner),
               [&] { inner_.scatter_add(dtype, dst, index, src, outer, dst_size, inner, n); });
     }
-    void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y, void* mean,
-                      void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
-                      int64_t stat_count) override {
-        timed(subtract_mean ? "layer_norm" : "rms_norm", 0, 2 * bytes_of(dtype, rows * d), [&] {
-            inner_.norm_forward(dtype, x, weight, bias, y, mean, rstd, rows, d, eps, subtract_mean, stat_count);
-        });
+    void norm_forward(const NormForwardArgs& a) override {
+        timed(a.subtract_mean ? "layer_norm" : "rms_norm", 0, 2 * bytes_of(a.dtype, a.rows * a.d),
+              [&] { inner_.norm_forward(a); });
     }
-    void norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
-                       const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
-                       bool subtract_mean, int64_t stat_count) override {
-        timed(subtract_mean ? "layer_norm_backward" : "rms_norm_backward", 0, 3 * bytes_of(dtype, rows * d), [&] {
-            inner_.norm_backward(dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d, subtract_mean,
-                                 stat_count);
-        });
+    void norm_backward(const NormBackwardArgs& a) override {
+        timed(a.subtract_mean ? "layer_norm_backward" : "rms_norm_backward", 0, 3 * bytes_of(a.dtype, a.rows * a.d),
+              [&] { inner_.norm_backward(a); });
     }
-    void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss, void* lse,
-                               int64_t rows, int64_t classes, int64_t ignore_index) override {
-        timed("cross_entropy", 0, bytes_of(dtype, rows * classes), [&] {
-            inner_.cross_entropy_forward(dtype, logits, targets, loss, lse, rows, classes, ignore_index);
-        });
+    void cross_entropy_forward(const CrossEntropyForwardArgs& a) override {
+        timed("cross_entropy", 0, bytes_of(a.dtype, a.rows * a.classes), [&] { inner_.cross_entropy_forward(a); });
     }
-    void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, const void* lse,
-                                const void* dloss, double scale, void* dlogits, int64_t rows, int64_t classes,
-                                int64_t ignore_index) override {
-        timed("cross_entropy_backward", 0, 2 * bytes_of(dtype, rows * classes), [&] {
-            inner_.cross_entropy_backward(dtype, logits, targets, lse, dloss, scale, dlogits, rows, classes,
-                                          ignore_index);
-        });
+    void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override {
+        timed("cross_entropy_backward", 0, 2 * bytes_of(a.dtype, a.rows * a.classes),
+              [&] { inner_.cross_entropy_backward(a); });
     }
-    void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq,
-                   int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                   bool decoupled) override {
+    void adam_step(const AdamStepArgs& a) override {
         // param, exp_avg, exp_avg_sq read and written, grad read (AMSGrad's max too).
-        const int64_t accesses = max_exp_avg_sq ? 9 : 7;
-        timed(decoupled ? "adamw" : "adam", 0, accesses * bytes_of(dtype, n), [&] {
-            inner_.adam_step(dtype, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, lr, beta1, beta2, eps,
-                             weight_decay, step, decoupled);
-        });
+        const int64_t accesses = a.max_exp_avg_sq ? 9 : 7;
+        timed(a.decoupled ? "adamw" : "adam", 0, accesses * bytes_of(a.dtype, a.n), [&] { inner_.adam_step(a); });
     }
-    void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
-                  double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) override {
-        const int64_t accesses = momentum_buffer ? 5 : 3;
-        timed("sgd", 0, accesses * bytes_of(dtype, n), [&] {
-            inner_.sgd_step(dtype, param, grad, momentum_buffer, n, lr, momentum, dampening, weight_decay, nesterov,
-                            first_step);
-        });
+    void sgd_step(const SgdStepArgs& a) override {
+        const int64_t accesses = a.momentum_buffer ? 5 : 3;
+        timed("sgd", 0, accesses * bytes_of(a.dtype, a.n), [&] { inner_.sgd_step(a); });
     }
     void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
               int64_t heads, int64_t head_dim, bool inverse) override {
@@ -221,23 +200,11 @@ public:
     }
     // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
     // products (q k, p v), the backward five (s, dp, dv, dk, dq).
-    void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
-                           int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                           int64_t head_dim, double scale) override {
-        const double pair_flops = attention_pairs(batch, q_len, kv_len, heads) * 2.0 * static_cast<double>(head_dim);
-        timed("attention", 2 * pair_flops, 0, [&] {
-            inner_.attention_forward(dtype, q, k, v, out, lse, batch, q_len, kv_len, heads, kv_heads, head_dim, scale);
-        });
+    void attention_forward(const AttentionForwardArgs& a) override {
+        timed("attention", 2 * attention_pair_flops(a.dims), 0, [&] { inner_.attention_forward(a); });
     }
-    void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
-                            const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                            int64_t head_dim, double scale) override {
-        const double pair_flops = attention_pairs(batch, q_len, kv_len, heads) * 2.0 * static_cast<double>(head_dim);
-        timed("attention_backward", 5 * pair_flops, 0, [&] {
-            inner_.attention_backward(dtype, q, k, v, out, dout, lse, delta, dq, dk, dv, batch, q_len, kv_len, heads,
-                                      kv_heads, head_dim, scale);
-        });
+    void attention_backward(const AttentionBackwardArgs& a) override {
+        timed("attention_backward", 5 * attention_pair_flops(a.dims), 0, [&] { inner_.attention_backward(a); });
     }
 
 private:

@@ -60,8 +60,8 @@ inline int64_t tile_width(int64_t count) { return std::min(kKeyTile, (count + kK
 constexpr double kParallelFlops = 1 << 18;  // below this much work one thread is faster
 
 // The sizes of one call, and where row i of a head starts in each operand.
-struct Dims {
-    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+// The sizes (core/backend.h) with the index arithmetic the kernels use.
+struct Dims : AttentionDims {
     int64_t group() const { return heads / kv_heads; }  // query heads per kv head
     int64_t offset() const { return kv_len - q_len; }   // query row i is at position offset + i
     int64_t q_row(int64_t b, int64_t i, int64_t h) const { return ((b * q_len + i) * heads + h) * head_dim; }
@@ -547,45 +547,37 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
     }
 }
 
-Dims check_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim) {
-    check_attention_sizes(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    return {batch, q_len, kv_len, heads, kv_heads, head_dim};
-}
-
 }  // namespace
 
-void CpuBackend::attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
-                                   int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, double scale) {
-    const Dims s = check_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    if (dtype == DType::F64) {
-        forward_impl(s, static_cast<const double*>(q), static_cast<const double*>(k), static_cast<const double*>(v),
-                     static_cast<double*>(out), static_cast<double*>(lse), scale);
+void CpuBackend::attention_forward(const AttentionForwardArgs& a) {
+    check_kernel_args(a);
+    const Dims s{a.dims};
+    if (a.dtype == DType::F64) {
+        using T = double;
+        forward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                     static_cast<T*>(a.out), static_cast<T*>(a.lse), a.scale);
     } else {
-        NL_CHECK(dtype == DType::F32, "attention: dtype ", dtype_name(dtype));
-        forward_impl(s, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-                     static_cast<float*>(out), static_cast<float*>(lse), static_cast<float>(scale));
+        using T = float;
+        forward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                     static_cast<T*>(a.out), static_cast<T*>(a.lse), static_cast<T>(a.scale));
     }
 }
 
-void CpuBackend::attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
-                                    const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                                    int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                    int64_t head_dim, double scale) {
-    const Dims s = check_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    if (dtype == DType::F64) {
+void CpuBackend::attention_backward(const AttentionBackwardArgs& a) {
+    check_kernel_args(a);
+    const Dims s{a.dims};
+    if (a.dtype == DType::F64) {
         using T = double;
-        backward_impl(s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                      static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const T*>(lse),
-                      static_cast<T*>(delta), static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), scale);
+        backward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                      static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
+                      static_cast<T*>(a.delta), static_cast<T*>(a.dq), static_cast<T*>(a.dk), static_cast<T*>(a.dv),
+                      a.scale);
     } else {
-        NL_CHECK(dtype == DType::F32, "attention: dtype ", dtype_name(dtype));
         using T = float;
-        backward_impl(s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                      static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const T*>(lse),
-                      static_cast<T*>(delta), static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv),
-                      static_cast<T>(scale));
+        backward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                      static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
+                      static_cast<T*>(a.delta), static_cast<T*>(a.dq), static_cast<T*>(a.dk), static_cast<T*>(a.dv),
+                      static_cast<T>(a.scale));
     }
 }
 

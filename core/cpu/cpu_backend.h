@@ -49,37 +49,21 @@ public:
 
     // ---- fused kernels (norms, loss, optimizer) ----
     // cpu_norms.cpp
-    void norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                      void* mean, void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
-                      int64_t stat_count) override;
-    void norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
-                       const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
-                       bool subtract_mean, int64_t stat_count) override;
+    void norm_forward(const NormForwardArgs& a) override;
+    void norm_backward(const NormBackwardArgs& a) override;
     // cpu_loss.cpp
-    void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss,
-                               void* lse, int64_t rows, int64_t classes, int64_t ignore_index) override;
-    void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, const void* lse,
-                                const void* dloss, double scale, void* dlogits, int64_t rows,
-                                int64_t classes, int64_t ignore_index) override;
+    void cross_entropy_forward(const CrossEntropyForwardArgs& a) override;
+    void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override;
     // cpu_optim.cpp
-    void adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                   void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2, double eps,
-                   double weight_decay, int64_t step, bool decoupled) override;
-    void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
-                  double momentum, double dampening, double weight_decay, bool nesterov,
-                  bool first_step) override;
+    void adam_step(const AdamStepArgs& a) override;
+    void sgd_step(const SgdStepArgs& a) override;
     // cpu_swiglu.cpp
     void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) override;
     void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
                          int64_t n) override;
     // cpu_attention.cpp
-    void attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
-                           int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                           int64_t head_dim, double scale) override;
-    void attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
-                            const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                            int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                            int64_t head_dim, double scale) override;
+    void attention_forward(const AttentionForwardArgs& a) override;
+    void attention_backward(const AttentionBackwardArgs& a) override;
     // cpu_rope.cpp
     void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
               int64_t heads, int64_t head_dim, bool inverse) override;

@@ -15,17 +15,21 @@ namespace {
 
 constexpr int64_t kParallelElements = 32768;
 
-// T is the row type: double for f64, float for f32/bf16/f16. loss, lse: (rows).
+// T is the row type: double for f64, float for f32/bf16/f16.
 template <typename T>
-void cross_entropy_forward_impl(DType dtype, const void* logits, const int64_t* targets, T* loss, T* lse,
-                                int64_t rows, int64_t classes, int64_t ignore_index) {
+void cross_entropy_forward_impl(const CrossEntropyForwardArgs& a) {
+    const DType dtype = a.dtype;
+    const int64_t rows = a.rows, classes = a.classes, ignore_index = a.ignore_index;
+    const int64_t* targets = a.targets;  // (rows)
+    T* loss = static_cast<T*>(a.loss);   // (rows)
+    T* lse = static_cast<T*>(a.lse);     // (rows)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
 #pragma omp parallel if (rows * classes > kParallelElements)
     {
         std::vector<T> scratch(convert ? classes : 0);  // (classes)
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-            const T* z = cpu_rows::load<T>(dtype, logits, r, classes, scratch.data());
+            const T* z = cpu_rows::load<T>(dtype, a.logits, r, classes, scratch.data());
             // logsumexp with the max subtracted, so exp never overflows.
             T max = z[0];
             for (int64_t j = 1; j < classes; ++j) max = std::max(max, z[j]);
@@ -41,9 +45,14 @@ void cross_entropy_forward_impl(DType dtype, const void* logits, const int64_t* 
 
 // dlogits (rows, classes) = (exp(z - lse) - onehot(target)) * dloss[r] * scale; ignored rows are 0.
 template <typename T>
-void cross_entropy_backward_impl(DType dtype, const void* logits, const int64_t* targets, const T* lse,
-                                 const T* dloss, double scale, void* dlogits, int64_t rows,
-                                 int64_t classes, int64_t ignore_index) {
+void cross_entropy_backward_impl(const CrossEntropyBackwardArgs& a) {
+    const DType dtype = a.dtype;
+    const int64_t rows = a.rows, classes = a.classes, ignore_index = a.ignore_index;
+    const int64_t* targets = a.targets;                // (rows)
+    const T* lse = static_cast<const T*>(a.lse);      // (rows)
+    const T* dloss = static_cast<const T*>(a.dloss);  // (rows) or null
+    const double scale = a.scale;
+    void* dlogits = a.dlogits;  // (rows, classes)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
 #pragma omp parallel if (rows * classes > kParallelElements)
     {
@@ -56,7 +65,7 @@ void cross_entropy_backward_impl(DType dtype, const void* logits, const int64_t*
                 // Exact zeros, even when the scale is inf or NaN (mean over zero rows).
                 for (int64_t j = 0; j < classes; ++j) dz[j] = T(0);
             } else {
-                const T* z = cpu_rows::load<T>(dtype, logits, r, classes, z_scratch.data());
+                const T* z = cpu_rows::load<T>(dtype, a.logits, r, classes, z_scratch.data());
                 const T g = static_cast<T>((dloss != nullptr ? static_cast<double>(dloss[r]) : 1.0) * scale);
                 const T row_lse = lse[r];
                 for (int64_t j = 0; j < classes; ++j) dz[j] = std::exp(z[j] - row_lse) * g;
@@ -69,32 +78,21 @@ void cross_entropy_backward_impl(DType dtype, const void* logits, const int64_t*
 
 }  // namespace
 
-void CpuBackend::cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss,
-                                       void* lse, int64_t rows, int64_t classes, int64_t ignore_index) {
-    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_forward: ", dtype_name(dtype),
-             " rows ", rows, " classes ", classes);
-    if (dtype == DType::F64) {
-        cross_entropy_forward_impl<double>(dtype, logits, targets, static_cast<double*>(loss),
-                                           static_cast<double*>(lse), rows, classes, ignore_index);
+void CpuBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        cross_entropy_forward_impl<double>(a);
     } else {
-        cross_entropy_forward_impl<float>(dtype, logits, targets, static_cast<float*>(loss),
-                                          static_cast<float*>(lse), rows, classes, ignore_index);
+        cross_entropy_forward_impl<float>(a);
     }
 }
 
-void CpuBackend::cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
-                                        const void* lse, const void* dloss, double scale, void* dlogits,
-                                        int64_t rows, int64_t classes, int64_t ignore_index) {
-    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_backward: ",
-             dtype_name(dtype), " rows ", rows, " classes ", classes);
-    if (dtype == DType::F64) {
-        cross_entropy_backward_impl<double>(dtype, logits, targets, static_cast<const double*>(lse),
-                                            static_cast<const double*>(dloss), scale, dlogits, rows,
-                                            classes, ignore_index);
+void CpuBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        cross_entropy_backward_impl<double>(a);
     } else {
-        cross_entropy_backward_impl<float>(dtype, logits, targets, static_cast<const float*>(lse),
-                                           static_cast<const float*>(dloss), scale, dlogits, rows, classes,
-                                           ignore_index);
+        cross_entropy_backward_impl<float>(a);
     }
 }
 

@@ -232,11 +232,16 @@ int64_t forward_group_rows(int64_t row_bytes) {
     return group;
 }
 
-// mean, rstd: (rows).
 template <typename T>
-void norm_forward_impl(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                       T* mean, T* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
-                       int64_t k) {
+void norm_forward_impl(const NormForwardArgs& a) {
+    const DType dtype = a.dtype;
+    const void *x = a.x, *weight = a.weight, *bias = a.bias;  // (rows, d), (d), (d)
+    void* y = a.y;                                              // (rows, d)
+    T* mean = static_cast<T*>(a.mean);                          // (rows)
+    T* rstd = static_cast<T*>(a.rstd);                          // (rows)
+    const int64_t rows = a.rows, d = a.d, k = a.stat_count;
+    const double eps = a.eps;
+    const bool subtract_mean = a.subtract_mean;
     std::vector<T> w_buffer, b_buffer;
     const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
     const T* b = param_row<T>(dtype, bias, d, 0.0, b_buffer);    // (d)
@@ -343,9 +348,14 @@ void backward_elements(const RowGroup<T, G>& rows, const T* w, T* dw_sum, T* db_
 // where the sums run over all d elements (every output depends on rstd), divided by k.
 // For k = d and sm = 1 this is llm.c's layernorm_backward.
 template <typename T>
-void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* weight,
-                        const T* mean, const T* rstd, void* dx, void* dweight, void* dbias,
-                        int64_t rows, int64_t d, bool subtract_mean, int64_t k) {
+void norm_backward_impl(const NormBackwardArgs& a) {
+    const DType dtype = a.dtype;
+    const void *dy = a.dy, *x = a.x, *weight = a.weight;  // (rows, d), (rows, d), (d)
+    const T* mean = static_cast<const T*>(a.mean);          // (rows)
+    const T* rstd = static_cast<const T*>(a.rstd);          // (rows)
+    void *dx = a.dx, *dweight = a.dweight, *dbias = a.dbias;  // (rows, d), (d), (d)
+    const int64_t rows = a.rows, d = a.d, k = a.stat_count;
+    const bool subtract_mean = a.subtract_mean;
     std::vector<T> w_buffer;
     const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
     const bool convert = !cpu_rows::stored_as<T>(dtype);
@@ -450,39 +460,23 @@ void norm_backward_impl(DType dtype, const void* dy, const void* x, const void* 
     if (dbias != nullptr) finish(db_partial, dbias);
 }
 
-void check_norm_sizes(const char* op, DType dtype, int64_t rows, int64_t d, int64_t k) {
-    NL_CHECK(is_floating(dtype), op, ": dtype ", dtype_name(dtype));
-    NL_CHECK(rows >= 0 && d >= 1 && k >= 1 && k <= d, op, ": rows ", rows, " d ", d, " k ", k);
-}
-
 }  // namespace
 
-void CpuBackend::norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                              void* mean, void* rstd, int64_t rows, int64_t d, double eps,
-                              bool subtract_mean, int64_t stat_count) {
-    check_norm_sizes("norm_forward", dtype, rows, d, stat_count);
-    if (dtype == DType::F64) {
-        norm_forward_impl<double>(dtype, x, weight, bias, y, static_cast<double*>(mean),
-                                  static_cast<double*>(rstd), rows, d, eps, subtract_mean, stat_count);
+void CpuBackend::norm_forward(const NormForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        norm_forward_impl<double>(a);
     } else {
-        norm_forward_impl<float>(dtype, x, weight, bias, y, static_cast<float*>(mean),
-                                 static_cast<float*>(rstd), rows, d, eps, subtract_mean, stat_count);
+        norm_forward_impl<float>(a);
     }
 }
 
-void CpuBackend::norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
-                               const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
-                               int64_t rows, int64_t d, bool subtract_mean, int64_t stat_count) {
-    check_norm_sizes("norm_backward", dtype, rows, d, stat_count);
-    NL_CHECK(!subtract_mean || mean != nullptr || rows == 0, "norm_backward: LayerNorm needs mean");
-    if (dtype == DType::F64) {
-        norm_backward_impl<double>(dtype, dy, x, weight, static_cast<const double*>(mean),
-                                   static_cast<const double*>(rstd), dx, dweight, dbias, rows, d,
-                                   subtract_mean, stat_count);
+void CpuBackend::norm_backward(const NormBackwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        norm_backward_impl<double>(a);
     } else {
-        norm_backward_impl<float>(dtype, dy, x, weight, static_cast<const float*>(mean),
-                                  static_cast<const float*>(rstd), dx, dweight, dbias, rows, d,
-                                  subtract_mean, stat_count);
+        norm_backward_impl<float>(a);
     }
 }
 

@@ -49,8 +49,16 @@ inline void adam_element(int64_t i, T* param, const T* grad, T* exp_avg, T* exp_
 }
 
 template <typename T>
-void adam_impl(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* max_exp_avg_sq, int64_t n, double lr,
-               double beta1, double beta2, double eps, double weight_decay, int64_t step, bool decoupled) {
+void adam_impl(const AdamStepArgs& a) {
+    T* param = static_cast<T*>(a.param);                    // (n)
+    const T* grad = static_cast<const T*>(a.grad);          // (n)
+    T* exp_avg = static_cast<T*>(a.exp_avg);                // (n)
+    T* exp_avg_sq = static_cast<T*>(a.exp_avg_sq);          // (n)
+    T* max_exp_avg_sq = static_cast<T*>(a.max_exp_avg_sq);  // (n) or null
+    const int64_t n = a.n;
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2, eps = a.eps, weight_decay = a.weight_decay;
+    const int64_t step = a.step;
+    const bool decoupled = a.decoupled;
     const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
     const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
     const AdamScalars<T> s{static_cast<T>(lr / bias_correction1), static_cast<T>(std::sqrt(bias_correction2)),
@@ -74,8 +82,13 @@ void adam_impl(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* max_exp_av
 }
 
 template <typename T>
-void sgd_impl(T* param, const T* grad, T* buf, int64_t n, double lr, double momentum, double dampening,
-              double weight_decay, bool nesterov, bool first_step) {
+void sgd_impl(const SgdStepArgs& a) {
+    T* param = static_cast<T*>(a.param);            // (n)
+    const T* grad = static_cast<const T*>(a.grad);  // (n)
+    T* buf = static_cast<T*>(a.momentum_buffer);    // (n) or null
+    const int64_t n = a.n;
+    const double lr = a.lr, momentum = a.momentum, dampening = a.dampening, weight_decay = a.weight_decay;
+    const bool nesterov = a.nesterov, first_step = a.first_step;
     const T wd = static_cast<T>(weight_decay);
     const T mom = static_cast<T>(momentum);
     const T one_minus_dampening = static_cast<T>(1.0 - dampening);
@@ -96,37 +109,21 @@ void sgd_impl(T* param, const T* grad, T* buf, int64_t n, double lr, double mome
 
 }  // namespace
 
-void CpuBackend::adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                           void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2, double eps,
-                           double weight_decay, int64_t step, bool decoupled) {
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "adam_step: dtype ", dtype_name(dtype));
-    NL_CHECK(step >= 1, "adam_step: step ", step);
-    if (dtype == DType::F64) {
-        adam_impl<double>(static_cast<double*>(param), static_cast<const double*>(grad),
-                          static_cast<double*>(exp_avg), static_cast<double*>(exp_avg_sq),
-                          static_cast<double*>(max_exp_avg_sq), n, lr, beta1, beta2, eps, weight_decay, step,
-                          decoupled);
+void CpuBackend::adam_step(const AdamStepArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        adam_impl<double>(a);
     } else {
-        adam_impl<float>(static_cast<float*>(param), static_cast<const float*>(grad),
-                         static_cast<float*>(exp_avg), static_cast<float*>(exp_avg_sq),
-                         static_cast<float*>(max_exp_avg_sq), n, lr, beta1, beta2, eps, weight_decay, step,
-                         decoupled);
+        adam_impl<float>(a);
     }
 }
 
-void CpuBackend::sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n,
-                          double lr, double momentum, double dampening, double weight_decay, bool nesterov,
-                          bool first_step) {
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "sgd_step: dtype ", dtype_name(dtype));
-    NL_CHECK(momentum == 0.0 || momentum_buffer != nullptr, "sgd_step: momentum needs a buffer");
-    if (dtype == DType::F64) {
-        sgd_impl<double>(static_cast<double*>(param), static_cast<const double*>(grad),
-                         static_cast<double*>(momentum_buffer), n, lr, momentum, dampening, weight_decay,
-                         nesterov, first_step);
+void CpuBackend::sgd_step(const SgdStepArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        sgd_impl<double>(a);
     } else {
-        sgd_impl<float>(static_cast<float*>(param), static_cast<const float*>(grad),
-                        static_cast<float*>(momentum_buffer), n, lr, momentum, dampening, weight_decay,
-                        nesterov, first_step);
+        sgd_impl<float>(a);
     }
 }
 

@@ -12,17 +12,13 @@ namespace nl {
 
 namespace {
 
-struct AttnDims {
-    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
-};
-
-__device__ __forceinline__ int64_t q_row(const AttnDims& s, int64_t b, int64_t i, int64_t h) {
+__device__ __forceinline__ int64_t q_row(const AttentionDims& s, int64_t b, int64_t i, int64_t h) {
     return ((b * s.q_len + i) * s.heads + h) * s.head_dim;
 }
-__device__ __forceinline__ int64_t kv_row(const AttnDims& s, int64_t b, int64_t j, int64_t g) {
+__device__ __forceinline__ int64_t kv_row(const AttentionDims& s, int64_t b, int64_t j, int64_t g) {
     return ((b * s.kv_len + j) * s.kv_heads + g) * s.head_dim;
 }
-__device__ __forceinline__ int64_t stat(const AttnDims& s, int64_t b, int64_t h, int64_t i) {
+__device__ __forceinline__ int64_t stat(const AttentionDims& s, int64_t b, int64_t h, int64_t i) {
     return (b * s.heads + h) * s.q_len + i;
 }
 
@@ -35,7 +31,7 @@ __device__ __forceinline__ T dot_row(const T* a, const T* b, int64_t n) {
 
 // One thread per (b, i, h) query row.
 template <typename T>
-__global__ void attention_forward_kernel(AttnDims s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
+__global__ void attention_forward_kernel(AttentionDims s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
     const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
          row += int64_t(gridDim.x) * blockDim.x) {
@@ -63,7 +59,7 @@ __global__ void attention_forward_kernel(AttnDims s, const T* q, const T* k, con
 
 // Query pass: delta and dq, one thread per (b, i, h) query row.
 template <typename T>
-__global__ void attention_backward_query_kernel(AttnDims s, const T* q, const T* k, const T* v, const T* out,
+__global__ void attention_backward_query_kernel(AttentionDims s, const T* q, const T* k, const T* v, const T* out,
                                                 const T* dout, const T* lse, T* delta, T* dq, T scale) {
     const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
@@ -89,7 +85,7 @@ __global__ void attention_backward_query_kernel(AttnDims s, const T* q, const T*
 // Key pass: dk and dv, one thread per (b, j, g) key row, over its group's heads and the query rows
 // that see it. Reads the query pass's delta.
 template <typename T>
-__global__ void attention_backward_key_kernel(AttnDims s, const T* q, const T* k, const T* v, const T* dout,
+__global__ void attention_backward_key_kernel(AttentionDims s, const T* q, const T* k, const T* v, const T* dout,
                                               const T* lse, const T* delta, T* dk, T* dv, T scale) {
     const int64_t rows = s.batch * s.kv_len * s.kv_heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     const int64_t offset = s.kv_len - s.q_len;  // query row i is at position offset + i
@@ -118,64 +114,51 @@ __global__ void attention_backward_key_kernel(AttnDims s, const T* q, const T* k
 }
 
 template <typename T>
-void attention_forward_typed(const AttnDims& s, const void* q, const void* k, const void* v, void* out, void* lse,
-                             double scale) {
+void attention_forward_typed(const AttentionForwardArgs& a) {
+    const AttentionDims& s = a.dims;
     const int64_t rows = s.batch * s.q_len * s.heads;
     if (rows == 0) return;
     NL_LAUNCH(attention_forward_kernel<T>, cuda::blocks_for(rows), cuda::kThreads)(
-        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out),
-        static_cast<T*>(lse), T(scale));
+        s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
+        static_cast<T*>(a.lse), T(a.scale));
     NL_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void attention_backward_typed(const AttnDims& s, const void* q, const void* k, const void* v, const void* out,
-                              const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                              double scale) {
+void attention_backward_typed(const AttentionBackwardArgs& a) {
+    const AttentionDims& s = a.dims;
     const int64_t query_rows = s.batch * s.q_len * s.heads, key_rows = s.batch * s.kv_len * s.kv_heads;
     if (query_rows == 0 || key_rows == 0) return;
     NL_LAUNCH(attention_backward_query_kernel<T>, cuda::blocks_for(query_rows), cuda::kThreads)(
-        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(out),
-        static_cast<const T*>(dout), static_cast<const T*>(lse), static_cast<T*>(delta), static_cast<T*>(dq),
-        T(scale));
+        s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+        static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
+        static_cast<T*>(a.delta), static_cast<T*>(a.dq), T(a.scale));
     NL_CUDA_CHECK_LAUNCH();
     NL_LAUNCH(attention_backward_key_kernel<T>, cuda::blocks_for(key_rows), cuda::kThreads)(
-        s, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
-        static_cast<const T*>(lse), static_cast<const T*>(delta), static_cast<T*>(dk), static_cast<T*>(dv), T(scale));
+        s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+        static_cast<const T*>(a.dout), static_cast<const T*>(a.lse), static_cast<const T*>(a.delta),
+        static_cast<T*>(a.dk), static_cast<T*>(a.dv), T(a.scale));
     NL_CUDA_CHECK_LAUNCH();
-}
-
-AttnDims attention_dims(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim) {
-    check_attention_sizes(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    return {batch, q_len, kv_len, heads, kv_heads, head_dim};
 }
 
 }  // namespace
 
-void CudaBackend::attention_forward(DType dtype, const void* q, const void* k, const void* v, void* out, void* lse,
-                                    int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                    int64_t head_dim, double scale) {
-    const AttnDims s = attention_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "attention: dtype ", dtype_name(dtype));
+void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
+    check_kernel_args(a);
     cuda::DeviceGuard guard(index_);
-    if (dtype == DType::F64)
-        attention_forward_typed<double>(s, q, k, v, out, lse, scale);
+    if (a.dtype == DType::F64)
+        attention_forward_typed<double>(a);
     else
-        attention_forward_typed<float>(s, q, k, v, out, lse, scale);
+        attention_forward_typed<float>(a);
 }
 
-void CudaBackend::attention_backward(DType dtype, const void* q, const void* k, const void* v, const void* out,
-                                     const void* dout, const void* lse, void* delta, void* dq, void* dk, void* dv,
-                                     int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
-                                     int64_t head_dim, double scale) {
-    const AttnDims s = attention_dims(batch, q_len, kv_len, heads, kv_heads, head_dim);
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "attention: dtype ", dtype_name(dtype));
+void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
+    check_kernel_args(a);
     cuda::DeviceGuard guard(index_);
-    if (dtype == DType::F64)
-        attention_backward_typed<double>(s, q, k, v, out, dout, lse, delta, dq, dk, dv, scale);
+    if (a.dtype == DType::F64)
+        attention_backward_typed<double>(a);
     else
-        attention_backward_typed<float>(s, q, k, v, out, dout, lse, delta, dq, dk, dv, scale);
+        attention_backward_typed<float>(a);
 }
 
 }  // namespace nl

@@ -64,41 +64,38 @@ __global__ void cross_entropy_backward_kernel(DType dtype, const void* logits, c
 
 }  // namespace
 
-void CudaBackend::cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, void* loss,
-                                        void* lse, int64_t rows, int64_t classes, int64_t ignore_index) {
-    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_forward: ", dtype_name(dtype),
-             " rows ", rows, " classes ", classes);
-    if (rows == 0) return;
+void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.rows == 0) return;
     cuda::DeviceGuard guard(index_);
-    const unsigned blocks = cuda::row_blocks(rows);
-    const int threads = row_threads(classes);
-    if (dtype == DType::F64) {
+    const unsigned blocks = cuda::row_blocks(a.rows);
+    const int threads = row_threads(a.classes);
+    if (a.dtype == DType::F64) {
         NL_LAUNCH(cross_entropy_forward_kernel<double>, blocks, threads)(
-            dtype, logits, targets, static_cast<double*>(loss), static_cast<double*>(lse), rows, classes, ignore_index);
+            a.dtype, a.logits, a.targets, static_cast<double*>(a.loss), static_cast<double*>(a.lse), a.rows, a.classes,
+            a.ignore_index);
     } else {
         NL_LAUNCH(cross_entropy_forward_kernel<float>, blocks, threads)(
-            dtype, logits, targets, static_cast<float*>(loss), static_cast<float*>(lse), rows, classes, ignore_index);
+            a.dtype, a.logits, a.targets, static_cast<float*>(a.loss), static_cast<float*>(a.lse), a.rows, a.classes,
+            a.ignore_index);
     }
     NL_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, const void* lse,
-                                         const void* dloss, double scale, void* dlogits, int64_t rows,
-                                         int64_t classes, int64_t ignore_index) {
-    NL_CHECK(is_floating(dtype) && rows >= 0 && classes >= 1, "cross_entropy_backward: ", dtype_name(dtype),
-             " rows ", rows, " classes ", classes);
-    if (rows == 0) return;
+void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
+    check_kernel_args(a);
+    if (a.rows == 0) return;
     cuda::DeviceGuard guard(index_);
-    const unsigned blocks = cuda::row_blocks(rows);
-    const int threads = row_threads(classes);
-    if (dtype == DType::F64) {
+    const unsigned blocks = cuda::row_blocks(a.rows);
+    const int threads = row_threads(a.classes);
+    if (a.dtype == DType::F64) {
         NL_LAUNCH(cross_entropy_backward_kernel<double>, blocks, threads)(
-            dtype, logits, targets, static_cast<const double*>(lse), static_cast<const double*>(dloss), scale,
-            dlogits, rows, classes, ignore_index);
+            a.dtype, a.logits, a.targets, static_cast<const double*>(a.lse), static_cast<const double*>(a.dloss),
+            a.scale, a.dlogits, a.rows, a.classes, a.ignore_index);
     } else {
         NL_LAUNCH(cross_entropy_backward_kernel<float>, blocks, threads)(
-            dtype, logits, targets, static_cast<const float*>(lse), static_cast<const float*>(dloss),
-            static_cast<float>(scale), dlogits, rows, classes, ignore_index);
+            a.dtype, a.logits, a.targets, static_cast<const float*>(a.lse), static_cast<const float*>(a.dloss),
+            static_cast<float>(a.scale), a.dlogits, a.rows, a.classes, a.ignore_index);
     }
     NL_CUDA_CHECK_LAUNCH();
 }

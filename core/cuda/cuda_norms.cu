@@ -258,65 +258,51 @@ private:
 };
 
 template <typename T>
-void norm_backward_typed(int device, DType dtype, const void* dy, const void* x, const void* weight,
-                         const void* mean, const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows,
-                         int64_t d, bool subtract_mean, int64_t k) {
-    const int64_t chunks = std::min(rows, kMaxChunks);
+void norm_backward_typed(int device, const NormBackwardArgs& a) {
+    const int64_t chunks = std::min(a.rows, kMaxChunks), d = a.d;
     const size_t partial_bytes = static_cast<size_t>(chunks * d) * sizeof(T);
-    Scratch dw_partial(device, dweight ? partial_bytes : 0);  // (chunks, d)
-    Scratch db_partial(device, dbias ? partial_bytes : 0);    // (chunks, d)
+    Scratch dw_partial(device, a.dweight ? partial_bytes : 0);  // (chunks, d)
+    Scratch db_partial(device, a.dbias ? partial_bytes : 0);    // (chunks, d)
     if (chunks > 0) {
         NL_LAUNCH(norm_backward_kernel<T>, static_cast<unsigned>(chunks), norm_threads(d))(
-            dtype, dy, x, weight, static_cast<const T*>(mean), static_cast<const T*>(rstd), dx, dw_partial.as<T>(),
-            db_partial.as<T>(), rows, d, subtract_mean, k, chunks);
+            a.dtype, a.dy, a.x, a.weight, static_cast<const T*>(a.mean), static_cast<const T*>(a.rstd), a.dx,
+            dw_partial.as<T>(), db_partial.as<T>(), a.rows, d, a.subtract_mean, a.stat_count, chunks);
         NL_CUDA_CHECK_LAUNCH();
     }
-    for (auto [partial, out] : {std::pair{&dw_partial, dweight}, std::pair{&db_partial, dbias}}) {
+    for (auto [partial, out] : {std::pair{&dw_partial, a.dweight}, std::pair{&db_partial, a.dbias}}) {
         if (out == nullptr) continue;
         NL_LAUNCH(sum_partials_kernel<T>, cuda::blocks_for((d + 31) / 32, 1), kSumGroups * 32)(
-            dtype, partial->template as<T>(), out, chunks, d);
+            a.dtype, partial->template as<T>(), out, chunks, d);
         NL_CUDA_CHECK_LAUNCH();
     }
-}
-
-void check_norm_sizes(const char* op, DType dtype, int64_t rows, int64_t d, int64_t k) {
-    NL_CHECK(is_floating(dtype), op, ": dtype ", dtype_name(dtype));
-    NL_CHECK(rows >= 0 && d >= 1 && k >= 1 && k <= d, op, ": rows ", rows, " d ", d, " k ", k);
 }
 
 }  // namespace
 
-void CudaBackend::norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                               void* mean, void* rstd, int64_t rows, int64_t d, double eps, bool subtract_mean,
-                               int64_t stat_count) {
-    check_norm_sizes("norm_forward", dtype, rows, d, stat_count);
-    if (rows == 0) return;
+void CudaBackend::norm_forward(const NormForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.rows == 0) return;
     cuda::DeviceGuard guard(index_);
-    const unsigned blocks = cuda::row_blocks(rows);
-    if (dtype == DType::F64) {
-        NL_LAUNCH(norm_forward_kernel<double>, blocks, norm_threads(d))(
-            dtype, x, weight, bias, y, static_cast<double*>(mean), static_cast<double*>(rstd), rows, d, eps,
-            subtract_mean, stat_count);
+    const unsigned blocks = cuda::row_blocks(a.rows);
+    if (a.dtype == DType::F64) {
+        NL_LAUNCH(norm_forward_kernel<double>, blocks, norm_threads(a.d))(
+            a.dtype, a.x, a.weight, a.bias, a.y, static_cast<double*>(a.mean), static_cast<double*>(a.rstd), a.rows,
+            a.d, a.eps, a.subtract_mean, a.stat_count);
     } else {
-        NL_LAUNCH(norm_forward_kernel<float>, blocks, norm_threads(d))(
-            dtype, x, weight, bias, y, static_cast<float*>(mean), static_cast<float*>(rstd), rows, d,
-            static_cast<float>(eps), subtract_mean, stat_count);
+        NL_LAUNCH(norm_forward_kernel<float>, blocks, norm_threads(a.d))(
+            a.dtype, a.x, a.weight, a.bias, a.y, static_cast<float*>(a.mean), static_cast<float*>(a.rstd), a.rows,
+            a.d, static_cast<float>(a.eps), a.subtract_mean, a.stat_count);
     }
     NL_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::norm_backward(DType dtype, const void* dy, const void* x, const void* weight, const void* mean,
-                                const void* rstd, void* dx, void* dweight, void* dbias, int64_t rows, int64_t d,
-                                bool subtract_mean, int64_t stat_count) {
-    check_norm_sizes("norm_backward", dtype, rows, d, stat_count);
-    NL_CHECK(!subtract_mean || mean != nullptr || rows == 0, "norm_backward: LayerNorm needs mean");
+void CudaBackend::norm_backward(const NormBackwardArgs& a) {
+    check_kernel_args(a);
     cuda::DeviceGuard guard(index_);
-    if (dtype == DType::F64) {
-        norm_backward_typed<double>(index_, dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d,
-                                    subtract_mean, stat_count);
+    if (a.dtype == DType::F64) {
+        norm_backward_typed<double>(index_, a);
     } else {
-        norm_backward_typed<float>(index_, dtype, dy, x, weight, mean, rstd, dx, dweight, dbias, rows, d,
-                                   subtract_mean, stat_count);
+        norm_backward_typed<float>(index_, a);
     }
 }
 

@@ -49,12 +49,11 @@ __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, 
 }
 
 template <typename T>
-void adam_typed(void* param, const void* grad, void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq, int64_t n,
-                double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                bool decoupled) {
+void adam_typed(const AdamStepArgs& a) {
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2, eps = a.eps, weight_decay = a.weight_decay;
     // Python-float scalars, as adam.py computes them.
-    const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-    const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(a.step));
+    const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(a.step));
     AdamScalars<T> s;
     s.step_size = static_cast<T>(lr / bias_correction1);
     s.bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
@@ -65,10 +64,10 @@ void adam_typed(void* param, const void* grad, void* exp_avg, void* exp_avg_sq, 
     s.beta2 = static_cast<T>(beta2);
     s.eps = static_cast<T>(eps);
     s.weight_decay = weight_decay != 0.0;
-    s.decoupled = decoupled;
-    NL_LAUNCH(adam_kernel<T>, cuda::blocks_for(n), cuda::kThreads)(static_cast<T*>(param), static_cast<const T*>(grad),
-                                                            static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
-                                                            static_cast<T*>(max_exp_avg_sq), n, s);
+    s.decoupled = a.decoupled;
+    NL_LAUNCH(adam_kernel<T>, cuda::blocks_for(a.n), cuda::kThreads)(
+        static_cast<T*>(a.param), static_cast<const T*>(a.grad), static_cast<T*>(a.exp_avg),
+        static_cast<T*>(a.exp_avg_sq), static_cast<T*>(a.max_exp_avg_sq), a.n, s);
     NL_CUDA_CHECK_LAUNCH();
 }
 
@@ -89,42 +88,34 @@ __global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, T neg_lr,
 }
 
 template <typename T>
-void sgd_typed(void* param, const void* grad, void* buf, int64_t n, double lr, double momentum, double dampening,
-               double weight_decay, bool nesterov, bool first_step) {
-    NL_LAUNCH(sgd_kernel<T>, cuda::blocks_for(n), cuda::kThreads)(
-        static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(buf), n, static_cast<T>(-lr),
-        static_cast<T>(momentum), static_cast<T>(1.0 - dampening), static_cast<T>(weight_decay),
-        weight_decay != 0.0, momentum != 0.0, nesterov, first_step);
+void sgd_typed(const SgdStepArgs& a) {
+    NL_LAUNCH(sgd_kernel<T>, cuda::blocks_for(a.n), cuda::kThreads)(
+        static_cast<T*>(a.param), static_cast<const T*>(a.grad), static_cast<T*>(a.momentum_buffer), a.n,
+        static_cast<T>(-a.lr), static_cast<T>(a.momentum), static_cast<T>(1.0 - a.dampening),
+        static_cast<T>(a.weight_decay), a.weight_decay != 0.0, a.momentum != 0.0, a.nesterov, a.first_step);
     NL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void CudaBackend::adam_step(DType dtype, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                            void* max_exp_avg_sq, int64_t n, double lr, double beta1, double beta2, double eps,
-                            double weight_decay, int64_t step, bool decoupled) {
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "adam_step: dtype ", dtype_name(dtype));
-    NL_CHECK(step >= 1, "adam_step: step ", step);
-    if (n == 0) return;
+void CudaBackend::adam_step(const AdamStepArgs& a) {
+    check_kernel_args(a);
+    if (a.n == 0) return;
     cuda::DeviceGuard guard(index_);
-    if (dtype == DType::F64)
-        adam_typed<double>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay,
-                           step, decoupled);
+    if (a.dtype == DType::F64)
+        adam_typed<double>(a);
     else
-        adam_typed<float>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay,
-                          step, decoupled);
+        adam_typed<float>(a);
 }
 
-void CudaBackend::sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n, double lr,
-                           double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) {
-    NL_CHECK(dtype == DType::F32 || dtype == DType::F64, "sgd_step: dtype ", dtype_name(dtype));
-    NL_CHECK(momentum == 0.0 || momentum_buffer != nullptr, "sgd_step: momentum needs a buffer");
-    if (n == 0) return;
+void CudaBackend::sgd_step(const SgdStepArgs& a) {
+    check_kernel_args(a);
+    if (a.n == 0) return;
     cuda::DeviceGuard guard(index_);
-    if (dtype == DType::F64)
-        sgd_typed<double>(param, grad, momentum_buffer, n, lr, momentum, dampening, weight_decay, nesterov, first_step);
+    if (a.dtype == DType::F64)
+        sgd_typed<double>(a);
     else
-        sgd_typed<float>(param, grad, momentum_buffer, n, lr, momentum, dampening, weight_decay, nesterov, first_step);
+        sgd_typed<float>(a);
 }
 
 }  // namespace nl

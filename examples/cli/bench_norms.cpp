@@ -176,7 +176,7 @@ struct HostInputs {
 };
 
 // The inputs and preallocated buffers of one shape in one dtype on the device. The statistics are f32
-// whatever the dtype (core/backend.h norm_forward).
+// whatever the dtype (core/backend.h NormForwardArgs).
 struct ShapeData {
     DType dtype = DType::F32;
     Tensor x, dy, weight, bias;                 // (rows, d), (rows, d), (d), (d); dtype
@@ -239,14 +239,16 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
     if (impl == "kernel") {
         Backend* be = &backend_for(device);
         return [be, &d, layer, backward, eps, rows, hidden, device] {
-            be->norm_forward(d.dtype, d.x.data_ptr(), d.weight.data_ptr(), layer ? d.bias.data_ptr() : nullptr,
-                            d.y.data_ptr(), layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), rows, hidden,
-                            eps, layer, hidden);
+            be->norm_forward({.dtype = d.dtype, .x = d.x.data_ptr(), .weight = d.weight.data_ptr(),
+                              .bias = layer ? d.bias.data_ptr() : nullptr, .y = d.y.data_ptr(),
+                              .mean = layer ? d.mean.data_ptr() : nullptr, .rstd = d.rstd.data_ptr(), .rows = rows,
+                              .d = hidden, .eps = eps, .subtract_mean = layer, .stat_count = hidden});
             if (backward)
-                be->norm_backward(d.dtype, d.dy.data_ptr(), d.x.data_ptr(), d.weight.data_ptr(),
-                                 layer ? d.mean.data_ptr() : nullptr, d.rstd.data_ptr(), d.dx.data_ptr(),
-                                 d.dweight.data_ptr(), layer ? d.dbias.data_ptr() : nullptr, rows, hidden, layer,
-                                 hidden);
+                be->norm_backward({.dtype = d.dtype, .dy = d.dy.data_ptr(), .x = d.x.data_ptr(),
+                                   .weight = d.weight.data_ptr(), .mean = layer ? d.mean.data_ptr() : nullptr,
+                                   .rstd = d.rstd.data_ptr(), .dx = d.dx.data_ptr(), .dweight = d.dweight.data_ptr(),
+                                   .dbias = layer ? d.dbias.data_ptr() : nullptr, .rows = rows, .d = hidden,
+                                   .subtract_mean = layer, .stat_count = hidden});
             device_synchronize(device);
         };
     }
