@@ -339,6 +339,49 @@ void backward_elements(const RowGroup<T, G>& rows, const T* w, T* dw_sum, T* db_
     for_each_lanes<T>(jk, j1, [&sweep](auto lanes, int64_t j) { sweep(lanes, j, std::false_type{}); });
 }
 
+// One backward call as its row sweeps see it: the operands, and what is decided once for all rows
+// (rows converted through scratch rows, dx streamed out, a bias gradient wanted).
+template <typename T>
+struct BackwardContext {
+    DType dtype;
+    const void *dy, *x;  // (rows, d) each
+    void* dx;            // (rows, d)
+    const T* mean;       // (rows)
+    const T* rstd;       // (rows)
+    const T* w;          // (d)
+    int64_t rows, d, k;
+    double inv_k;        // 1 / k
+    bool subtract_mean, convert, streaming, bias_grad;
+};
+
+// One thread's buffers for the backward's row sweeps.
+template <typename T>
+struct BackwardScratch {
+    explicit BackwardScratch(const BackwardContext<T>& c)
+        : x_rows(group_values(c)), dy_rows(group_values(c)), dx_rows(group_values(c)), dw_acc(c.d),
+          db_acc(c.bias_grad ? c.d : 0) {}
+    // Values of a group's converted rows: none when rows are stored as T.
+    static int64_t group_values(const BackwardContext<T>& c) { return c.convert ? kBackwardGroupRows * c.d : 0; }
+    std::vector<T> x_rows, dy_rows, dx_rows;  // (G, d) each
+    std::vector<T> dw_acc, db_acc;  // (d) each: sums over the current kRowBlock rows
+    T out_blocks[kBackwardGroupRows][kPrefetchBlock];  // (G, kPrefetchBlock) dx on its way to streaming stores
+};
+
+// Rows r .. r + G - 1 as a RowGroup: their x and dy rows (converted into the scratch rows where they
+// are not stored as T), mean and rstd; dxr: (G) where each row's dx goes.
+template <typename T, int G>
+void load_row_group(const BackwardContext<T>& c, BackwardScratch<T>& scratch, int64_t r, RowGroup<T, G>& group,
+                    T* (&dxr)[G]) {
+    for (int g = 0; g < G; ++g) {
+        group.x[g] = cpu_rows::load<T>(c.dtype, c.x, r + g, c.d, scratch_row(scratch.x_rows, g, c.d));
+        group.dy[g] = cpu_rows::load<T>(c.dtype, c.dy, r + g, c.d, scratch_row(scratch.dy_rows, g, c.d));
+        dxr[g] = cpu_rows::output<T>(c.dtype, c.dx, r + g, c.d, scratch_row(scratch.dx_rows, g, c.d));
+        group.mean[g] = c.subtract_mean ? c.mean[r + g] : T(0);
+        group.rstd[g] = c.rstd[r + g];
+    }
+}
+
+// The group's scalars a = sm * sum(g) / k and b = sum(g * xhat) / k, all its rows' sums in one sweep.
 // Derivation (S = first k elements, sm = 1 for LayerNorm, 0 for RMS; mean = 0 for RMS):
 //   xhat_i = (x_i - mean) * rstd,  rstd = (var + eps)^-1/2,  var = sum_S (x - mean)^2 / k
 //   d xhat_i / d x_j = rstd * (delta_ij - sm [j in S] / k) - [j in S] * xhat_i * xhat_j * rstd / k
@@ -347,117 +390,148 @@ void backward_elements(const RowGroup<T, G>& rows, const T* w, T* dw_sum, T* db_
 //        = rstd * (g_j - [j in S] * (sm * sum_i g_i / k + xhat_j * sum_i g_i xhat_i / k))
 // where the sums run over all d elements (every output depends on rstd), divided by k.
 // For k = d and sm = 1 this is llm.c's layernorm_backward.
+template <typename T, int G>
+void row_group_scalars(const BackwardContext<T>& c, RowGroup<T, G>& group) {
+    const T* w = c.w;  // (d)
+    // sums[2g] = sum(dy * w), sums[2g + 1] = sum(dy * w * xhat) of row g.
+    const std::array<double, 2 * G> sums = lane_sums<T, 2 * G>(c.d, [&group, w](auto lanes, int64_t j) {
+        using V = decltype(lanes);
+        std::array<V, 2 * G> terms;
+        for (int g = 0; g < G; ++g) {
+            const V dy_w = load_as<V>(group.dy[g] + j) * load_as<V>(w + j);
+            terms[2 * g] = dy_w;
+            terms[2 * g + 1] = dy_w * ((load_as<V>(group.x[g] + j) - group.mean[g]) * group.rstd[g]);
+        }
+        return terms;
+    });
+    for (int g = 0; g < G; ++g) {
+        group.a[g] = c.subtract_mean ? static_cast<T>(sums[2 * g] * c.inv_k) : T(0);
+        group.b[g] = static_cast<T>(sums[2 * g + 1] * c.inv_k);
+    }
+}
+
+// The group's elementwise sweep (rows r .. r + G - 1), kPrefetchBlock columns at a time: dx into dxr
+// (G) rows, streamed out through scratch.out_blocks where dx is streamed, and the rows' dweight/dbias
+// terms into scratch.dw_acc, db_acc.
+template <typename T, int G>
+void row_group_columns(const BackwardContext<T>& c, BackwardScratch<T>& scratch, int64_t r, RowGroup<T, G>& group,
+                       T* const (&dxr)[G]) {
+    const int64_t d = c.d;
+    // While these rows are computed (from cache), pull the next rows in.
+    const int64_t next_rows = !c.convert ? std::min<int64_t>(G, c.rows - (r + G)) : 0;
+    for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
+        const int64_t j1 = std::min(d, j0 + kPrefetchBlock), jk = std::clamp(c.k, j0, j1);
+        for (int64_t n = 0; n < next_rows; ++n) {
+            for (int64_t p = j0; p < j1; p += kLineElements) {
+                __builtin_prefetch(group.x[0] + (G + n) * d + p);
+                __builtin_prefetch(group.dy[0] + (G + n) * d + p);
+            }
+        }
+        for (int g = 0; g < G; ++g) group.out[g] = c.streaming ? scratch.out_blocks[g] : dxr[g] + j0;
+        if (c.bias_grad) {
+            backward_elements<T, G, true>(group, c.w, scratch.dw_acc.data(), scratch.db_acc.data(), j0, jk, j1);
+        } else {
+            backward_elements<T, G, false>(group, c.w, scratch.dw_acc.data(), scratch.db_acc.data(), j0, jk, j1);
+        }
+        for (int g = 0; c.streaming && g < G; ++g)
+            cpu_rows::stream_block(dxr[g] + j0, scratch.out_blocks[g], j1 - j0);
+    }
+}
+
+// Rows r .. r + G - 1: their sums in one sweep, then their elementwise sweep together.
+template <typename T, int G>
+void backward_rows(const BackwardContext<T>& c, BackwardScratch<T>& scratch, int64_t r) {
+    RowGroup<T, G> group;
+    T* dxr[G];
+    load_row_group(c, scratch, r, group, dxr);
+    row_group_scalars(c, group);
+    row_group_columns(c, scratch, r, group, dxr);
+    for (int g = 0; g < G; ++g) cpu_rows::store<T>(c.dtype, c.dx, r + g, c.d, dxr[g]);
+}
+
+// Rows [row_begin, row_end) of one chunk, kRowBlock rows at a time: each block's dweight/dbias sums
+// in T (scratch.dw_acc, db_acc), then added into the chunk's partial rows dw_row, db_row ((d) each,
+// null when not wanted) in double.
+template <typename T>
+void backward_chunk(const BackwardContext<T>& c, BackwardScratch<T>& scratch, int64_t row_begin, int64_t row_end,
+                    double* dw_row, double* db_row) {
+    for (int64_t block = row_begin; block < row_end; block += kRowBlock) {
+        const int64_t block_end = std::min(row_end, block + kRowBlock);
+        std::fill(scratch.dw_acc.begin(), scratch.dw_acc.end(), T(0));
+        if (c.bias_grad) std::fill(scratch.db_acc.begin(), scratch.db_acc.end(), T(0));
+        int64_t r = block;
+        for (; r + kBackwardGroupRows <= block_end; r += kBackwardGroupRows)
+            backward_rows<T, kBackwardGroupRows>(c, scratch, r);
+        for (; r < block_end; ++r) backward_rows<T, 1>(c, scratch, r);
+        for (int64_t j = 0; dw_row != nullptr && j < c.d; ++j) dw_row[j] += static_cast<double>(scratch.dw_acc[j]);
+        for (int64_t j = 0; db_row != nullptr && j < c.d; ++j) db_row[j] += static_cast<double>(scratch.db_acc[j]);
+    }
+}
+
+// Sums the (chunks, d) partials in chunk order (the same order for every column, so deterministic), a
+// block of columns at a time across threads, and stores them in out, a (d) row in the parameters' dtype.
+template <typename T>
+void sum_partials(const BackwardContext<T>& c, const std::vector<double>& partial, int64_t chunks, void* out) {
+    const int64_t d = c.d;
+    std::vector<T> out_scratch(c.convert ? d : 0);  // (d)
+    T* row = cpu_rows::output<T>(c.dtype, out, 0, d, out_scratch.data());
+#pragma omp parallel for schedule(static) if (chunks * d > kParallelElements)
+    for (int64_t j0 = 0; j0 < d; j0 += kColumnBlock) {
+        const int64_t width = std::min(kColumnBlock, d - j0);
+        double sum[kColumnBlock] = {};  // (width)
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            const double* part = partial.data() + chunk * d + j0;
+            for (int64_t j = 0; j < width; ++j) sum[j] += part[j];
+        }
+        for (int64_t j = 0; j < width; ++j) row[j0 + j] = static_cast<T>(sum[j]);
+    }
+    cpu_rows::store<T>(c.dtype, out, 0, d, row);
+}
+
+// The norms' backward (core/backend.h): dx row group by row group, and dweight/dbias through
+// per-chunk partial rows.
 template <typename T>
 void norm_backward_impl(const NormBackwardArgs& a) {
-    const DType dtype = a.dtype;
-    const void *dy = a.dy, *x = a.x, *weight = a.weight;  // (rows, d), (rows, d), (d)
-    const T* mean = static_cast<const T*>(a.mean);          // (rows)
-    const T* rstd = static_cast<const T*>(a.rstd);          // (rows)
-    void *dx = a.dx, *dweight = a.dweight, *dbias = a.dbias;  // (rows, d), (d), (d)
-    const int64_t rows = a.rows, d = a.d, k = a.stat_count;
-    const bool subtract_mean = a.subtract_mean;
+    const int64_t rows = a.rows, d = a.d;
+    void *dweight = a.dweight, *dbias = a.dbias;  // (d), (d)
     std::vector<T> w_buffer;
-    const T* w = param_row<T>(dtype, weight, d, 1.0, w_buffer);  // (d)
-    const bool convert = !cpu_rows::stored_as<T>(dtype);
-    const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
+    const bool convert = !cpu_rows::stored_as<T>(a.dtype);
+    const BackwardContext<T> c{
+        .dtype = a.dtype,
+        .dy = a.dy,
+        .x = a.x,
+        .dx = a.dx,
+        .mean = static_cast<const T*>(a.mean),
+        .rstd = static_cast<const T*>(a.rstd),
+        .w = param_row<T>(a.dtype, a.weight, d, 1.0, w_buffer),
+        .rows = rows,
+        .d = d,
+        .k = a.stat_count,
+        .inv_k = 1.0 / static_cast<double>(a.stat_count),
+        .subtract_mean = a.subtract_mean,
+        .convert = convert,
+        .streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T))),
+        .bias_grad = dbias != nullptr,
+    };
     // dweight/dbias: rows are cut into fixed chunks that depend on `rows` only, each chunk sums its
     // rows in order into its own partial row (vectorized row axpys in T over kRowBlock rows, flushed
     // into double), then the partials are summed in chunk order. No atomics, and the same bits for any thread count.
     const int64_t chunks = std::clamp((rows + kMinChunkRows - 1) / kMinChunkRows, int64_t{1}, kMaxChunks);
     std::vector<double> dw_partial(dweight ? chunks * d : 0);  // (chunks, d)
     std::vector<double> db_partial(dbias ? chunks * d : 0);    // (chunks, d)
-    const double inv_k = 1.0 / static_cast<double>(k);
 #pragma omp parallel if (rows * d > kParallelElements)
     {
-        const int64_t scratch = convert ? kBackwardGroupRows * d : 0;
-        std::vector<T> x_scratch(scratch), dy_scratch(scratch), dx_scratch(scratch);  // (G, d) each
-        std::vector<T> dw_acc(d), db_acc(dbias ? d : 0);  // (d) each: sums over the current kRowBlock rows
-        T out_blocks[kBackwardGroupRows][kPrefetchBlock];  // (G, kPrefetchBlock) dx on its way to streaming stores
-        // Rows r .. r + G - 1: their sums in one sweep, then their elementwise sweep together.
-        auto backward_rows = [&](auto group_size, int64_t r) {
-            constexpr int G = decltype(group_size)::value;
-            RowGroup<T, G> group;
-            T* dxr[G];
-            for (int g = 0; g < G; ++g) {
-                group.x[g] = cpu_rows::load<T>(dtype, x, r + g, d, scratch_row(x_scratch, g, d));
-                group.dy[g] = cpu_rows::load<T>(dtype, dy, r + g, d, scratch_row(dy_scratch, g, d));
-                dxr[g] = cpu_rows::output<T>(dtype, dx, r + g, d, scratch_row(dx_scratch, g, d));
-                group.mean[g] = subtract_mean ? mean[r + g] : T(0);
-                group.rstd[g] = rstd[r + g];
-            }
-            // sums[2g] = sum(dy * w), sums[2g + 1] = sum(dy * w * xhat) of row g.
-            const std::array<double, 2 * G> sums = lane_sums<T, 2 * G>(d, [&group, w](auto lanes, int64_t j) {
-                using V = decltype(lanes);
-                std::array<V, 2 * G> terms;
-                for (int g = 0; g < G; ++g) {
-                    const V dy_w = load_as<V>(group.dy[g] + j) * load_as<V>(w + j);
-                    terms[2 * g] = dy_w;
-                    terms[2 * g + 1] = dy_w * ((load_as<V>(group.x[g] + j) - group.mean[g]) * group.rstd[g]);
-                }
-                return terms;
-            });
-            for (int g = 0; g < G; ++g) {
-                group.a[g] = subtract_mean ? static_cast<T>(sums[2 * g] * inv_k) : T(0);
-                group.b[g] = static_cast<T>(sums[2 * g + 1] * inv_k);
-            }
-            // While these rows are computed (from cache), pull the next rows in.
-            const int64_t next_rows = !convert ? std::min<int64_t>(G, rows - (r + G)) : 0;
-            for (int64_t j0 = 0; j0 < d; j0 += kPrefetchBlock) {
-                const int64_t j1 = std::min(d, j0 + kPrefetchBlock), jk = std::clamp(k, j0, j1);
-                for (int64_t n = 0; n < next_rows; ++n) {
-                    for (int64_t p = j0; p < j1; p += kLineElements) {
-                        __builtin_prefetch(group.x[0] + (G + n) * d + p);
-                        __builtin_prefetch(group.dy[0] + (G + n) * d + p);
-                    }
-                }
-                for (int g = 0; g < G; ++g) group.out[g] = streaming ? out_blocks[g] : dxr[g] + j0;
-                if (dbias != nullptr) {
-                    backward_elements<T, G, true>(group, w, dw_acc.data(), db_acc.data(), j0, jk, j1);
-                } else {
-                    backward_elements<T, G, false>(group, w, dw_acc.data(), db_acc.data(), j0, jk, j1);
-                }
-                for (int g = 0; streaming && g < G; ++g) cpu_rows::stream_block(dxr[g] + j0, out_blocks[g], j1 - j0);
-            }
-            for (int g = 0; g < G; ++g) cpu_rows::store<T>(dtype, dx, r + g, d, dxr[g]);
-        };
+        BackwardScratch<T> scratch(c);
 #pragma omp for schedule(static)
-        for (int64_t c = 0; c < chunks; ++c) {
-            double* dw_row = dweight ? dw_partial.data() + c * d : nullptr;  // (d)
-            double* db_row = dbias ? db_partial.data() + c * d : nullptr;    // (d)
-            const int64_t row_end = (c + 1) * rows / chunks;
-            for (int64_t block = c * rows / chunks; block < row_end; block += kRowBlock) {
-                const int64_t block_end = std::min(row_end, block + kRowBlock);
-                std::fill(dw_acc.begin(), dw_acc.end(), T(0));
-                if (dbias != nullptr) std::fill(db_acc.begin(), db_acc.end(), T(0));
-                int64_t r = block;
-                for (; r + kBackwardGroupRows <= block_end; r += kBackwardGroupRows)
-                    backward_rows(std::integral_constant<int, kBackwardGroupRows>{}, r);
-                for (; r < block_end; ++r) backward_rows(std::integral_constant<int, 1>{}, r);
-                for (int64_t j = 0; dw_row != nullptr && j < d; ++j) dw_row[j] += static_cast<double>(dw_acc[j]);
-                for (int64_t j = 0; db_row != nullptr && j < d; ++j) db_row[j] += static_cast<double>(db_acc[j]);
-            }
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            double* dw_row = dweight ? dw_partial.data() + chunk * d : nullptr;  // (d)
+            double* db_row = dbias ? db_partial.data() + chunk * d : nullptr;    // (d)
+            backward_chunk(c, scratch, chunk * rows / chunks, (chunk + 1) * rows / chunks, dw_row, db_row);
         }
-        if (streaming) cpu_rows::stream_fence();
+        if (c.streaming) cpu_rows::stream_fence();
     }
-    // Sum the partials in chunk order (the same order for every column, so deterministic), a block
-    // of columns at a time across threads, and store them in the parameters' dtype.
-    auto finish = [&](const std::vector<double>& partial, void* out) {
-        std::vector<T> out_scratch(convert ? d : 0);  // (d)
-        T* row = cpu_rows::output<T>(dtype, out, 0, d, out_scratch.data());
-#pragma omp parallel for schedule(static) if (chunks * d > kParallelElements)
-        for (int64_t j0 = 0; j0 < d; j0 += kColumnBlock) {
-            const int64_t width = std::min(kColumnBlock, d - j0);
-            double sum[kColumnBlock] = {};  // (width)
-            for (int64_t c = 0; c < chunks; ++c) {
-                const double* part = partial.data() + c * d + j0;
-                for (int64_t j = 0; j < width; ++j) sum[j] += part[j];
-            }
-            for (int64_t j = 0; j < width; ++j) row[j0 + j] = static_cast<T>(sum[j]);
-        }
-        cpu_rows::store<T>(dtype, out, 0, d, row);
-    };
-    if (dweight != nullptr) finish(dw_partial, dweight);
-    if (dbias != nullptr) finish(db_partial, dbias);
+    if (dweight != nullptr) sum_partials(c, dw_partial, chunks, dweight);
+    if (dbias != nullptr) sum_partials(c, db_partial, chunks, dbias);
 }
 
 }  // namespace
