@@ -324,102 +324,154 @@ void pack_query_rows(const Dims& s, const T* q, int64_t b, int64_t i0, int64_t r
     transpose_rows(q + s.q_row(b, i0, h), s.heads * s.head_dim, rows, s.head_dim, q_t, kLanes);
 }
 
+// The forward's operands (core/backend.h): q, out (batch, q_len, heads, hd); k, v (batch, kv_len,
+// kv_heads, hd); lse (batch, heads, q_len).
+template <typename T>
+struct ForwardOperands {
+    const T *q, *k, *v;
+    T *out, *lse;
+    T scale;
+};
+
+// One thread's buffers and running state for its forward tasks.
+template <typename T>
+struct ForwardBuffers {
+    ForwardBuffers(int64_t hd, int64_t key_groups)
+        : q_t(static_cast<size_t>(hd * kLanes)), acc_t(static_cast<size_t>(hd * kLanes)),
+          head_keys_t(static_cast<size_t>(key_groups * hd * kKeyStep)),
+          head_values(static_cast<size_t>(key_groups * hd * kKeyStep)) {}
+    std::vector<T> q_t;    // (hd, kLanes): the task's query rows
+    std::vector<T> acc_t;  // (hd, kLanes): unnormalized output, transposed
+    // The keys of one (batch, kv head), transposed in groups of kKeyStep: (key_groups, hd, kKeyStep),
+    // and its values, contiguous: (key_groups * kKeyStep, hd) (in place, a value row is a stride
+    // of kv_heads * hd away from the next, and the products waited on those loads). A thread's
+    // tasks come mostly in order, the query tiles of one head after another, so it packs a head's
+    // groups once as they are first needed instead of once per task. The contents are copies of
+    // K and V, the same whichever thread packs them: the bits do not depend on the schedule.
+    std::vector<T> head_keys_t;  // (key_groups, hd, kKeyStep)
+    std::vector<T> head_values;  // (key_groups * kKeyStep, hd)
+    int64_t packed_head = -1, packed_groups = 0;  // groups [0, packed_groups) of packed_head are packed
+    T st[kKeyTile][kLanes];                       // (keys of a tile, kLanes): scores, then probabilities
+    T row_max[kLanes], row_sum[kLanes], visible[kLanes];  // (kLanes) each: a task's running max and sum, keys seen
+    T tile_max[kLanes], rescale[kLanes], sum[kLanes];     // (kLanes) each: one key tile's
+};
+
+// Packs the groups of kv head g of batch b up to `group` that are not packed yet: keys into
+// head_keys_t, values into head_values.
+template <typename T>
+void pack_key_groups(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t g, int64_t group,
+                     ForwardBuffers<T>& f) {
+    const int64_t hd = s.head_dim, group_floats = hd * kKeyStep;
+    for (; f.packed_groups <= group; ++f.packed_groups) {
+        const int64_t p0 = f.packed_groups * kKeyStep;
+        const int64_t group_keys = std::min(kKeyStep, s.kv_len - p0);
+        pack_transposed(s, o.k, b, p0, group_keys, g, f.head_keys_t.data() + f.packed_groups * group_floats);
+        for (int64_t c = 0; c < group_keys; ++c)
+            copy_values(f.head_values.data() + (p0 + c) * hd, o.v + s.kv_row(b, p0 + c, g), hd);
+    }
+}
+
+// S^T of the task's query rows (q_t) and keys [j0, j0 + count) of kv head g into st, for the tile's
+// groups of kKeyStep keys (a group past count is not computed), packing groups as they are needed.
+template <typename T>
+void tile_scores(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t g, int64_t j0, int64_t count,
+                 ForwardBuffers<T>& f) {
+    const int64_t hd = s.head_dim, group_floats = hd * kKeyStep;
+    for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
+        const int64_t group = (j0 + c0) / kKeyStep;
+        pack_key_groups(s, o, b, g, group, f);
+        keys_times_rows(f.head_keys_t.data() + group * group_floats, f.q_t.data(), hd, f.st + c0);
+    }
+}
+
+// The online softmax over keys [j0, j0 + count), each lane its own row (Dao et al. 2022, Algorithm
+// 1): the scaled scores, -inf where a row does not see the key; the new running max; the rescale of
+// the earlier sums (0 on the first tile, where row_max is -inf; 1 for a row that sees no key here);
+// the probabilities exp(scaled - max) (into st) and their sum.
+template <typename T>
+void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scale) {
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    std::fill(f.tile_max, f.tile_max + kLanes, kNegInf);
+    for (int64_t c = 0; c < count; ++c) {
+        const T key = static_cast<T>(j0 + c);
+#pragma omp simd
+        for (int64_t r = 0; r < kLanes; ++r) {
+            const T x = key < f.visible[r] ? f.st[c][r] * scale : kNegInf;
+            f.st[c][r] = x;
+            f.tile_max[r] = x > f.tile_max[r] ? x : f.tile_max[r];
+        }
+    }
+#pragma omp simd
+    for (int64_t r = 0; r < kLanes; ++r) f.tile_max[r] = f.tile_max[r] > f.row_max[r] ? f.tile_max[r] : f.row_max[r];
+    std::copy_n(f.row_max, kLanes, f.rescale);
+    exp_lanes(f.rescale, f.tile_max);  // exp(row_max - new max)
+    std::fill(f.sum, f.sum + kLanes, T(0));
+    for (int64_t c = 0; c < count; ++c) {
+        exp_lanes(f.st[c], f.tile_max);  // the masked keys' -inf gives 0
+#pragma omp simd
+        for (int64_t r = 0; r < kLanes; ++r) f.sum[r] += f.st[c][r];
+    }
+#pragma omp simd
+    for (int64_t r = 0; r < kLanes; ++r) {
+        f.row_sum[r] = f.row_sum[r] * f.rescale[r] + f.sum[r];
+        f.row_max[r] = f.tile_max[r];
+    }
+}
+
+// One task: query tile `tile` (kLanes rows from i0) of head h of batch b, over the keys its rows see
+// a key tile at a time; then its output rows and their logsumexps.
+template <typename T>
+void forward_task(const Dims& s, const ForwardOperands<T>& o, int64_t task, int64_t tiles, ForwardBuffers<T>& f) {
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    const int64_t hd = s.head_dim;
+    const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
+    const int64_t g = h / s.group();
+    const int64_t i0 = tile * kLanes, rows = std::min(kLanes, s.q_len - i0);
+    pack_query_rows(s, o.q, b, i0, rows, h, f.q_t.data());
+    std::fill(f.acc_t.begin(), f.acc_t.end(), T(0));
+    std::fill(f.row_max, f.row_max + kLanes, kNegInf);
+    std::fill(f.row_sum, f.row_sum + kLanes, T(0));
+    // The keys each lane sees; a padding lane (past rows) sees all, so that its all-zero
+    // scores stay finite (its results are not written).
+    for (int64_t r = 0; r < kLanes; ++r) f.visible[r] = static_cast<T>(r < rows ? s.visible(i0 + r) : s.kv_len);
+    const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
+    if (f.packed_head != b * s.kv_heads + g) {
+        f.packed_head = b * s.kv_heads + g;
+        f.packed_groups = 0;
+    }
+    for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
+        const int64_t count = std::min(kKeyTile, keys - j0);  // keys of the tile some row sees
+        tile_scores(s, o, b, g, j0, count, f);
+        online_softmax_tile(f, j0, count, o.scale);
+        // acc = acc * rescale + P V over the tile's keys.
+        values_times_probabilities(f.st, count, f.head_values.data() + j0 * hd, hd, f.rescale, hd, f.acc_t.data());
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const T inv = T(1) / f.row_sum[r];
+        T* out = o.out + s.q_row(b, i0 + r, h);
+        for (int64_t d = 0; d < hd; ++d) out[d] = f.acc_t[d * kLanes + r] * inv;
+        o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
+    }
+}
+
+// The forward: one task per (batch, head, tile of kLanes query rows), the tasks shared out among
+// the threads, each with its own buffers.
 template <typename T>
 void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
-    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-    const int64_t hd = s.head_dim, tiles = (s.q_len + kLanes - 1) / kLanes;
+    const ForwardOperands<T> o{q, k, v, out, lse, scale};
+    const int64_t tiles = (s.q_len + kLanes - 1) / kLanes;
     const int64_t tasks = s.batch * s.heads * tiles;
-    const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep, group_floats = hd * kKeyStep;
+    const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep;
 #pragma omp parallel if (s.work() > kParallelFlops)
     {
-        std::vector<T> q_t(static_cast<size_t>(hd * kLanes));    // (hd, kLanes): the task's query rows
-        std::vector<T> acc_t(static_cast<size_t>(hd * kLanes));  // (hd, kLanes): unnormalized output, transposed
-        // The keys of one (batch, kv head), transposed in groups of kKeyStep: (key_groups, hd, kKeyStep),
-        // and its values, contiguous: (key_groups * kKeyStep, hd) (in place, a value row is a stride
-        // of kv_heads * hd away from the next, and the products waited on those loads). A thread's
-        // tasks come mostly in order, the query tiles of one head after another, so it packs a head's
-        // groups once as they are first needed instead of once per task. The contents are copies of
-        // K and V, the same whichever thread packs them: the bits do not depend on the schedule.
-        std::vector<T> head_keys_t(static_cast<size_t>(key_groups * group_floats));
-        std::vector<T> head_values(static_cast<size_t>(key_groups * group_floats));
-        int64_t packed_head = -1, packed_groups = 0;  // groups [0, packed_groups) of packed_head are packed
-        T st[kKeyTile][kLanes];                       // (keys of a tile, kLanes): scores, then probabilities
-        T row_max[kLanes], row_sum[kLanes], tile_max[kLanes], rescale[kLanes], sum[kLanes], visible[kLanes];
+        ForwardBuffers<T> buffers(s.head_dim, key_groups);
         // A thread takes a head's query tiles together where there are heads enough to share out
         // (four per thread or more): handed out one by one, consecutive tiles went to alternate
         // threads and each packed most of every head's keys (at T 64, four tiles a head, 1.75 times
         // over). With few heads, tile by tile, so every thread has work.
         const int64_t chunk = s.batch * s.heads >= 4 * omp_get_num_threads() ? tiles : 1;
 #pragma omp for schedule(dynamic, chunk)
-        for (int64_t task = 0; task < tasks; ++task) {
-            const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
-            const int64_t g = h / s.group();
-            const int64_t i0 = tile * kLanes, rows = std::min(kLanes, s.q_len - i0);
-            pack_query_rows(s, q, b, i0, rows, h, q_t.data());
-            std::fill(acc_t.begin(), acc_t.end(), T(0));
-            std::fill(row_max, row_max + kLanes, kNegInf);
-            std::fill(row_sum, row_sum + kLanes, T(0));
-            // The keys each lane sees; a padding lane (past rows) sees all, so that its all-zero
-            // scores stay finite (its results are not written).
-            for (int64_t r = 0; r < kLanes; ++r) visible[r] = static_cast<T>(r < rows ? s.visible(i0 + r) : s.kv_len);
-            const int64_t keys = s.visible(i0 + rows - 1);  // the tile's last row sees the most keys
-            if (packed_head != b * s.kv_heads + g) {
-                packed_head = b * s.kv_heads + g;
-                packed_groups = 0;
-            }
-            for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
-                const int64_t count = std::min(kKeyTile, keys - j0);  // keys of the tile some row sees
-                // S^T for the tile's groups of kKeyStep keys (a group past count is not computed).
-                for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
-                    const int64_t group = (j0 + c0) / kKeyStep;
-                    for (; packed_groups <= group; ++packed_groups) {
-                        const int64_t p0 = packed_groups * kKeyStep;
-                        const int64_t group_keys = std::min(kKeyStep, s.kv_len - p0);
-                        pack_transposed(s, k, b, p0, group_keys, g, head_keys_t.data() + packed_groups * group_floats);
-                        for (int64_t c = 0; c < group_keys; ++c)
-                            copy_values(head_values.data() + (p0 + c) * hd, v + s.kv_row(b, p0 + c, g), hd);
-                    }
-                    keys_times_rows(head_keys_t.data() + group * group_floats, q_t.data(), hd, st + c0);
-                }
-                // The online softmax, each lane its own row (Dao et al. 2022, Algorithm 1): the
-                // scaled scores, -inf where a row does not see the key; the new running max; the
-                // rescale of the earlier sums (0 on the first tile, where row_max is -inf; 1 for a
-                // row that sees no key here); the probabilities exp(scaled - max) and their sum.
-                std::fill(tile_max, tile_max + kLanes, kNegInf);
-                for (int64_t c = 0; c < count; ++c) {
-                    const T key = static_cast<T>(j0 + c);
-#pragma omp simd
-                    for (int64_t r = 0; r < kLanes; ++r) {
-                        const T x = key < visible[r] ? st[c][r] * scale : kNegInf;
-                        st[c][r] = x;
-                        tile_max[r] = x > tile_max[r] ? x : tile_max[r];
-                    }
-                }
-#pragma omp simd
-                for (int64_t r = 0; r < kLanes; ++r) tile_max[r] = tile_max[r] > row_max[r] ? tile_max[r] : row_max[r];
-                std::copy_n(row_max, kLanes, rescale);
-                exp_lanes(rescale, tile_max);  // exp(row_max - new max)
-                std::fill(sum, sum + kLanes, T(0));
-                for (int64_t c = 0; c < count; ++c) {
-                    exp_lanes(st[c], tile_max);  // the masked keys' -inf gives 0
-#pragma omp simd
-                    for (int64_t r = 0; r < kLanes; ++r) sum[r] += st[c][r];
-                }
-#pragma omp simd
-                for (int64_t r = 0; r < kLanes; ++r) {
-                    row_sum[r] = row_sum[r] * rescale[r] + sum[r];
-                    row_max[r] = tile_max[r];
-                }
-                // acc = acc * rescale + P V over the tile's keys.
-                values_times_probabilities(st, count, head_values.data() + j0 * hd, hd, rescale, hd, acc_t.data());
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                const T inv = T(1) / row_sum[r];
-                T* o = out + s.q_row(b, i0 + r, h);
-                for (int64_t d = 0; d < hd; ++d) o[d] = acc_t[d * kLanes + r] * inv;
-                lse[s.stat(b, h, i0 + r)] = row_max[r] + std::log(row_sum[r]);
-            }
-        }
+        for (int64_t task = 0; task < tasks; ++task) forward_task(s, o, task, tiles, buffers);
     }
 }
 
