@@ -505,97 +505,161 @@ inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse
     }
 }
 
+// delta_i = dout_i . out_i, one per query row and head: delta (batch, heads, q_len).
 template <typename T>
-void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* out, const T* dout, const T* lse,
-                   T* delta, T* dq, T* dk, T* dv, T scale) {
+void row_deltas(const Dims& s, const T* out, const T* dout, T* delta, bool parallel) {
     const int64_t hd = s.head_dim;
-    const bool parallel = s.work() > kParallelFlops;
-    // delta_i = dout_i . out_i, one per query row and head.
     const int64_t rows = s.batch * s.q_len * s.heads;
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t row = 0; row < rows; ++row) {
         const int64_t h = row % s.heads, i = (row / s.heads) % s.q_len, b = row / (s.heads * s.q_len);
         delta[s.stat(b, h, i)] = dot(dout + row * hd, out + row * hd, hd);
     }
+}
+
+// The backward's operands (core/backend.h): q, dout, dq (batch, q_len, heads, hd); k, v, dk, dv
+// (batch, kv_len, kv_heads, hd); lse, delta (batch, heads, q_len).
+template <typename T>
+struct BackwardOperands {
+    const T *q, *k, *v, *dout, *lse, *delta;
+    T *dq, *dk, *dv;
+    T scale;
+};
+
+// One thread's buffers for its backward tasks.
+template <typename T>
+struct BackwardBuffers {
+    explicit BackwardBuffers(int64_t hd)
+        : keys_t(static_cast<size_t>(hd * kKeyTile)), values_t(keys_t.size()),
+          dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size()),
+          p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size()), zero_row(static_cast<size_t>(hd), T(0)),
+          spare_row(static_cast<size_t>(hd)) {}
+    std::vector<T> keys_t, values_t;  // (hd, kKeyTile)
+    std::vector<T> dk_acc, dv_acc;    // (kKeyTile, hd)
+    std::vector<T> p, ds;             // (kRowChunk, kKeyTile)
+    const std::vector<T> zero_row;    // (hd): stands in for a block's missing rows
+    std::vector<T> spare_row;         // (hd): their dq goes here, unread
+};
+
+// Keys [j0, j0 + count) of kv head g of batch b: one key tile of a backward task, width =
+// tile_width(count) columns, count4 = count in whole blocks of kRowBlock keys (at most width).
+struct KeyTile {
+    int64_t b, g, j0, count, width, count4;
+};
+
+// P and dS of query rows [c0, c0 + chunk) of head h against the tile, into buffers.p and buffers.ds
+// (chunk, kKeyTile), four rows at a time (rows past the chunk get zeros), and dq += dS K for those rows.
+template <typename T>
+void chunk_probabilities(const Dims& s, const BackwardOperands<T>& o, const KeyTile& t, int64_t h, int64_t c0,
+                         int64_t chunk, BackwardBuffers<T>& buffers) {
+    const int64_t hd = s.head_dim;
+    const T* key_rows = o.k + s.kv_row(t.b, t.j0, t.g);
+    for (int64_t r0 = 0; r0 < chunk; r0 += kRowBlock) {
+        const int64_t rows = std::min(kRowBlock, chunk - r0);
+        int64_t n[kRowBlock];
+        for (int64_t r = 0; r < rows; ++r)
+            n[r] = std::min(s.visible(c0 + r0 + r) - t.j0, t.count);  // keys of the tile row r sees
+        T(*p_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(buffers.p.data() + r0 * kKeyTile);
+        T(*ds_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(buffers.ds.data() + r0 * kKeyTile);
+        probabilities(s, o.q, o.dout, o.lse, o.delta, buffers.keys_t.data(), buffers.values_t.data(), t.width,
+                      tile_width(n[rows - 1]), t.b, h, c0 + r0, rows, n, o.scale, buffers.zero_row.data(), p_block,
+                      ds_block);
+        T* dq_rows[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r)
+            dq_rows[r] = r < rows ? o.dq + s.q_row(t.b, c0 + r0 + r, h) : buffers.spare_row.data();
+        rows_accumulate(&ds_block[0][0], kKeyTile, 1, n[rows - 1], key_rows, s.kv_heads * hd, dq_rows,
+                        static_cast<const T*>(nullptr), hd);
+    }
+}
+
+// dV and dK of the tile's keys from query rows [c0, c0 + chunk) of head h, transposed, four keys per
+// pass: dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r] over the chunk's rows from the first
+// that sees key c (P and dS are zero above it, where a row does not see key c, and past count).
+template <typename T>
+void chunk_key_gradients(const Dims& s, const BackwardOperands<T>& o, const KeyTile& t, int64_t h, int64_t c0,
+                         int64_t chunk, BackwardBuffers<T>& buffers) {
+    const int64_t hd = s.head_dim;
+    for (int64_t c = 0; c < t.count4; c += kRowBlock) {
+        const int64_t r_first = std::max<int64_t>(0, t.j0 + c - s.offset() - c0);
+        if (r_first >= chunk) break;  // nor the keys after c
+        const T* dout_rows = o.dout + s.q_row(t.b, c0 + r_first, h);
+        const T* q_rows = o.q + s.q_row(t.b, c0 + r_first, h);
+        T* dv_rows[kRowBlock];
+        T* dk_rows[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            dv_rows[r] = buffers.dv_acc.data() + (c + r) * hd;
+            dk_rows[r] = buffers.dk_acc.data() + (c + r) * hd;
+        }
+        rows_accumulate(buffers.p.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, dout_rows,
+                        s.heads * hd, dv_rows, static_cast<const T*>(nullptr), hd);
+        rows_accumulate(buffers.ds.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, q_rows,
+                        s.heads * hd, dk_rows, static_cast<const T*>(nullptr), hd);
+    }
+}
+
+// Key tile `tile` of kv head g of batch b: its keys and values packed, dK and dV of its keys summed
+// over the group's query heads and their rows from the first that sees key j0, in chunks of
+// kRowChunk rows (dq gathering their dS K on the way), then stored.
+template <typename T>
+void backward_key_tile(const Dims& s, const BackwardOperands<T>& o, int64_t b, int64_t g, int64_t tile,
+                       BackwardBuffers<T>& buffers) {
+    const int64_t hd = s.head_dim;
+    const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
+    const int64_t width = tile_width(count);
+    const KeyTile t{b, g, j0, count, width, std::min(width, (count + kRowBlock - 1) / kRowBlock * kRowBlock)};
+    pack_transposed(s, o.k, b, j0, count, g, buffers.keys_t.data());
+    pack_transposed(s, o.v, b, j0, count, g, buffers.values_t.data());
+    std::fill(buffers.dk_acc.begin(), buffers.dk_acc.end(), T(0));
+    std::fill(buffers.dv_acc.begin(), buffers.dv_acc.end(), T(0));
+    const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());  // the first row that sees key j0
+    const int64_t h_begin = g * s.group(), h_end = h_begin + s.group();
+    for (int64_t h = h_begin; h < h_end; ++h) {
+        for (int64_t c0 = first_row; c0 < s.q_len; c0 += kRowChunk) {
+            const int64_t chunk = std::min(kRowChunk, s.q_len - c0);
+            chunk_probabilities(s, o, t, h, c0, chunk, buffers);
+            chunk_key_gradients(s, o, t, h, c0, chunk, buffers);
+        }
+    }
+    for (int64_t c = 0; c < count; ++c) {
+        copy_values(o.dk + s.kv_row(b, j0 + c, g), buffers.dk_acc.data() + c * hd, hd);
+        copy_values(o.dv + s.kv_row(b, j0 + c, g), buffers.dv_acc.data() + c * hd, hd);
+    }
+}
+
+// One backward task, kv head g of batch b (task = b * kv_heads + g): dq of its group's query heads
+// zeroed, then its key tiles in order.
+template <typename T>
+void backward_task(const Dims& s, const BackwardOperands<T>& o, int64_t task, int64_t key_tiles,
+                   BackwardBuffers<T>& buffers) {
+    const int64_t hd = s.head_dim;
+    const int64_t g = task % s.kv_heads, b = task / s.kv_heads;
+    const int64_t h_begin = g * s.group(), h_end = h_begin + s.group();
+    for (int64_t h = h_begin; h < h_end; ++h)
+        for (int64_t i = 0; i < s.q_len; ++i) zero_values(o.dq + s.q_row(b, i, h), hd);
+    for (int64_t tile = 0; tile < key_tiles; ++tile) backward_key_tile(s, o, b, g, tile, buffers);
+}
+
+// The backward: the rows' deltas, then the (batch, kv head) tasks shared out among the threads, each
+// with its own buffers.
+template <typename T>
+void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* out, const T* dout, const T* lse,
+                   T* delta, T* dq, T* dk, T* dv, T scale) {
+    const bool parallel = s.work() > kParallelFlops;
+    row_deltas(s, out, dout, delta, parallel);
 
     // One task per (batch, kv head): it owns dk and dv of its keys and dq of its group's query heads,
     // so each probability tile is computed once and every sum has one owner and a fixed order (key
     // tiles in order, then heads, then rows; no atomics, the same bits for any thread count). The
     // query rows go in chunks of kRowChunk: P and dS of a chunk are kept so that dV
     // += P^T dO and dK += dS^T Q are register-blocked sums over the chunk's rows, four keys at a time.
+    const BackwardOperands<T> o{q, k, v, dout, lse, delta, dq, dk, dv, scale};
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
     const int64_t tasks = s.batch * s.kv_heads;
 #pragma omp parallel if (parallel)
     {
-        std::vector<T> keys_t(static_cast<size_t>(hd * kKeyTile)), values_t(keys_t.size());  // (hd, kKeyTile)
-        std::vector<T> dk_acc(static_cast<size_t>(kKeyTile * hd)), dv_acc(dk_acc.size());     // (kKeyTile, hd)
-        std::vector<T> p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size());   // (kRowChunk, kKeyTile)
-        const std::vector<T> zero_row(static_cast<size_t>(hd), T(0));  // stands in for a block's missing rows
-        std::vector<T> spare_row(static_cast<size_t>(hd));            // their dq goes here, unread
+        BackwardBuffers<T> buffers(s.head_dim);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; ++task) {
-            const int64_t g = task % s.kv_heads, b = task / s.kv_heads;
-            const int64_t h_begin = g * s.group(), h_end = h_begin + s.group();
-            for (int64_t h = h_begin; h < h_end; ++h)
-                for (int64_t i = 0; i < s.q_len; ++i) zero_values(dq + s.q_row(b, i, h), hd);
-            for (int64_t tile = 0; tile < key_tiles; ++tile) {
-                const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
-                const int64_t width = tile_width(count);
-                const int64_t count4 = std::min(width, (count + kRowBlock - 1) / kRowBlock * kRowBlock);
-                pack_transposed(s, k, b, j0, count, g, keys_t.data());
-                pack_transposed(s, v, b, j0, count, g, values_t.data());
-                std::fill(dk_acc.begin(), dk_acc.end(), T(0));
-                std::fill(dv_acc.begin(), dv_acc.end(), T(0));
-                const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());  // the first row that sees key j0
-                const T* key_rows = k + s.kv_row(b, j0, g);
-                for (int64_t h = h_begin; h < h_end; ++h) {
-                    for (int64_t c0 = first_row; c0 < s.q_len; c0 += kRowChunk) {
-                        const int64_t chunk = std::min(kRowChunk, s.q_len - c0);
-                        // P and dS of the chunk, four rows at a time (rows past the chunk get zeros), and
-                        // dq += dS K for those rows.
-                        for (int64_t r0 = 0; r0 < chunk; r0 += kRowBlock) {
-                            const int64_t rows = std::min(kRowBlock, chunk - r0);
-                            int64_t n[kRowBlock];
-                            for (int64_t r = 0; r < rows; ++r)
-                                n[r] = std::min(s.visible(c0 + r0 + r) - j0, count);  // keys of the tile row r sees
-                            T(*p_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(p.data() + r0 * kKeyTile);
-                            T(*ds_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(ds.data() + r0 * kKeyTile);
-                            probabilities(s, q, dout, lse, delta, keys_t.data(), values_t.data(), width,
-                                          tile_width(n[rows - 1]), b, h, c0 + r0, rows, n, scale, zero_row.data(),
-                                          p_block, ds_block);
-                            T* dq_rows[kRowBlock];
-                            for (int64_t r = 0; r < kRowBlock; ++r)
-                                dq_rows[r] = r < rows ? dq + s.q_row(b, c0 + r0 + r, h) : spare_row.data();
-                            rows_accumulate(&ds_block[0][0], kKeyTile, 1, n[rows - 1], key_rows, s.kv_heads * hd, dq_rows,
-                                            static_cast<const T*>(nullptr), hd);
-                        }
-                        // Transposed, four keys per pass: dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]
-                        // over the chunk's rows from the first that sees key c (P and dS are zero above it,
-                        // where a row does not see key c, and past count).
-                        for (int64_t c = 0; c < count4; c += kRowBlock) {
-                            const int64_t r_first = std::max<int64_t>(0, j0 + c - s.offset() - c0);
-                            if (r_first >= chunk) break;  // nor the keys after c
-                            const T* dout_rows = dout + s.q_row(b, c0 + r_first, h);
-                            const T* q_rows = q + s.q_row(b, c0 + r_first, h);
-                            T* dv_rows[kRowBlock];
-                            T* dk_rows[kRowBlock];
-                            for (int64_t r = 0; r < kRowBlock; ++r) {
-                                dv_rows[r] = dv_acc.data() + (c + r) * hd;
-                                dk_rows[r] = dk_acc.data() + (c + r) * hd;
-                            }
-                            rows_accumulate(p.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, dout_rows,
-                                            s.heads * hd, dv_rows, static_cast<const T*>(nullptr), hd);
-                            rows_accumulate(ds.data() + r_first * kKeyTile + c, 1, kKeyTile, chunk - r_first, q_rows,
-                                            s.heads * hd, dk_rows, static_cast<const T*>(nullptr), hd);
-                        }
-                    }
-                }
-                for (int64_t c = 0; c < count; ++c) {
-                    copy_values(dk + s.kv_row(b, j0 + c, g), dk_acc.data() + c * hd, hd);
-                    copy_values(dv + s.kv_row(b, j0 + c, g), dv_acc.data() + c * hd, hd);
-                }
-            }
-        }
+        for (int64_t task = 0; task < tasks; ++task) backward_task(s, o, task, key_tiles, buffers);
     }
 }
 
