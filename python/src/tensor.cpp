@@ -449,6 +449,11 @@ void bind_creation(nb::module_& m) {
 
 void bind_tensor_class(nb::module_& m, TensorClass& tensor) {
     nb::class_<ArrayView>(m, "_ArrayView").def_prop_ro("__array_interface__", &ArrayView::interface);
+    // Tensor(t) is t again as a new Python object on the same VarImpl (data, .grad, requires_grad and
+    // graph shared): what lets a Python subclass (normlab.nn.Parameter) be made from an existing
+    // tensor, including a C++ module's parameter Var, without a copy.
+    tensor.def(nb::init<const Var&>(), nb::arg("tensor"),
+               "The same tensor as a new Python object (shares data, .grad and autograd state; not a copy).");
     tensor.def_prop_ro("shape", [](const Var& v) { return shape_tuple(v.shape()); }, "The sizes, a tuple.")
         .def("size", [](const Var& v, nb::handle dim) -> nb::object {
                  if (dim.is_none()) return shape_tuple(v.shape());
