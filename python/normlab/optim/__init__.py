@@ -174,9 +174,16 @@ class Optimizer:
         keys read as the positions "0", "1", ...). A buffer of an unknown parameter, an unknown buffer, or
         a shape or dtype mismatch is a normlab.Error naming the key, and leaves the optimizer as it was."""
         from ..nn.module import _as_tensor
+        what, kind = f"{type(self).__name__}.load_state_dict", state_dict.get("type", self._cxx.type_name)
+        if kind != self._cxx.type_name:
+            raise Error(f"{what}: the state is from a {kind} optimizer, expected {self._cxx.type_name}")
         groups = state_dict.get("param_groups", [])
         if len(groups) != 1:
-            raise Error(f"{type(self).__name__}.load_state_dict: expected one parameter group, found {len(groups)}")
+            raise Error(f"{what}: expected one parameter group, found {len(groups)}")
+        try:
+            hyper = self._hyper_from_group(groups[0])
+        except KeyError as missing:
+            raise Error(f"{what}: the parameter group has no {missing} (not a {type(self).__name__}'s state)") from None
         tensors = []
         for name, buffers in state_dict.get("state", {}).items():
             for buffer, value in buffers.items():
@@ -184,7 +191,7 @@ class Optimizer:
                 tensors.append((key, _as_tensor(value, key)))
         self._cxx.load_state_dict({"type": state_dict.get("type", self._cxx.type_name),
                                    "step": int(state_dict.get("step", self._cxx.step_count)),
-                                   "hyper": self._hyper_from_group(groups[0]), "tensors": tensors})
+                                   "hyper": hyper, "tensors": tensors})
         self.param_groups[0]._options.update(self._group_from_hyper(self._cxx.state_dict()["hyper"]))
 
     def __repr__(self):
