@@ -22,6 +22,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -521,6 +522,10 @@ void bind_model(nb::module_& m) {
                         "A trained Transformer: the model a TrainSession trains or a train checkpoint holds. Its "
                         "parameters are the live tensors (an in-place change under normlab.no_grad() changes the "
                         "model).")
+        .def_prop_ro(
+            "module", [](const PyModel& self) { return self.model; },
+            "The C++ Transformer itself (normlab._normlab.nn.Transformer, shared): normlab.nn.Transformer.of(model) "
+            "is its normlab.nn face.")
         .def(
             "forward",
             [](PyModel& self, const Var& ids) {

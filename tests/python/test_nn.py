@@ -3,6 +3,8 @@ with the same weights, parameter and state-dict names, printing), user subclasse
 load_state_dict, the transformer's LLaMA names and bit-exact state-dict round trips, and every norm of
 the registry built by class and by make_norm with its gradients checked in float64. The tests that
 compare with PyTorch take the `torch` fixture (conftest.py) and skip by name where it is absent."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -433,6 +435,24 @@ def test_a_python_module_around_the_transformer_round_trips():
     F.cross_entropy(a(ids), nl.tensor([1])).backward()
     opt.step()
     assert "backbone.norm.weight" in opt.state_dict()["state"]
+
+
+def test_a_checkpoints_model_as_an_nn_transformer(tmp_path):
+    toy = pathlib.Path(__file__).resolve().parents[2] / "configs" / "toy_transformer.json"
+    run = nl.train(toy, ["train.steps=2", "optim.warmup_steps=1", "train.eval_every=2", "data.eval_sequences=16"],
+                   out=tmp_path / "run")
+    checkpoint = nl.load_checkpoint(run.run_dir)
+    model = nn.Transformer.of(checkpoint.model)
+    assert isinstance(model, nn.Transformer) and model.options["vocab_size"] == checkpoint.vocab_size
+    assert list(model.state_dict()) == [name for name, _ in checkpoint.model.state_dict()]
+    assert model.norm.weight.data_ptr() == dict(checkpoint.model.named_parameters())["norm.weight"].data_ptr()
+    ids = nl.tensor([[1, 2, 3, 4]])
+    np.testing.assert_array_equal(_np(model(ids)), _np(checkpoint.model.forward(ids)))
+    # Fine-tuning from Python updates the checkpoint's model itself.
+    opt = nl.optim.AdamW(model.named_parameters(), lr=1e-3)
+    F.cross_entropy(model(ids), ids).backward()
+    opt.step()
+    np.testing.assert_array_equal(_np(model(ids)), _np(checkpoint.model.forward(ids)))
 
 
 def test_transformer_options_and_their_errors():

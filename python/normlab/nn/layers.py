@@ -11,7 +11,7 @@ shorthands ``norm_type=`` and ``norm_eps=``.
 from .. import _normlab as C
 from .._normlab import Error
 from . import functional as F
-from .module import Module, _cxx_class, _dtype
+from .module import Module, _cxx_class, _dtype, _wrap
 
 __all__ = ["Linear", "Embedding", "ReLU", "SiLU", "GELU", "Dropout", "FeedForward", "SwiGLU", "Attention",
            "TransformerBlock", "Transformer", "CrossEntropyLoss", "MSELoss"]
@@ -155,6 +155,7 @@ class GELU(_Unary):
         self._adopt(C.nn.GELU())
 
     def extra_repr(self):
+        """PyTorch's: approximate='none'."""
         return "approximate='none'"
 
 
@@ -259,6 +260,13 @@ class Transformer(Module):
         if norm is not None:
             o.norm = norm
         self._adopt(C.nn.Transformer(o))
+
+    @classmethod
+    def of(cls, model):
+        """The normlab.nn face of a model the jobs made (TrainSession.model, load_checkpoint(...).model):
+        the same C++ model, so its parameters are the trained tensors, to evaluate, fine-tune or save
+        with state_dict."""
+        return _wrap(model.module)
 
     @property
     def options(self):

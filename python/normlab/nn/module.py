@@ -489,6 +489,7 @@ class CxxModule(Module):
     """The Python face of a C++ module without a class of its own here (its forward is the C++ one)."""
 
     def forward(self, *args):
+        """The C++ module's forward."""
         return self._cxx.forward(*args)
 
     def _get_name(self):
@@ -589,6 +590,7 @@ class Sequential(Module):
         return self
 
     def forward(self, input):
+        """Each module on the previous one's output."""
         for module in self._modules.values():
             input = module(input)
         return input

@@ -104,6 +104,7 @@ class Norm(Module):
         return self._entry.name
 
     def extra_repr(self):
+        """PyTorch's form for its norms, then the options the norm reads, and fused=False when composed."""
         # PyTorch's form for its norms ("(8,), eps=1e-05, elementwise_affine=True, bias=True", bias
         # saying whether there is a bias), then p and alpha where the norm reads them.
         options = self._cxx.options
