@@ -87,6 +87,25 @@ def test_layers_match_pytorch_forward_and_backward(torch, case):
         _close(p.grad, tp.grad)
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 2e-3), ("bfloat16", 2e-2), ("float64", 1e-12)])
+def test_rms_norms_default_eps_is_pytorchs(torch, dtype, tol):
+    # Small rows, where eps decides the result: PyTorch's eps=None is the machine epsilon of the dtype it
+    # computes in (float32 for half inputs).
+    x_np = _array((4, 16), 1, 1e-3)
+    for fused in (True, False):
+        ours = nn.RMSNorm(16, fused=fused, dtype=dtype)
+        theirs = torch.nn.RMSNorm(16, dtype=getattr(torch, dtype))
+        y = ours(nl.tensor(x_np, dtype=dtype))
+        ty = theirs(torch.tensor(x_np, dtype=getattr(torch, dtype)))
+        np.testing.assert_allclose(_np(y.float()), ty.float().detach().numpy(), rtol=tol, atol=tol)
+        y = F.rms_norm(nl.tensor(x_np, dtype=dtype), (16,), fused=fused)
+        ty = torch.nn.functional.rms_norm(torch.tensor(x_np, dtype=getattr(torch, dtype)), (16,))
+        np.testing.assert_allclose(_np(y.float()), ty.float().numpy(), rtol=tol, atol=tol)
+    ours = nn.RMSNorm(16).double()  # after to(), eps follows the new dtype
+    np.testing.assert_allclose(_np(ours(nl.tensor(x_np))), torch.nn.RMSNorm(16).double()(torch.tensor(x_np)).detach(),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_embedding_matches_pytorch(torch):
     ours, theirs = nn.Embedding(10, 4, dtype=F64), torch.nn.Embedding(10, 4, dtype=torch.float64)
     _copy_into_torch(ours, theirs, torch)

@@ -10,8 +10,9 @@ __all__ = ["linear", "embedding", "layer_norm", "rms_norm", "registry_norm", "cr
            "silu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "swiglu", "causal_attention",
            "scaled_dot_product_attention", "dropout"]
 
-# torch.finfo(dtype).eps: F.rms_norm's eps=None.
-_MACHINE_EPS = {C.float32: 2.0 ** -23, C.float64: 2.0 ** -52, C.float16: 2.0 ** -10, C.bfloat16: 2.0 ** -7}
+# F.rms_norm's eps=None: the machine epsilon of the dtype PyTorch computes the statistic in (float32 for
+# half inputs).
+_MACHINE_EPS = {C.float32: 2.0 ** -23, C.float64: 2.0 ** -52, C.float16: 2.0 ** -23, C.bfloat16: 2.0 ** -23}
 
 
 def _check_last_dim(what, input, normalized_shape):
@@ -45,7 +46,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, fus
 
 def rms_norm(input, normalized_shape, weight=None, eps=None, *, bias=None, fused=True, stat_count=-1):
     """F.rms_norm over the last dim, LLaMA's form: x / sqrt(mean(x^2) + eps) * weight (+ bias: the
-    article's RMSNormWithBias), eps None the dtype's machine epsilon as PyTorch; stat_count k takes the
+    article's RMSNormWithBias), eps None the computing dtype's machine epsilon (float32's for half inputs)
+    as PyTorch; stat_count k takes the
     mean over the first k elements of each row (pRMSNorm)."""
     _check_last_dim("rms_norm", input, normalized_shape)
     if eps is None:

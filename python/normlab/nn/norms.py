@@ -21,8 +21,9 @@ __all__ = ["Norm", "make_norm", "norm_types", "norm_registry", "norm_class"]
 
 _DEFAULTS = C.nn.NormOptions()
 
-# torch.finfo(dtype).eps: what PyTorch's RMSNorm uses for eps=None.
-_MACHINE_EPS = {C.float32: 2.0 ** -23, C.float64: 2.0 ** -52, C.float16: 2.0 ** -10, C.bfloat16: 2.0 ** -7}
+# What PyTorch's RMSNorm uses for eps=None: the machine epsilon of the dtype it computes the statistic
+# in, float32 for half inputs (its kernels' opmath type), not torch.finfo(float16).eps.
+_MACHINE_EPS = {C.float32: 2.0 ** -23, C.float64: 2.0 ** -52, C.float16: 2.0 ** -23, C.bfloat16: 2.0 ** -23}
 
 
 def _machine_eps(dtype):
@@ -155,10 +156,11 @@ _CLASSES = {entry.class_name: _norm_class(entry) for entry in C.nn.norm_registry
 
 class RMSNorm(_CLASSES["RMSNorm"]):
     """torch.nn.RMSNorm over the last dim, LLaMA's form: y = x / sqrt(mean(x^2) + eps) * weight, the
-    statistic in f32 for half inputs. eps=None (PyTorch's default) is the input dtype's machine epsilon
-    (torch.finfo(x.dtype).eps), taken at each call; make_norm("rmsnorm", d) uses the registry's 1e-5."""
+    statistic in f32 for half inputs. eps=None (PyTorch's default) is the machine epsilon of the dtype
+    the statistic is computed in (float64's for float64 inputs, else float32's), as PyTorch takes it,
+    at each call; make_norm("rmsnorm", d) uses the registry's 1e-5."""
 
-    _eps_none = False  # eps=None: the input dtype's machine epsilon (a face of a C++ norm has its own eps)
+    _eps_none = False  # eps=None: the computing dtype's machine epsilon (a C++ norm's face has its own eps)
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, *, fused=True, dtype=None):
         super().__init__(normalized_shape, _machine_eps(dtype) if eps is None else eps, elementwise_affine,
@@ -167,15 +169,15 @@ class RMSNorm(_CLASSES["RMSNorm"]):
 
     @property
     def eps(self):
-        """The eps added to the mean square; None: the input dtype's machine epsilon."""
+        """The eps added to the mean square; None: the computing dtype's machine epsilon."""
         return None if self._eps_none else self._cxx.eps
 
     def forward(self, input):
         """The norm of input over its last dim."""
         if not self._eps_none or _machine_eps(input.dtype) == self._cxx.eps:
             return self._cxx.forward(input)
-        # Another dtype than the one the C++ norm was built for (after to(), or a half input): the same
-        # C++ function with that dtype's epsilon, as PyTorch takes it per call.
+        # Another dtype than the one the C++ norm was built for (after to(), or a float64 input): the
+        # same C++ function with that dtype's epsilon, as PyTorch takes it per call.
         if input.ndim >= 1 and input.shape[-1] != self._cxx.dim:
             raise Error(f"RMSNorm: expected input (..., {self._cxx.dim}), found {list(input.shape)}")
         return C.nn.rms_norm(input, self.weight, None, _machine_eps(input.dtype), self.fused)
