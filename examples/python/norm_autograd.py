@@ -63,7 +63,7 @@ def saved_bytes():
         y = norm(x)
         saved[fused] = nl.autograd.graph_saved_bytes(y)
         print(f"  fused={fused}: {saved[fused]:,} bytes saved, nodes: "
-              + ", ".join(node.name() for node in nl.autograd.graph_nodes(y)))
+              + ", ".join(node.name for node in nl.autograd.graph_nodes(y)))
     x_bytes = 64 * 512 * 4
     check("fused saves x and one rstd per row", saved[True] == x_bytes + 64 * 4,
           f"{saved[True]:,} bytes = x {x_bytes:,} + rstd {64 * 4}")
@@ -108,7 +108,7 @@ def stability(out, epochs):
                           out=os.path.join(out, "stability"), force=True)
     for run in result.runs:
         print(f"  {run.norm:10} loss {run.losses[0]:.4f} -> {run.losses[-1]:.4f}, "
-              f"perturbed {run.perturbed_losses[-1]:.4f}, diverged: {run.diverged_epoch is not None}")
+              f"perturbed {run.perturbed_losses[-1]:.4f}, diverged at epoch: {run.diverged_epoch or 'never'}")
         check(f"{run.norm} trains", run.losses[-1] < run.losses[0], "the last loss is below the first")
     try:
         import matplotlib
