@@ -447,6 +447,7 @@ void bind_creation(nb::module_& m) {
 
 // ---- the Tensor class: everything but the math (ops.cpp) and autograd's calls (autograd.cpp) ----
 
+// The constructor and what a tensor is: sizes, strides, dtype, device, its element.
 void bind_tensor_class(nb::module_& m, TensorClass& tensor) {
     nb::class_<ArrayView>(m, "_ArrayView").def_prop_ro("__array_interface__", &ArrayView::interface);
     // Tensor(t) is t again as a new Python object on the same VarImpl (data, .grad, requires_grad and
@@ -478,8 +479,12 @@ void bind_tensor_class(nb::module_& m, TensorClass& tensor) {
             return v.size(0);
         })
         .def("item", &Var::item, "The one element as a Python float.")
-        .def("_str", [](const Var& v) { return v.str(); })
-        .def("__array__", [](const Var& v, nb::handle dtype, nb::handle copy) {
+        .def("_str", [](const Var& v) { return v.str(); });
+}
+
+// The ways a tensor's memory reaches NumPy and DLPack consumers, without a copy.
+void bind_tensor_exports(TensorClass& tensor) {
+    tensor.def("__array__", [](const Var& v, nb::handle dtype, nb::handle copy) {
                  nb::object array = as_numpy(v.data());
                  if (!dtype.is_none()) array = array.attr("astype")(dtype);
                  return array;
@@ -500,8 +505,12 @@ void bind_tensor_class(nb::module_& m, TensorClass& tensor) {
              "A DLPack capsule on the tensor's memory (torch.from_dlpack(t), numpy.from_dlpack(t)).")
         .def("__dlpack_device__", [](const Var& v) {
             return v.device().is_cpu() ? nb::make_tuple(1, 0) : nb::make_tuple(2, v.device().index);
-        })
-        .def("contiguous", &Var::contiguous, "Itself when contiguous, else a packed copy (autograd follows).")
+        });
+}
+
+// Copies, casts and in-place writes.
+void bind_tensor_conversions(TensorClass& tensor) {
+    tensor.def("contiguous", &Var::contiguous, "Itself when contiguous, else a packed copy (autograd follows).")
         .def("clone", [](const Var& v) { return clone(v); }, "A packed copy (autograd follows).")
         .def("to", [](const Var& v, nb::handle dtype) { return v.to(dtype_from(dtype, v.dtype())); }, nb::arg("dtype"),
              "Cast to a dtype (autograd follows).")
@@ -537,6 +546,8 @@ void bind_tensor(nb::module_& m, TensorClass& t) {
     bind_dtypes(m);
     bind_generator(m);
     bind_tensor_class(m, t);
+    bind_tensor_exports(t);
+    bind_tensor_conversions(t);
     bind_creation(m);
 }
 
