@@ -74,12 +74,13 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, stat_count=-1):
-    """F.rms_norm over the last dim on normlab's fused kernels (eps None: the dtype's machine epsilon, as
-    PyTorch's). `bias` adds the article's RMSNormWithBias term; `stat_count` computes the RMS over the
-    first stat_count elements of each row (pRMSNorm)."""
+    """F.rms_norm over the last dim on normlab's fused kernels (eps None: as PyTorch's, the machine epsilon
+    of the dtype the statistic is computed in: float32's for float16 and bfloat16 inputs). `bias` adds
+    the article's RMSNormWithBias term; `stat_count` computes the RMS over the first stat_count
+    elements of each row (pRMSNorm)."""
     _last_dim(x, normalized_shape)
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = torch.finfo(torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype).eps
     return _NormFunction.apply(x, weight, bias, eps, False, stat_count)
 
 

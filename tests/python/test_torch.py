@@ -52,6 +52,19 @@ def test_rms_norm_matches_pytorch(dtype):
             _close(a, c, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_default_eps_is_pytorchs_for_half_inputs(dtype):
+    # Rows of tiny values, where eps decides the output: PyTorch's eps=None is float32's epsilon for
+    # half inputs (the dtype it computes the statistic in), not finfo(float16).eps.
+    x = (torch.randn(4, 16, generator=torch.Generator().manual_seed(3)) * 1e-3).to(dtype)
+    ours = nt.rms_norm(x, (16,), None, None).float()
+    theirs = F.rms_norm(x, (16,), None, None).float()
+    wrong = F.rms_norm(x, (16,), None, torch.finfo(dtype).eps).float()
+    tol = 1e-2 if dtype == torch.float16 else 2e-2
+    torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
+    assert (wrong - theirs).abs().max() > 10 * tol  # the check can tell the two eps apart
+
+
 def test_modules_match_pytorch_and_the_articles_formulas():
     dtype = torch.float64
     x, _, _ = _inputs((4, 32), dtype)
