@@ -15,7 +15,7 @@
 #include <mpi.h>
 #endif
 #ifdef NORMLAB_HAVE_NCCL
-#include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #endif
 
@@ -29,6 +29,43 @@ int g_size = 1;
 int g_local_rank = 0;    // among the ranks sharing this machine's memory
 #ifdef NORMLAB_HAVE_NCCL
 ncclComm_t g_nccl = nullptr;  // made by the first device_allreduce_sum
+
+// NCCL is opened (dlopen) on first use, not linked: a process that imports normlab's Python package
+// and then PyTorch must get PyTorch's own (newer) libnccl.so.2, and the dynamic loader keeps the first
+// library of a soname it loads. dlopen returns the one already loaded, if any, else the system's,
+// else the one CMake found (NORMLAB_NCCL_LIBRARY_PATH).
+struct NcclApi {
+    decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+    decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+    decltype(&ncclAllReduce) all_reduce = nullptr;
+    decltype(&ncclCommDestroy) comm_destroy = nullptr;
+    decltype(&ncclGetErrorString) get_error_string = nullptr;
+    std::string path;  // the file the loader opened
+};
+
+const NcclApi& nccl() {
+    static const NcclApi api = [] {
+        void* library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (library == nullptr) library = dlopen(NORMLAB_NCCL_LIBRARY_PATH, RTLD_NOW | RTLD_LOCAL);
+        NL_REQUIRE(library != nullptr, "summing gradients on GPUs needs NCCL: could not open libnccl.so.2 or ",
+                   NORMLAB_NCCL_LIBRARY_PATH, " (", dlerror(), ")");
+        auto symbol = [library](const char* name) {
+            void* found = dlsym(library, name);
+            NL_REQUIRE(found != nullptr, "the NCCL library lacks ", name, " (", dlerror(), ")");
+            return found;
+        };
+        NcclApi loaded;
+        Dl_info where{};
+        if (dladdr(symbol("ncclGetUniqueId"), &where) != 0 && where.dli_fname != nullptr) loaded.path = where.dli_fname;
+        loaded.get_unique_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(symbol("ncclGetUniqueId"));
+        loaded.comm_init_rank = reinterpret_cast<decltype(&ncclCommInitRank)>(symbol("ncclCommInitRank"));
+        loaded.all_reduce = reinterpret_cast<decltype(&ncclAllReduce)>(symbol("ncclAllReduce"));
+        loaded.comm_destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(symbol("ncclCommDestroy"));
+        loaded.get_error_string = reinterpret_cast<decltype(&ncclGetErrorString)>(symbol("ncclGetErrorString"));
+        return loaded;
+    }();
+    return api;
+}
 #endif
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
@@ -105,7 +142,7 @@ void init(int* argc, char*** argv) {
 
 void finalize() {
 #ifdef NORMLAB_HAVE_NCCL
-    if (g_nccl != nullptr) ncclCommDestroy(g_nccl);
+    if (g_nccl != nullptr) nccl().comm_destroy(g_nccl);
     g_nccl = nullptr;
 #endif
 #ifdef NORMLAB_HAVE_MPI
@@ -238,21 +275,30 @@ bool built_with_nccl() {
 #endif
 }
 
+std::string load_nccl() {
+#ifdef NORMLAB_HAVE_NCCL
+    return nccl().path;
+#else
+    throw Error("this normlab was built without NCCL (CMake finds nccl.h and libnccl beside the CUDA toolkit)");
+#endif
+}
+
 void device_allreduce_sum(float* device_data, int64_t count) {
     if (g_size == 1 || count == 0) return;
 #ifdef NORMLAB_HAVE_NCCL
-    auto check = [](ncclResult_t result, const char* what) {
+    const NcclApi& api = nccl();
+    auto check = [&api](ncclResult_t result, const char* what) {
         if (result != ncclSuccess)
-            throw std::runtime_error(std::string("NCCL ") + what + " failed: " + ncclGetErrorString(result));
+            throw std::runtime_error(std::string("NCCL ") + what + " failed: " + api.get_error_string(result));
     };
     if (g_nccl == nullptr) {
         ncclUniqueId id;
-        if (g_rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        if (g_rank == 0) check(api.get_unique_id(&id), "ncclGetUniqueId");
         MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-        check(ncclCommInitRank(&g_nccl, g_size, id, g_rank), "ncclCommInitRank");  // on the current device
+        check(api.comm_init_rank(&g_nccl, g_size, id, g_rank), "ncclCommInitRank");  // on the current device
     }
     // Stream 0 is the legacy default stream, where the gradients were computed.
-    check(ncclAllReduce(device_data, device_data, static_cast<size_t>(count), ncclFloat, ncclSum, g_nccl, 0),
+    check(api.all_reduce(device_data, device_data, static_cast<size_t>(count), ncclFloat, ncclSum, g_nccl, 0),
           "ncclAllReduce");
 #else
     (void)device_data;

@@ -51,6 +51,10 @@ void barrier();
 
 // True when this binary has the NCCL path.
 bool built_with_nccl();
+// Opens NCCL now (it is opened at run time, on first use; see core/dist.cpp) and returns the path the
+// loader took it from; nl::Error naming the library or the missing function where that fails, or
+// where built without NCCL.
+std::string load_nccl();
 // This rank's index among the ranks on its machine (rank r there uses local GPU local_rank()); 0 alone.
 int local_rank();
 // Sum over ranks of `count` floats in GPU memory on the current device, in place, enqueued on the

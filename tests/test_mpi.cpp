@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +43,23 @@ namespace {
 using nl::Var;
 
 // ---- in one process ----
+
+TEST_CASE("NCCL is opened on first use, not at start, and has the functions normlab calls", "[mpi]") {
+    // Not linked: the first library of a soname a process loads is the one it keeps, and PyTorch
+    // imported after normlab's Python package needs its own libnccl.so.2.
+    auto mapped = [] {
+        std::ifstream maps("/proc/self/maps");
+        return std::string(std::istreambuf_iterator<char>(maps), {}).find("libnccl") != std::string::npos;
+    };
+    CHECK_FALSE(mapped());
+    if (nl::dist::built_with_nccl()) {
+        const std::string path = nl::dist::load_nccl();
+        CHECK(path.find("libnccl") != std::string::npos);
+        CHECK(mapped());
+    } else {
+        CHECK_THROWS_WITH(nl::dist::load_nccl(), Catch::Contains("built without NCCL"));
+    }
+}
 
 TEST_CASE("tree_sum halves while the count is even, then adds left to right", "[mpi]") {
     // 1e8 + 1 rounds to 1e8 in f32, so the order of the additions shows in the result.

@@ -21,7 +21,7 @@ from ._normlab import (  # noqa: F401
 from . import autograd, nn, optim  # noqa: F401
 from ._jobs import train, stability, sample, load_checkpoint, save_checkpoint, TrainSession  # noqa: F401
 from ._format import tensor_repr as _tensor_repr
-from ._indexing import getitem as _getitem, setitem as _setitem
+from ._indexing import getitem as _indexing_getitem, setitem as _indexing_setitem
 from .autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 
 float = float32    # noqa: A001  (PyTorch's aliases)
@@ -104,14 +104,17 @@ def empty(*size, dtype=None, requires_grad=False):
 
 
 def zeros_like(t, dtype=None):
+    """A tensor of zeros of t's shape (and dtype unless given)."""
     return zeros(t.shape, dtype=dtype or t.dtype)
 
 
 def ones_like(t, dtype=None):
+    """A tensor of ones of t's shape (and dtype unless given)."""
     return ones(t.shape, dtype=dtype or t.dtype)
 
 
 def full_like(t, fill_value, dtype=None):
+    """A tensor of t's shape (and dtype unless given) filled with fill_value."""
     return full(t.shape, fill_value, dtype=dtype or t.dtype)
 
 
@@ -140,8 +143,20 @@ def stack(tensors, dim=0):
 
 
 # ---- Tensor methods written in Python ----
+# Each is named as a method of the extension's Tensor (module, qualified name), so help(Tensor) and
+# the type stubs (normlab/_normlab/__init__.pyi) show it with its signature and docstring.
 
-def _flatten(self, start_dim=0, end_dim=-1):
+def _tensor_method(name):
+    def bind(fn):
+        fn.__name__, fn.__qualname__, fn.__module__ = name, f"Tensor.{name}", _normlab.__name__
+        setattr(Tensor, name, fn)
+        return fn
+    return bind
+
+
+@_tensor_method("flatten")
+def _flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+    """The dims start_dim..end_dim merged into one (a view where the strides allow), as torch.flatten."""
     ndim = _builtins.max(self.ndim, 1)
     start, end = start_dim % ndim, end_dim % ndim
     if self.ndim == 0:
@@ -153,32 +168,60 @@ def _flatten(self, start_dim=0, end_dim=-1):
     return self.reshape(shape[:start] + (middle,) + shape[end + 1:])
 
 
-def _tolist(self):
+@_tensor_method("tolist")
+def _tolist(self) -> object:
+    """The values as nested Python lists (a number for a 0-d tensor); bfloat16 and float16 as floats."""
     if self.ndim == 0:
         return self.item() if self.dtype.is_floating_point else int(self.item())
     array = _np.asarray(self.detach().float() if self.dtype in (bfloat16, float16) else self.detach())
     return array.tolist()
 
 
+@_tensor_method("__iter__")
 def _iter(self):
+    """The sub-tensors along dim 0, as iterating a torch.Tensor gives."""
     if self.ndim == 0:
         raise TypeError("iteration over a 0-d tensor")
     return (self[i] for i in range(self.shape[0]))
 
 
-def _bool(self):
+@_tensor_method("__bool__")
+def _bool(self) -> bool:
+    """The truth of a one-element tensor (an Error for more elements: ambiguous)."""
     if self.numel() != 1:
         raise Error(f"the truth value of a tensor of {self.numel()} elements is ambiguous")
     return self.item() != 0
 
 
-Tensor.__repr__ = _tensor_repr
-Tensor.__str__ = _tensor_repr
-Tensor.__getitem__ = _getitem
-Tensor.__setitem__ = _setitem
-Tensor.__iter__ = _iter
-Tensor.__bool__ = _bool
-Tensor.__float__ = lambda self: _builtins.float(self.item())
-Tensor.__int__ = lambda self: int(self.item())
-Tensor.flatten = _flatten
-Tensor.tolist = _tolist
+@_tensor_method("__float__")
+def _float(self) -> _builtins.float:
+    """The value of a one-element tensor as a Python float."""
+    return _builtins.float(self.item())
+
+
+@_tensor_method("__int__")
+def _int(self) -> int:
+    """The value of a one-element tensor as a Python int."""
+    return int(self.item())
+
+
+@_tensor_method("__getitem__")
+def _getitem(self, key) -> "Tensor":
+    """t[key]: ints, slices, None, ... and int64 or bool index tensors, as PyTorch indexes (a view
+    where no index tensor is involved)."""
+    return _indexing_getitem(self, key)
+
+
+@_tensor_method("__setitem__")
+def _setitem(self, key, value) -> None:
+    """t[key] = value (a number or a tensor broadcast to the indexed part), in place."""
+    _indexing_setitem(self, key, value)
+
+
+@_tensor_method("__repr__")
+def _repr(self) -> str:
+    """The tensor as PyTorch prints it: tensor([...], dtype=..., requires_grad=True)."""
+    return _tensor_repr(self)
+
+
+Tensor.__str__ = Tensor.__repr__

@@ -141,3 +141,14 @@ def test_bad_input_names_what_was_expected():
         nt.layer_norm(x, (4,))
     with pytest.raises(nl.Error):
         nt.rms_norm(torch.randn(2, 8), (8,), torch.ones(5))
+
+
+def test_torch_imports_after_normlab_in_a_fresh_process():
+    # normlab opens NCCL only on first use: had its extension loaded the CUDA toolkit's libnccl.so.2,
+    # a CUDA build of PyTorch imported afterwards would find that older library in its place.
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", "import normlab, torch; print(torch.ones(2).sum().item())"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2.0"
