@@ -51,6 +51,12 @@ def test_each_extension_module_has_a_stub_naming_all_its_bindings(module_name):
     assert public - names == set()
 
 
+def test_every_submodule_of_the_extension_is_stubbed():
+    # python/CMakeLists.txt lists the submodules whose stubs pip installs; a new one must join it.
+    submodules = {f"normlab._normlab.{n}" for n, v in vars(normlab._normlab).items() if inspect.ismodule(v)}
+    assert submodules == set(EXTENSION_MODULES[1:])
+
+
 def test_the_tensor_stub_has_every_method_with_its_signature():
     tree = parsed_stub("normlab._normlab")
     tensor = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tensor")
