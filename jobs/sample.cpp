@@ -74,6 +74,21 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
             throw Error(path + ": metadata 'vocab': " + e.what());
         }
         ck.config.model.vocab_size = ck.vocab->size();
+    } else if (ck.config.data.source == "tokens") {
+        // The config names the vocab size; the metadata, when there, must agree with it.
+        ck.ids = std::make_unique<TokenIds>(ck.config.data.vocab_size);
+        if (ck.info.metadata.count("vocab") == 1) {
+            const nlohmann::json metadata = checkpoint_metadata_json(ck.info, path, "vocab");
+            int64_t saved = 0;
+            try {
+                saved = TokenIds::from_metadata(metadata).size();
+            } catch (const Error& e) {
+                throw Error(path + ": metadata 'vocab': " + e.what());
+            }
+            NL_REQUIRE(saved == ck.ids->size(), path, ": metadata 'vocab': vocab_size ", saved,
+                       " differs from its config's /data/vocab_size = ", ck.ids->size());
+        }
+        ck.config.model.vocab_size = ck.ids->size();
     } else {
         ck.task = std::make_unique<SyntheticTask>(ck.config.data, path + " (config): /data");
         ck.config.model.vocab_size = ck.task->vocab_size();
@@ -100,11 +115,15 @@ SampleResult run_sample(const SampleJob& job) {
         return result;
     }
     result.options.temperature = job.temperature.value_or(0.8);
-    const std::string prompt = job.prompt.empty() ? ck.vocab->decode({0}) : job.prompt;
-    std::vector<std::vector<int64_t>> tokens = {ck.vocab->encode(prompt)};
+    std::vector<std::vector<int64_t>> tokens(1);
+    if (ck.ids) {
+        tokens[0] = job.prompt.empty() ? std::vector<int64_t>{0} : ck.ids->encode(job.prompt);
+    } else {
+        tokens[0] = ck.vocab->encode(job.prompt.empty() ? ck.vocab->decode({0}) : job.prompt);
+    }
     result.stats = generate(*ck.model, tokens, job.max_new_tokens, result.options, gen);
     result.tokens = tokens[0];
-    result.text = ck.vocab->decode(tokens[0]);
+    result.text = ck.ids ? ck.ids->decode(tokens[0]) : ck.vocab->decode(tokens[0]);
     return result;
 }
 

@@ -1,8 +1,9 @@
 // The sample job as library code: loads a `normlab train` checkpoint (or a run directory's latest
 // one) with the config and vocab it carries, so neither the config file nor the training text is
 // needed, and generates through a KV cache (jobs/generate.h): for a synthetic task, answers to
-// random problems checked against the right answer; for text, characters after a prompt. Greedy at
-// temperature 0, else sampled from softmax(logits / temperature) with a seeded generator. Nothing
+// random problems checked against the right answer; for text, characters after a prompt; for a
+// model trained on token files (no tokenizer), token ids after a prompt of ids ("17 4 255"). Greedy
+// at temperature 0, else sampled from softmax(logits / temperature) with a seeded generator. Nothing
 // here prints.
 #pragma once
 
@@ -31,7 +32,8 @@ struct TrainCheckpoint {
     TrainConfig config;                  // the config it was trained with
     std::unique_ptr<Transformer> model;  // its weights, on the CPU
     std::unique_ptr<SyntheticTask> task; // a synthetic task's problems and formatting; or
-    std::unique_ptr<TextVocab> vocab;    // a text model's vocabulary
+    std::unique_ptr<TextVocab> vocab;    // a text model's vocabulary; or
+    std::unique_ptr<TokenIds> ids;       // a token-file model's ids (written as decimal numbers)
     int64_t context = 0;                 // the window generation uses (trained_context)
     std::string note;                    // a remark for the user ("" for none), e.g. on the window
 };
@@ -43,9 +45,10 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint);
 struct SampleJob {
     std::string checkpoint;              // a checkpoint file or a run directory
     int64_t num = 10;                    // synthetic tasks: random problems to answer, 1..kMaxSampleNum
-    int64_t max_new_tokens = 200;        // text: tokens to generate, 0..kMaxNewTokens
-    std::string prompt;                  // text: what to continue ("": the vocab's first character)
-    std::optional<double> temperature;   // unset: greedy for tasks, 0.8 for text
+    int64_t max_new_tokens = 200;        // text and tokens: tokens to generate, 0..kMaxNewTokens
+    std::string prompt;                  // text: what to continue ("": the vocab's first character);
+                                         // tokens: ids separated by spaces, "17 4 255" ("": id 0)
+    std::optional<double> temperature;   // unset: greedy for tasks, 0.8 for text and tokens
     int64_t seed = 0;                    // picks the problems and the samples
     bool kv_cache = true;                // false: recompute the whole window for every token
 };
@@ -62,8 +65,9 @@ struct SampleResult {
     int64_t step = 0;                      // its training step
     std::vector<SampledProblem> problems;  // synthetic tasks
     int64_t correct = 0;
-    std::string text;                      // text models: the prompt and its continuation
-    std::vector<int64_t> tokens;           // text models: their token ids
+    std::string text;                      // text models: the prompt and its continuation (token-file
+                                           // models: its ids, "17 4 255 ...")
+    std::vector<int64_t> tokens;           // text and token-file models: their token ids
     GenerateOptions options;               // as used (context, temperature, cache)
     GenerateStats stats;
     std::string note;                      // from load_train_checkpoint

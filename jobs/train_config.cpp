@@ -1,9 +1,11 @@
 // The train job's config schema and its checkpoints' metadata (jobs/train_config.h).
 #include "jobs/train_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <regex>
+#include <utility>
 
 #include <fmt/core.h>
 
@@ -18,36 +20,72 @@ namespace nl {
 // ---- the config schema ----
 
 int64_t data_seq_len(const DataOptions& data) {
-    if (data.source == "text") return data.seq_len;
+    if (data.source == "text" || data.source == "tokens") return data.seq_len;
     // prompt + answer tokens, minus one: the last token is only ever a target (see data.h)
     int64_t sequence = data.task == "add" ? 3 * data.length + 3 : 2 * data.length + 1;
     return sequence - 1;
 }
 
+// The sources that read each source-specific key of /data: a key of another source is a likelier
+// mistake than a typo, so it gets its own message instead of "unknown key".
+static const std::vector<std::pair<std::string, std::vector<std::string>>>& source_keys() {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = {
+        {"task", {"synthetic"}},        {"length", {"synthetic"}},       {"symbols", {"synthetic"}},
+        {"path", {"text", "tokens"}},   {"seq_len", {"text", "tokens"}}, {"val_fraction", {"text"}},
+        {"dtype", {"tokens"}},          {"vocab_size", {"tokens"}},
+    };
+    return keys;
+}
+
+// data.vocab_size is required for token files; nanoGPT keeps it in meta.pkl (a Python pickle, which
+// normlab does not read), or, for GPT-2's tokenizer, in no file at all.
+[[noreturn]] static void fail_missing_vocab_size(const ConfigReader& reader, const std::string& path) {
+    std::error_code ec;
+    const std::string meta = (fs::path(path) / "meta.pkl").string();
+    if (!path.empty() && fs::exists(meta, ec))
+        reader.fail("vocab_size",
+                    fmt::format("missing required integer for source \"tokens\": {} holds it, but normlab does not read "
+                                "Python pickles; set data.vocab_size to what python3 -c \"import pickle; print(pickle.load("
+                                "open('{}', 'rb'))['vocab_size'])\" prints",
+                                meta, meta));
+    reader.fail("vocab_size", "missing required integer for source \"tokens\": set data.vocab_size to the number of "
+                              "token ids (every id in train.bin and val.bin is below it; nanoGPT uses 50304 for GPT-2's "
+                              "tokenizer, and writes meta.pkl's vocab_size for its character-level data)");
+}
+
 static DataOptions read_data(ConfigReader reader, uint64_t seed) {
     DataOptions data;
-    data.source = reader.get_string("source", "synthetic", {"synthetic", "text"});
-    const std::vector<std::string> synthetic_keys = {"task", "length", "symbols"};
-    const std::vector<std::string> text_keys = {"path", "val_fraction", "seq_len"};
+    data.source = reader.get_string("source", "synthetic", {"synthetic", "text", "tokens"});
     if (data.source == "synthetic") {
         data.task = reader.get_string("task", "reverse", {"copy", "reverse", "sort", "add"});
         data.length = reader.get_int("length", 8, 1, 4096);
         data.symbols = reader.get_int("symbols", 10, 2, 1000000);
-    } else {
+    } else if (data.source == "text") {
         data.path = reader.get_string("path", "");
         if (data.path.empty()) reader.fail("path", "a text file is required for source \"text\"");
         data.val_fraction = reader.get_double("val_fraction", 0.1, 1e-6, 0.999999);
         data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
+    } else {
+        data.path = reader.get_string("path", "");
+        if (data.path.empty())
+            reader.fail("path", "a directory holding train.bin and val.bin (nanoGPT's data/<name>/) is required for "
+                                "source \"tokens\"");
+        data.dtype = reader.get_string("dtype", "uint16", {"uint16", "uint32"});
+        // Required, but read as optional here so that a misspelt key is reported as one (below).
+        data.vocab_size = reader.get_int("vocab_size", 0, reader.has("vocab_size") ? 1 : 0, kMaxTokenVocab);
+        data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
     }
     data.eval_sequences = reader.get_int("eval_sequences", 256, 1, 1 << 20);
     data.seed = static_cast<uint64_t>(reader.get_int("seed", static_cast<int64_t>(seed), 0));
-    // A key of the other source is a likelier mistake than a typo: say so instead of "unknown key".
-    const auto& other = data.source == "synthetic" ? text_keys : synthetic_keys;
-    for (const std::string& key : other)
-        if (reader.has(key))
-            reader.fail(key, "applies to source \"" + std::string(data.source == "synthetic" ? "text" : "synthetic") +
-                                 "\" only (this config's source is \"" + data.source + "\")");
+    for (const auto& [key, sources] : source_keys()) {
+        if (!reader.has(key) || std::find(sources.begin(), sources.end(), data.source) != sources.end()) continue;
+        std::string names = "\"" + sources[0] + "\"";
+        for (size_t i = 1; i < sources.size(); ++i) names += (i + 1 == sources.size() ? " and \"" : ", \"") + sources[i] + "\"";
+        reader.fail(key, "applies to source" + std::string(sources.size() > 1 ? "s " : " ") + names +
+                             " only (this config's source is \"" + data.source + "\")");
+    }
     reader.finish();
+    if (data.source == "tokens" && data.vocab_size == 0) fail_missing_vocab_size(reader, data.path);
     return data;
 }
 
@@ -142,7 +180,7 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
                                 config.train.steps, config.optim.warmup_steps));
     const int64_t T = data_seq_len(config.data);
     if (T > config.model.max_seq_len) {
-        std::string key = config.data.source == "text" ? "/data/seq_len" : "/data/length";
+        std::string key = config.data.source == "synthetic" ? "/data/length" : "/data/seq_len";
         throw Error(fmt::format("{}: {}: sequences need {} positions, above the model's context "
                                 "/model/max_seq_len = {}",
                                 file, key, T, config.model.max_seq_len));

@@ -277,7 +277,7 @@ TEST_CASE("train: bad input is one error line, exit code 2, no complete run dire
         check_error(run_in(dir, "train " + toy + " --out run --set data.task=multiply"),
                     {"/data/task", "copy, reverse, sort, add", "multiply"});
         check_error(run_in(dir, "train " + toy + " --out run --set data.path=x.txt"),
-                    {"/data/path", "applies to source \"text\" only"});
+                    {"/data/path", "applies to sources \"text\" and \"tokens\" only"});
         CHECK_FALSE(fs::exists(dir / "run"));
     }
     SECTION("nonexistent and empty text files") {

@@ -1,5 +1,6 @@
 // `normlab sample CHECKPOINT`: the command line of the sample job (jobs/sample.h): the samples on
-// stdout, one per line, then the speed on stderr.
+// stdout, one per line (a model trained on token files prints its ids, "17 4 255 ..."), then the
+// speed on stderr.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -45,11 +46,14 @@ void register_sample(CLI::App& app) {
     cmd->add_option("checkpoint", job->checkpoint, "A checkpoint file, or a run directory (its latest checkpoint)")
         ->required();
     cmd->add_option("--num", job->num, "Synthetic tasks: how many random problems to answer (default 10)");
-    cmd->add_option("--max-new-tokens", job->max_new_tokens, "Text: characters to generate (default 200)");
-    cmd->add_option("--prompt", job->prompt, "Text: the text to continue (default: the vocab's first character)");
+    cmd->add_option("--max-new-tokens", job->max_new_tokens,
+                    "Text: characters to generate; token data: ids to generate (default 200)");
+    cmd->add_option("--prompt", job->prompt,
+                    "Text: the text to continue (default: the vocab's first character); token data (data.source "
+                    "\"tokens\"): ids separated by spaces, \"17 4 255\" (default: \"0\")");
     CLI::Option* temperature_option = cmd->add_option(
         "--temperature", *temperature,
-        "0: greedy; > 0: sample from softmax(logits / T) (default: greedy for tasks, 0.8 for text)");
+        "0: greedy; > 0: sample from softmax(logits / T) (default: greedy for tasks, 0.8 for text and token data)");
     cmd->add_option("--seed", job->seed, "Seed for the problems and the sampling (default 0)");
     auto no_kv_cache = std::make_shared<bool>(false);
     cmd->add_flag("--no-kv-cache", *no_kv_cache,
