@@ -186,6 +186,7 @@ public:
     // Tokens of `text`; a character outside the vocab is an nl::Error naming it.
     std::vector<int64_t> encode(const std::string& text) const;
     int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
+    const std::vector<uint32_t>& codepoints() const { return vocab_; }  // token id -> codepoint
 
 private:
     std::vector<uint32_t> vocab_;

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "jobs/interop.h"
 
 namespace fs = std::filesystem;
 
@@ -57,7 +58,34 @@ void answer_problems(TrainCheckpoint& ck, const SampleJob& job, Generator& gen, 
 
 }  // namespace
 
+namespace {
+
+// A transformers directory or GGUF file as a checkpoint at step 0: its architecture as the config,
+// its character tokenizer as a text vocab (else its ids are written as numbers), its whole context.
+TrainCheckpoint pretrained_checkpoint(const std::string& path) {
+    PretrainedModel pretrained = load_pretrained(path);
+    TrainCheckpoint ck;
+    ck.path = path;
+    ck.config.file = path;
+    ck.config.model = pretrained.options;
+    if (!pretrained.char_vocab.empty()) {
+        ck.config.data.source = "text";
+        ck.vocab = std::make_unique<TextVocab>(nlohmann::json(pretrained.char_vocab));
+    } else {
+        ck.config.data.source = "tokens";
+        ck.config.data.vocab_size = pretrained.options.vocab_size;
+        ck.ids = std::make_unique<TokenIds>(pretrained.options.vocab_size);
+    }
+    ck.model = std::make_unique<Transformer>(ck.config.model);
+    ck.model->load_state_dict(pretrained.weights);
+    ck.context = pretrained.options.max_seq_len;
+    return ck;
+}
+
+}  // namespace
+
 TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
+    if (is_pretrained_model(checkpoint)) return pretrained_checkpoint(checkpoint);
     TrainCheckpoint ck;
     ck.path = resolve_checkpoint_path(checkpoint);
     const std::string& path = ck.path;
@@ -73,7 +101,7 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
         } catch (const Error& e) {
             throw Error(path + ": metadata 'vocab': " + e.what());
         }
-        ck.config.model.vocab_size = ck.vocab->size();
+        ck.config.model.vocab_size = model_vocab_size(ck.config, ck.vocab->size());
     } else if (ck.config.data.source == "tokens") {
         // The config names the vocab size; the metadata, when there, must agree with it.
         ck.ids = std::make_unique<TokenIds>(ck.config.data.vocab_size);
@@ -88,10 +116,10 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
             NL_REQUIRE(saved == ck.ids->size(), path, ": metadata 'vocab': vocab_size ", saved,
                        " differs from its config's /data/vocab_size = ", ck.ids->size());
         }
-        ck.config.model.vocab_size = ck.ids->size();
+        ck.config.model.vocab_size = model_vocab_size(ck.config, ck.ids->size());
     } else {
         ck.task = std::make_unique<SyntheticTask>(ck.config.data, path + " (config): /data");
-        ck.config.model.vocab_size = ck.task->vocab_size();
+        ck.config.model.vocab_size = model_vocab_size(ck.config, ck.task->vocab_size());
     }
     ck.model = std::make_unique<Transformer>(ck.config.model);
     load_checkpoint(path, *ck.model);

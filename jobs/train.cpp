@@ -36,6 +36,7 @@
 #include "core/thread_governor.h"
 #include "jobs/config.h"
 #include "jobs/distributed.h"
+#include "jobs/interop.h"
 #include "jobs/run_dir.h"
 #include "layers/autocast.h"
 #include "layers/checkpoint.h"
@@ -200,6 +201,7 @@ struct TrainSession::State {
     std::vector<Batch> eval_set;  // the held-out batches, on the device
     bool autocast = false;
 
+    std::optional<PretrainedModel> pretrained;  // /model/init_from's weights, until the model takes them
     std::unique_ptr<Transformer> model;
     NamedVars params;
     std::unique_ptr<DataParallel> data_parallel;
@@ -251,11 +253,16 @@ void prepare(State& s) {
         nlohmann::json root = s.job.config;
         if (!s.job.config_path.empty()) {
             root = load_json_file(s.job.config_path);
-            resolve_paths_beside_config(root, s.job.config_path, {"/data/path"});
+            resolve_paths_beside_config(root, s.job.config_path, {"/data/path", "/model/init_from"});
         }
         for (const std::string& assignment : s.job.overrides) apply_override(root, assignment);
         s.config = read_train_config(root, s.config_file);
         TrainConfig& config = s.config;
+        if (!config.init_from.empty()) {
+            // The architecture comes from the file (jobs/interop.h); its weights replace the init.
+            s.pretrained = load_pretrained(config.init_from);
+            adopt_pretrained_architecture(config, root.contains("model") ? root["model"] : nlohmann::json(), *s.pretrained);
+        }
         require_device_available(config.device, s.config_file + ": /device");
         // Sizes against the machine before anything big is allocated: first without the text's vocab
         // (the held-out set is made with the dataset), then with it. On a GPU the device allocator
@@ -278,8 +285,9 @@ void prepare(State& s) {
         }
         // Data: the text file is read here, so a missing or empty one fails before the run directory exists.
         s.data = make_dataset(config.data, config.file + ": /data");
+        if (s.pretrained) check_pretrained_vocab(config, *s.data, *s.pretrained);
         if (config.device.is_cpu()) {
-            config.model.vocab_size = s.data->vocab_size();
+            config.model.vocab_size = model_vocab_size(config, s.data->vocab_size());
             require_memory(estimated_train_bytes(config, config.model.vocab_size), memory_keys);
         }
         if (s.root_rank) {
@@ -287,7 +295,7 @@ void prepare(State& s) {
             s.run = RunDir::create(name_for_dir, s.job.out, s.job.force, s.job.resume);
         }
     });
-    s.config.model.vocab_size = s.data->vocab_size();
+    s.config.model.vocab_size = model_vocab_size(s.config, s.data->vocab_size());
     s.run_dir = dist::broadcast_string(s.run ? s.run->dir() : std::string());
 }
 
@@ -310,6 +318,10 @@ void build_model(State& s) {
     for (Batch& batch : s.eval_set) batch = batch_on(batch, config.device);
     s.autocast = config.train.autocast == "bf16";
     s.model = std::make_unique<Transformer>(config.model);
+    if (s.pretrained) {
+        s.model->load_state_dict(s.pretrained->weights);
+        s.pretrained.reset();  // the model holds the weights now
+    }
     s.model->to(config.device);
     s.params = s.model->named_parameters();
     // The same seed gives the same weights on every rank; on the CPU rank 0's are sent anyway.

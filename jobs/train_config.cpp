@@ -104,8 +104,11 @@ static NormOptions read_norm(ConfigReader reader) {
     return norm;
 }
 
-static TransformerOptions read_model(ConfigReader reader, uint64_t seed) {
+static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainConfig& config) {
     TransformerOptions model;
+    // A transformers directory or GGUF file to start from (jobs/interop.h); the train job reads it.
+    config.init_from = reader.get_string("init_from", "");
+    config.model_vocab_size = reader.get_int("vocab_size", 0, 0, kMaxTokenVocab);
     // Upper bounds: far above a toy model, low enough that no size product below can overflow
     // (the memory a config needs is checked against the machine before training, see run_train).
     model.dim = reader.get_int("dim", 64, 2, kMaxModelDim);
@@ -170,7 +173,7 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     config.seed = static_cast<uint64_t>(reader.get_int("seed", 0, 0));
     config.device = read_device(reader);
     config.data = read_data(reader.child("data"), config.seed);
-    config.model = read_model(reader.child("model"), config.seed);
+    config.model = read_model(reader.child("model"), config.seed, config);
     config.optim = read_optim(reader.child("optim"));
     config.train = read_loop(reader.child("train"));
     reader.finish();
@@ -187,6 +190,13 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     }
     config.resolved = reader.resolved();
     return config;
+}
+
+int64_t model_vocab_size(const TrainConfig& config, int64_t data_vocab) {
+    if (config.model_vocab_size == 0) return data_vocab;
+    NL_REQUIRE(config.model_vocab_size >= data_vocab, config.file, ": /model/vocab_size: expected at least the data's vocab size ",
+               data_vocab, ", got ", config.model_vocab_size);
+    return config.model_vocab_size;
 }
 
 double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {

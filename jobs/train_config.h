@@ -51,7 +51,9 @@ struct TrainConfig {
     uint64_t seed = 0;  // the model's initial weights
     Device device;      // where the model, batches and optimizer state live ("device": "cpu" default)
     DataOptions data;
-    TransformerOptions model;  // vocab_size is filled from the data
+    TransformerOptions model;  // vocab_size is filled from the data (or model_vocab_size)
+    int64_t model_vocab_size = 0;  // /model/vocab_size: 0 means the data's; else at least the data's
+    std::string init_from;     // /model/init_from: a transformers directory or GGUF file ("": none)
     OptimConfig optim;
     LoopConfig train;
     nlohmann::json resolved;  // the config with every default filled in (written to config.json)
@@ -68,6 +70,10 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
 // A lower bound of the bytes a training step on the CPU holds: the held-out set, weights, gradients,
 // AdamW's moments and the activations saved for backward (f32).
 double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size);
+
+// The vocab size the model is built with: /model/vocab_size when set (an nl::Error naming it when
+// it is below the data's `data_vocab`), else the data's.
+int64_t model_vocab_size(const TrainConfig& config, int64_t data_vocab);
 
 // The model input length the config's data needs (T).
 int64_t data_seq_len(const DataOptions& data);

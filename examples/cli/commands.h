@@ -25,6 +25,10 @@ void register_bench_norms(CLI::App& bench);
 // the toy transformer's tokens/s, side by side in one run (examples/cli/bench_torch.cpp).
 void register_bench_torch(CLI::App& bench);
 
+// `normlab export CHECKPOINT --to hf DIR | --to gguf FILE`: a model for transformers or llama.cpp
+// (jobs/export.h, examples/cli/export_cmd.cpp).
+void register_export(CLI::App& app);
+
 // `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/cli/stability_cmd.cpp).
 void register_stability(CLI::App& app);
 // `normlab gradcheck`: every norm (both forms) and layer checked in f64 (jobs/gradcheck.h,

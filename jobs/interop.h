@@ -1,0 +1,118 @@
+// Models that travel: a normlab Transformer exported to Hugging Face transformers
+// (LlamaForCausalLM: config.json, model.safetensors, generation_config.json, and a character
+// tokenizer) and to llama.cpp (a GGUF v3 file, architecture "llama"), and such models read back as a
+// Transformer's options and weights, for `model.init_from` and `normlab sample`. docs/interop.md.
+//
+// Names: one table (kWeightNames) maps each of the 12 LLaMA weight kinds between normlab's (Meta's)
+// names, transformers' and GGUF's. RoPE layout: normlab and llama.cpp rotate interleaved pairs
+// (x[2i], x[2i+1]); transformers rotates the two halves (x[i], x[i + hd/2]) (rotate_half), so the
+// rows of wq and wk are permuted on the way to and from transformers, and on no other way.
+//
+// What a format cannot hold is refused by name, never approximated: only pre-norm RMSNorm models
+// with a learned weight and no bias are LlamaForCausalLM / llama.cpp "llama" models.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "layers/module.h"
+#include "jobs/data.h"
+#include "jobs/train_config.h"
+#include "layers/transformer.h"
+
+namespace nl {
+
+// One weight kind under its three names. A per-layer kind's names follow the layer prefixes
+// "layers.{i}." (normlab), "model.layers.{i}." (transformers), "blk.{i}." (GGUF).
+struct WeightName {
+    const char* normlab;
+    const char* hf;
+    const char* gguf;
+    bool per_layer;
+};
+extern const std::vector<WeightName> kWeightNames;
+
+// A normlab parameter name ("layers.3.attention.wq.weight") under transformers' or GGUF's names;
+// an nl::Error for a name outside the table.
+std::string hf_weight_name(const std::string& normlab_name);
+std::string gguf_weight_name(const std::string& normlab_name);
+
+// The q or k projection's rows, (n_heads * hd, dim), from normlab's interleaved RoPE pairs to
+// transformers' half split: row h*hd + 2i + j goes to h*hd + j*hd/2 + i (the inverse of the permute
+// in transformers' convert_llama_weights_to_hf.py). The inverse with to_half_split = false.
+Tensor permute_rope_rows(const Tensor& weight, int64_t n_heads, bool to_half_split);
+
+// nl::Error naming the reason when `options` is not a model LlamaForCausalLM and llama.cpp's
+// "llama" can hold: a norm other than rmsnorm, a norm without a weight, post-norm.
+void check_exportable(const TransformerOptions& options);
+
+// ---- transformers ----
+
+// LlamaForCausalLM's config.json of `options` (untied embeddings, weights in `dtype`).
+nlohmann::json hf_config_json(const TransformerOptions& options, DType dtype);
+
+// The Transformer options of a LlamaForCausalLM config.json, and whether its embeddings are tied.
+// Everything LlamaForCausalLM can be but normlab cannot is refused by key (attention or MLP biases,
+// an activation other than silu, rope_scaling, a head_dim other than hidden_size / heads, dropout,
+// pretraining_tp); sizes are bounded as the train config's are. `intermediate_size` H is held
+// exactly: multiple_of 1 and ffn_hidden_dim ceil(3H / 2) (swiglu_hidden_dim gives H back).
+// Errors: "<where>: /key: expected ..., got ...".
+struct HfConfig {
+    TransformerOptions options;
+    bool tied = false;
+};
+HfConfig read_hf_config(const nlohmann::json& config, const std::string& where);
+
+// ---- what is read back ----
+
+struct PretrainedModel {
+    std::string path;                  // the directory or file read
+    std::string format;                // "hf" or "gguf"
+    TransformerOptions options;        // the architecture, vocab_size and max_seq_len (the context)
+    NamedTensors weights;              // every parameter under normlab's names, f32, on the CPU
+    std::vector<uint32_t> char_vocab;  // a character tokenizer's codepoints in id order; empty when
+                                       // the model's vocabulary is not one character per token
+};
+
+// True for a directory holding config.json and model.safetensors or model.safetensors.index.json
+// (a run directory holds neither), or a file whose first bytes are GGUF's magic.
+bool is_pretrained_model(const std::string& path);
+
+// A transformers directory (config.json, then model.safetensors or model.safetensors.index.json and
+// its shards, each a plain file name inside the directory) or a GGUF file (F32/F16/BF16 tensors,
+// quantized types refused by name). `with_weights` false reads only the architecture and vocab.
+// Missing, unexpected, duplicate or misshapen tensors are named.
+PretrainedModel load_pretrained(const std::string& path, bool with_weights = true);
+
+// ---- model.init_from ----
+
+// The architecture of `pretrained` becomes config.model and is recorded in config.resolved's /model
+// (so checkpoints, `sample` and `--resume` never need the file). A key the config gives explicitly
+// (`given_model`: its /model object as written) must agree with the file: one nl::Error names every
+// key that differs, with both values. max_seq_len may be given smaller than the file's context.
+void adopt_pretrained_architecture(TrainConfig& config, const nlohmann::json& given_model, const PretrainedModel& pretrained);
+
+// The data against the pretrained vocabulary: text data needs the file's character tokenizer with
+// exactly the text's characters in the same order; token and synthetic data need every id below the
+// file's vocab_size. nl::Error naming what differs.
+void check_pretrained_vocab(const TrainConfig& config, const Dataset& data, const PretrainedModel& pretrained);
+
+// ---- export ----
+
+struct ExportOptions {
+    std::string to;                 // "hf" (a directory) or "gguf" (a file)
+    std::string out;                // the directory or file to write
+    DType dtype = DType::F32;       // the tensors' dtype: F32, F16 or BF16
+    bool force = false;             // replace an existing `out`
+};
+
+// Writes `model` (with `char_vocab`'s tokenizer when not empty) as `export_options` says. Atomic:
+// everything is written under a temporary name beside `out` and renamed over it last, so a failed
+// export leaves no partial file or directory.
+void export_model(const Transformer& model, const std::vector<uint32_t>& char_vocab, const ExportOptions& options);
+
+}  // namespace nl
