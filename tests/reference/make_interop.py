@@ -4,9 +4,9 @@ llama.cpp (through llama-cpp-python, which builds llama.cpp from source).
 
 Run from anywhere, with a normlab binary built from this checkout:
 
-    python3 -m venv /tmp/interop-venv
-    /tmp/interop-venv/bin/pip install torch transformers safetensors numpy llama-cpp-python
-    /tmp/interop-venv/bin/python tests/reference/make_interop.py --normlab build/normlab
+    python3 -m venv .venv-interop        # from the repository root
+    .venv-interop/bin/pip install torch transformers safetensors numpy llama-cpp-python
+    .venv-interop/bin/python tests/reference/make_interop.py --normlab build/normlab
 
 Outputs (all overwritten) in tests/reference/interop/:
     hf_tiny/, hf_tiny_sharded/, hf_tiny_tied/   a random LlamaForCausalLM saved by save_pretrained:
