@@ -71,6 +71,7 @@ TrainCheckpoint pretrained_checkpoint(const std::string& path) {
     if (!pretrained.char_vocab.empty()) {
         ck.config.data.source = "text";
         ck.vocab = std::make_unique<TextVocab>(nlohmann::json(pretrained.char_vocab));
+        ck.info.metadata["vocab"] = nlohmann::json(pretrained.char_vocab).dump();  // as a text checkpoint holds it
     } else {
         ck.config.data.source = "tokens";
         ck.config.data.vocab_size = pretrained.options.vocab_size;

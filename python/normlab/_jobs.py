@@ -504,6 +504,19 @@ def sample(checkpoint, num=10, max_new_tokens=200, prompt="", temperature=None, 
                         context=r["context"], temperature=r["temperature"], kv_cache=r["kv_cache"], note=r["note"])
 
 
+def export(checkpoint, to, out, dtype="f32", force=False):
+    """Writes a model for transformers or llama.cpp (``normlab export CHECKPOINT --to TO OUT``) and
+    returns a dict (source, step, parameters, tokenizer, out).
+
+    checkpoint: a checkpoint file, a run directory, a Checkpoint, a transformers LlamaForCausalLM
+    directory or a GGUF file. to: "hf" (``out`` a directory LlamaForCausalLM.from_pretrained loads,
+    with a text model's character tokenizer) or "gguf" (``out`` a GGUF v3 file). dtype: "f32",
+    "f16" or "bf16". An existing ``out`` is replaced only with force=True. docs/interop.md.
+    """
+    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else _path(checkpoint, "checkpoint")
+    return dict(_ext.export_model(path, str(to), _path(out, "out"), str(dtype), bool(force)))
+
+
 # ---- checkpoints ----
 
 def load_checkpoint(path):

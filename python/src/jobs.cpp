@@ -32,6 +32,7 @@
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "jobs/export.h"
 #include "jobs/run_dir.h"
 #include "jobs/sample.h"
 #include "jobs/stability.h"
@@ -715,6 +716,36 @@ void bind_sample(nb::module_& m) {
           "context, temperature, kv_cache, new_tokens, seconds, tokens_per_s, note.");
 }
 
+void bind_export(nb::module_& m) {
+    m.def(
+        "export_model",
+        [](const std::string& checkpoint, const std::string& to, const std::string& out, const std::string& dtype,
+           bool force) {
+            NL_REQUIRE(dtype == "f32" || dtype == "f16" || dtype == "bf16", "export: dtype must be f32, f16 or bf16, got '",
+                       dtype, "'");
+            ExportOptions options;
+            options.to = to;
+            options.out = out;
+            options.dtype = dtype_from_name(dtype);
+            options.force = force;
+            ExportResult r;
+            {
+                nb::gil_scoped_release release;
+                r = run_export(checkpoint, options);
+            }
+            nb::dict d;
+            d["source"] = r.source;
+            d["step"] = r.step;
+            d["parameters"] = r.parameters;
+            d["tokenizer"] = r.tokenizer;
+            d["out"] = out;
+            return d;
+        },
+        nb::arg("checkpoint"), nb::arg("to"), nb::arg("out"), nb::arg("dtype"), nb::arg("force"),
+        "Runs the export job (jobs/export.h) with the GIL released; normlab.export wraps it. Returns a dict: source, "
+        "step, parameters, tokenizer, out.");
+}
+
 }  // namespace
 
 void bind_jobs(nb::module_& m) {
@@ -723,6 +754,7 @@ void bind_jobs(nb::module_& m) {
     bind_checkpoints(m);
     bind_stability(m);
     bind_sample(m);
+    bind_export(m);
 }
 
 }  // namespace nl::py

@@ -237,6 +237,28 @@ def test_sample_text(tmp_path):
     assert result.problems == [] and result.temperature == 0.8
 
 
+def test_export_to_transformers_and_gguf_and_read_back(tmp_path):
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    config = {"data": {"source": "text", "path": str(tmp_path / "text.txt"), "seq_len": 16, "eval_sequences": 8},
+              "model": {"dim": 32, "n_layers": 1, "n_heads": 2, "multiple_of": 16, "max_seq_len": 32},
+              "optim": {"warmup_steps": 2},
+              "train": {"steps": 3, "batch_size": 4, "eval_every": 0}}
+    normlab.train(config, out=tmp_path / "run")
+    hf = normlab.export(tmp_path / "run", "hf", tmp_path / "hf")
+    assert hf["tokenizer"] and hf["step"] == 3 and (tmp_path / "hf" / "tokenizer.json").exists()
+    gguf = normlab.export(tmp_path / "hf", "gguf", tmp_path / "m.gguf", dtype="f32")
+    assert gguf["parameters"] == hf["parameters"]
+    # The three are one model: the same greedy text.
+    texts = {normlab.sample(p, max_new_tokens=12, prompt="the ", temperature=0).text
+             for p in (tmp_path / "run", tmp_path / "hf", tmp_path / "m.gguf")}
+    assert len(texts) == 1
+    assert sorted(normlab.load_checkpoint(tmp_path / "m.gguf").vocab) == sorted(set("the quick brown fox jumps over the lazy dog. "))
+    with pytest.raises(normlab.Error, match="already exists"):
+        normlab.export(tmp_path / "run", "gguf", tmp_path / "m.gguf")
+    with pytest.raises(normlab.Error, match="dtype must be f32, f16 or bf16"):
+        normlab.export(tmp_path / "run", "gguf", tmp_path / "x.gguf", dtype="f64")
+
+
 # ---- stability ----
 
 TINY_STABILITY = {"norms": ["rmsnorm", "layernorm"], "epochs": 4, "samples": 32, "in_features": 8, "hidden": 16,

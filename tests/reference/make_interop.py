@@ -2,11 +2,22 @@
 """Writes the fixtures of tests/test_interop.cpp with the real tools: Hugging Face transformers and
 llama.cpp (through llama-cpp-python, which builds llama.cpp from source).
 
-Run from anywhere, with a normlab binary built from this checkout:
+Run from anywhere. Everything, with a normlab binary built from this checkout:
 
     python3 -m venv .venv-interop        # from the repository root
-    .venv-interop/bin/pip install torch transformers safetensors numpy llama-cpp-python
+    .venv-interop/bin/pip install torch transformers safetensors numpy llama-cpp-python gguf
     .venv-interop/bin/python tests/reference/make_interop.py --normlab build/normlab
+
+Other modes (each writes only what it names; --dir DIR writes into DIR instead of
+tests/reference/interop/, e.g. to compare a rerun with the committed files):
+
+    make_interop.py                          the transformers fixtures only (no normlab, no llama.cpp)
+    make_interop.py --normlab-gguf FILE      llamacpp_logits.safetensors from a GGUF that
+                                             `normlab export RUN --to gguf FILE` wrote (f32 tensors)
+    make_interop.py --check-llamacpp         writes no fixture: converts hf_tiny and hf_tiny_tied to
+                                             GGUF here (the `gguf` package, convert_hf_to_gguf.py's
+                                             names and q/k row permutation) and checks that
+                                             llama.cpp's logits and greedy tokens are transformers'
 
 Outputs (all overwritten) in tests/reference/interop/:
     hf_tiny/, hf_tiny_sharded/, hf_tiny_tied/   a random LlamaForCausalLM saved by save_pretrained:
@@ -26,10 +37,17 @@ Outputs (all overwritten) in tests/reference/interop/:
                                                 from ids[0, :4]); text_ids: llama.cpp's tokenizer on
                                                 the metadata's "text"; hf_text_ids: transformers'
                                                 AutoTokenizer on the same text from `normlab export
-                                                --to hf` of the same model
+                                                --to hf` of the same model (--normlab only)
 
-Deterministic: torch is seeded and runs on one thread; the versions of torch, transformers and
-llama_cpp are in each file's __metadata__.
+Deterministic: torch is seeded and runs on one thread, llama.cpp on one thread; the versions of
+torch, transformers and llama_cpp are in each file's __metadata__.
+
+What llama.cpp needs of a character vocabulary (found with llama-cpp-python 0.3.x): see
+gguf_from_hf below. tokenizer.ggml.model "llama" with the tokens is enough to load; llama.cpp then
+takes bos 1 and eos 2 (and unk 0) by default, so set add_bos_token and add_space_prefix false or
+its tokenizer adds a BOS and a leading space. A character outside the vocabulary makes its
+tokenizer abort the process (std::out_of_range: it looks for a <0xXX> byte token), so text is
+checked against the vocabulary before it is tokenized here.
 """
 
 import argparse
@@ -46,10 +64,12 @@ from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-OUT = os.path.join(HERE, "interop")
+FIXTURES = os.path.join(HERE, "interop")
 
 VOCAB = 40
 IDS_SHAPE = (2, 12)
+SAMPLE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak."
+SPM_SPACE = "\u2581"  # SentencePiece's space, as llama.cpp's "llama" vocabulary writes it
 
 
 def fixed_ids(vocab, seed):
@@ -64,7 +84,7 @@ def tiny_llama(seed, tied):
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=45, rope_theta=5000.0, rms_norm_eps=1e-6,
                          max_position_embeddings=64, tie_word_embeddings=tied, hidden_act="silu",
-                         attention_bias=False, mlp_bias=False)
+                         attention_bias=False, mlp_bias=False, attn_implementation="eager")
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -75,28 +95,34 @@ def tiny_llama(seed, tied):
     return model
 
 
-def transformers_part(versions):
+def greedy_hf(model, prompt, n):
+    # min_new_tokens and no eos: config.json carries LlamaConfig's default eos_token_id 2, at which
+    # generate would otherwise stop.
+    return model.generate(prompt, max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                          pad_token_id=None, eos_token_id=None, bos_token_id=None)[0]
+
+
+def transformers_part(out, versions):
     import transformers
 
     for d in ("hf_tiny", "hf_tiny_sharded", "hf_tiny_tied"):
-        shutil.rmtree(os.path.join(OUT, d), ignore_errors=True)
+        shutil.rmtree(os.path.join(out, d), ignore_errors=True)
     model = tiny_llama(0, tied=False)
-    model.save_pretrained(os.path.join(OUT, "hf_tiny"), safe_serialization=True)
-    model.save_pretrained(os.path.join(OUT, "hf_tiny_sharded"), safe_serialization=True, max_shard_size="30KB")
+    model.save_pretrained(os.path.join(out, "hf_tiny"), safe_serialization=True)
+    model.save_pretrained(os.path.join(out, "hf_tiny_sharded"), safe_serialization=True, max_shard_size="30KB")
     tied = tiny_llama(1, tied=True)
-    tied.save_pretrained(os.path.join(OUT, "hf_tiny_tied"), safe_serialization=True)
-    shards = [f for f in os.listdir(os.path.join(OUT, "hf_tiny_sharded")) if f.endswith(".safetensors")]
+    tied.save_pretrained(os.path.join(out, "hf_tiny_tied"), safe_serialization=True)
+    shards = [f for f in os.listdir(os.path.join(out, "hf_tiny_sharded")) if f.endswith(".safetensors")]
     assert len(shards) >= 2, shards
 
     ids = fixed_ids(VOCAB, 5)
     with torch.no_grad():
         logits = model(ids).logits.float()
         logits_tied = tied(ids).logits.float()
-        greedy = model.generate(ids[:1, :4], max_new_tokens=16, do_sample=False, min_new_tokens=16,
-                                pad_token_id=None, eos_token_id=None, bos_token_id=None)[0]
+        greedy = greedy_hf(model, ids[:1, :4], 16)
     save_file({"ids": ids, "logits": logits.contiguous(), "logits_tied": logits_tied.contiguous(),
                "greedy": greedy.to(torch.int64).contiguous()},
-              os.path.join(OUT, "hf_tiny_logits.safetensors"),
+              os.path.join(out, "hf_tiny_logits.safetensors"),
               metadata={"torch": torch.__version__, "transformers": transformers.__version__})
     versions["transformers"] = transformers.__version__
     print("hf_tiny: logits", tuple(logits.shape), "greedy", greedy.tolist())
@@ -107,29 +133,88 @@ def run(cmd, cwd):
     subprocess.run(cmd, cwd=cwd, check=True)
 
 
-def llama_cpp_logits(gguf, ids):
-    """llama.cpp's logits of each row of ids evaluated on its own, and a greedy continuation."""
+# ---------------------------------------------------------------------------------------------
+# llama.cpp
+# ---------------------------------------------------------------------------------------------
+
+
+def open_llama_cpp(gguf_path):
     import llama_cpp
 
-    # type_k/type_v 0 = GGML_TYPE_F32: llama.cpp's KV cache defaults to f16, which rounds K and V.
-    llm = llama_cpp.Llama(model_path=gguf, logits_all=True, verbose=False, n_ctx=64, type_k=0, type_v=0)
+    # type_k/type_v 0 = GGML_TYPE_F32: llama.cpp's KV cache defaults to f16, which rounds K and V
+    # (about 1e-3 of the largest logit here). llama.cpp pads n_ctx to 256 and prints
+    # "n_ctx_seq (256) > n_ctx_train (64)" even with verbose=False; harmless.
+    return llama_cpp.Llama(model_path=gguf_path, logits_all=True, verbose=False, n_ctx=64, type_k=0, type_v=0,
+                           n_threads=1, n_threads_batch=1)
+
+
+def llama_cpp_logits(llm, ids, greedy_prompt=4, greedy_len=20):
+    """llama.cpp's logits of each row of ids evaluated on its own (from an empty cache), and a
+    greedy continuation of ids[0, :greedy_prompt]: argmax of llama.cpp's own logits, one token
+    evaluated at a time. Llama.generate is not used: it stops at the vocabulary's eos (2 by
+    default) and samples."""
     rows = []
     for row in ids.tolist():
         llm.reset()
         llm.eval(row)
         rows.append(np.array(llm.scores[: len(row)], dtype=np.float32))
     llm.reset()
-    seq = ids[0, :4].tolist()
+    seq = ids[0, :greedy_prompt].tolist()
     llm.eval(seq)
-    while len(seq) < 20:
+    while len(seq) < greedy_len:
         nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         seq.append(nxt)
         llm.eval([nxt])
-    return llm, np.stack(rows), seq
+    return np.stack(rows), seq
 
 
-def llama_cpp_part(normlab, versions):
+def gguf_vocab(gguf_path):
+    """The vocabulary of a GGUF as text (U+2581 read as a space), or None if it has none."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    field = reader.get_field("tokenizer.ggml.tokens")
+    if field is None:
+        return None
+    return [bytes(field.parts[i]).decode("utf-8").replace(SPM_SPACE, " ") for i in field.data]
+
+
+def llama_cpp_tokenize(llm, vocab, text):
+    """llama.cpp's ids of text, or None where a character is not in vocab (llama.cpp's tokenizer
+    would abort the process)."""
+    if vocab is None or not set(text) <= set(vocab):
+        return None
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    assert llm.detokenize(ids).decode("utf-8") == text
+    return ids
+
+
+def llamacpp_fixture(gguf_path, out_file, hf_text_ids=None, extra_metadata=None):
+    """llamacpp_logits.safetensors of a GGUF normlab exported: ids from llama.cpp's vocabulary size."""
     import llama_cpp
+
+    llm = open_llama_cpp(gguf_path)
+    vocab = llm.n_vocab()
+    ids = fixed_ids(vocab, 6)
+    logits, greedy = llama_cpp_logits(llm, ids)
+    tensors = {"ids": ids, "logits": torch.from_numpy(logits), "greedy": torch.tensor(greedy, dtype=torch.int64)}
+    metadata = {"llama_cpp": llama_cpp.__version__, "text": SAMPLE_TEXT, **(extra_metadata or {})}
+    text_ids = llama_cpp_tokenize(llm, gguf_vocab(gguf_path), SAMPLE_TEXT)
+    if text_ids is None:
+        print(f"warning: {gguf_path}: the text has characters outside the vocabulary; no text_ids written")
+        del metadata["text"]
+    else:
+        tensors["text_ids"] = torch.tensor(text_ids, dtype=torch.int64)
+        if hf_text_ids is not None:
+            tensors["hf_text_ids"] = torch.tensor(hf_text_ids, dtype=torch.int64)
+    save_file(tensors, out_file, metadata=metadata)
+    print(f"{os.path.basename(gguf_path)}: vocab {vocab} logits {logits.shape} greedy {greedy}")
+    if text_ids is not None and hf_text_ids is not None:
+        print("text ids equal (llama.cpp, transformers):", list(text_ids) == list(hf_text_ids))
+    print("wrote", out_file)
+
+
+def llama_cpp_part(normlab, out, versions):
     from transformers import AutoTokenizer
 
     normlab = os.path.abspath(normlab)
@@ -149,37 +234,139 @@ def llama_cpp_part(normlab, versions):
         run([normlab, "train", "char.json", "--out", "run", "--quiet"], tmp)
         run([normlab, "export", "run", "--to", "gguf", "char.gguf"], tmp)
         run([normlab, "export", "run", "--to", "hf", "hf"], tmp)
-        shutil.copyfile(os.path.join(tmp, "char.gguf"), os.path.join(OUT, "normlab_char.gguf"))
+        shutil.copyfile(os.path.join(tmp, "char.gguf"), os.path.join(out, "normlab_char.gguf"))
         hf_tok = AutoTokenizer.from_pretrained(os.path.join(tmp, "hf"))
-        sample_text = "First Citizen:\nBefore we proceed any further, hear me speak."
-        hf_ids = hf_tok(sample_text)["input_ids"]
-        assert hf_tok.decode(hf_ids) == sample_text
+        hf_ids = hf_tok(SAMPLE_TEXT)["input_ids"]
+        assert hf_tok.decode(hf_ids) == SAMPLE_TEXT
 
-    gguf = os.path.join(OUT, "normlab_char.gguf")
-    vocab = len(hf_tok)
-    ids = fixed_ids(vocab, 6)
-    llm, logits, greedy = llama_cpp_logits(gguf, ids)
-    text_ids = llm.tokenize(sample_text.encode("utf-8"), add_bos=False, special=False)
-    assert llm.detokenize(text_ids).decode("utf-8") == sample_text
-    save_file({"ids": ids, "logits": torch.from_numpy(logits), "greedy": torch.tensor(greedy, dtype=torch.int64),
-               "text_ids": torch.tensor(text_ids, dtype=torch.int64),
-               "hf_text_ids": torch.tensor(hf_ids, dtype=torch.int64)},
-              os.path.join(OUT, "llamacpp_logits.safetensors"),
-              metadata={"llama_cpp": llama_cpp.__version__, "text": sample_text,
-                        "transformers": versions.get("transformers", "")})
-    print("normlab_char.gguf: vocab", vocab, "logits", logits.shape, "greedy", greedy)
-    print("text ids equal (llama.cpp, transformers):", list(text_ids) == list(hf_ids))
+    gguf_path = os.path.join(out, "normlab_char.gguf")
+    llamacpp_fixture(gguf_path, os.path.join(out, "llamacpp_logits.safetensors"), hf_text_ids=hf_ids,
+                     extra_metadata={"transformers": versions.get("transformers", "")})
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers -> GGUF -> llama.cpp (--check-llamacpp)
+# ---------------------------------------------------------------------------------------------
+
+
+def permute_qk(w, n_head, n_head_kv=None):
+    """convert_hf_to_gguf.py's LlamaModel.permute: transformers' q/k rows are in the half-split RoPE
+    layout; llama.cpp (like Meta's checkpoints) wants the interleaved pairs back. k uses the
+    key/value head count."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_from_hf(hf_dir, gguf_path, chars):
+    """A GGUF (architecture llama, f32 tensors) of a LlamaForCausalLM directory written by
+    save_pretrained (one file), with a character vocabulary: token i is chars[i].
+
+    The vocabulary is llama.cpp's SentencePiece form: tokenizer.ggml.model "llama", the tokens
+    (space as U+2581), scores 0 and token types 1 (normal; both optional for llama.cpp), and
+    add_bos_token, add_eos_token and add_space_prefix false. No bos/eos ids are written: llama.cpp
+    then uses 1 and 2, which matters only to its own generate (it stops at eos) and to add_bos."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    weights = load_file(os.path.join(hf_dir, "model.safetensors"))
+    n_vocab, n_head, n_kv = cfg["vocab_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    rope_theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]  # transformers 5 nests it
+    assert len(chars) == n_vocab and SPM_SPACE not in chars
+
+    w = gguf.GGUFWriter(gguf_path, "llama")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_dimension_count(cfg["hidden_size"] // n_head)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(rope_theta)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # all f32
+    w.add_tokenizer_model("llama")
+    w.add_token_list([SPM_SPACE if c == " " else c for c in chars])
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([1] * n_vocab)
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+
+    tensors = {"token_embd.weight": weights["model.embed_tokens.weight"],
+               "output_norm.weight": weights["model.norm.weight"]}
+    if "lm_head.weight" in weights:  # tied: llama.cpp uses token_embd when output is absent
+        tensors["output.weight"] = weights["lm_head.weight"]
+    names = {"attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+             "ffn_norm": "post_attention_layernorm"}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[f"blk.{i}.attn_q.weight"] = permute_qk(weights[p + "self_attn.q_proj.weight"], n_head, n_head)
+        tensors[f"blk.{i}.attn_k.weight"] = permute_qk(weights[p + "self_attn.k_proj.weight"], n_head, n_kv)
+        for ours, theirs in names.items():
+            tensors[f"blk.{i}.{ours}.weight"] = weights[p + theirs + ".weight"]
+    for name, a in tensors.items():  # numpy (rows, cols) is ggml's {cols, rows}, as llama.cpp wants
+        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def check_llamacpp(out):
+    """llama.cpp on GGUFs converted here from hf_tiny and hf_tiny_tied against transformers'
+    logits and greedy tokens in hf_tiny_logits.safetensors."""
+    from safetensors.numpy import load_file
+
+    fixture = load_file(os.path.join(out, "hf_tiny_logits.safetensors"))
+    ids = torch.from_numpy(fixture["ids"])
+    chars = [chr(ord("a") + i) for i in range(26)] + list(" \n.,:;!?'-ABCD")
+    with tempfile.TemporaryDirectory() as tmp:
+        for d, key in (("hf_tiny", "logits"), ("hf_tiny_tied", "logits_tied")):
+            path = os.path.join(tmp, d + ".gguf")
+            gguf_from_hf(os.path.join(out, d), path, chars)
+            llm = open_llama_cpp(path)
+            logits, greedy = llama_cpp_logits(llm, ids)
+            ref = fixture[key]
+            diff = float(np.abs(logits - ref).max() / np.abs(ref).max())
+            print(f"{d}: llama.cpp vs transformers: max |diff| / max |logit| = {diff:.3e}")
+            assert diff < 1e-5, diff
+            if key == "logits":
+                print(f"{d}: greedy equal: {greedy == fixture['greedy'].tolist()} {greedy}")
+                assert greedy == fixture["greedy"].tolist()
+            text = "hello world\nab c"
+            got = llama_cpp_tokenize(llm, chars, text)
+            assert got == [chars.index(c) for c in text], got
+            del llm
+    print("llama.cpp agrees with transformers")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--normlab", required=True, help="the normlab binary (build/normlab)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--normlab", help="the normlab binary (build/normlab): write every fixture")
+    mode.add_argument("--normlab-gguf", metavar="FILE",
+                      help="write only llamacpp_logits.safetensors, from FILE (`normlab export --to gguf`)")
+    mode.add_argument("--check-llamacpp", action="store_true",
+                      help="write nothing; check llama.cpp against transformers on hf_tiny converted to GGUF")
+    parser.add_argument("--dir", default=FIXTURES, help="where the fixtures are (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    os.makedirs(OUT, exist_ok=True)
+    out = os.path.abspath(args.dir)
+    os.makedirs(out, exist_ok=True)
     versions = {}
-    transformers_part(versions)
-    llama_cpp_part(args.normlab, versions)
+    if args.normlab_gguf:
+        llamacpp_fixture(os.path.abspath(args.normlab_gguf), os.path.join(out, "llamacpp_logits.safetensors"))
+    elif args.check_llamacpp:
+        check_llamacpp(out)
+    else:
+        transformers_part(out, versions)
+        if args.normlab:
+            llama_cpp_part(args.normlab, out, versions)
 
 
 if __name__ == "__main__":
