@@ -3,7 +3,8 @@
 // the ops (ops*.cpp, fused.cpp) do the user-facing checking, broadcasting and allocation. A backend
 // implements every pure virtual here, so a missing kernel fails to compile (an abstract class cannot
 // be instantiated). Floating kernels see f32 or f64 only: ops convert bf16/f16 to f32 first
-// (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too).
+// (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too, and
+// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once).
 #pragma once
 
 #include <cstdint>
@@ -235,7 +236,8 @@ public:
                                   int64_t cols, bool log) = 0;
 
     // ---- matrix multiply, row-major, batched by element strides (stride 0 broadcasts) ----
-    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n).
+    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n). f32 and f64
+    // everywhere; bf16 on the CPU (ops/matmul sends bf16 elsewhere through f32).
     virtual void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
                       int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,

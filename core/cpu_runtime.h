@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace nl {
 
@@ -39,6 +41,31 @@ bool sgemm_engine_is_native();
 void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc);
+
+// ---- normlab's bf16 gemm (core/cpu/cpu_bgemm.cpp): bf16 A and B, f32 sums, C in f32 or bf16 ----
+// The bf16 gemm engine the CPU backend uses: "bf16 widened to f32, then <the
+// f32 engine>" or "normlab avx512-bf16 16x16 (vdpbf16ps)", and why it was chosen (NORMLAB_GEMM_BF16,
+// the CPU's features). Chosen once from NORMLAB_GEMM_BF16: auto (the default) and f32 take the widened
+// engine; avx512bf16 asks for vdpbf16ps, where the CPU has AVX512-BF16. Another value, or an engine
+// this CPU cannot run, throws nl::Error naming the variable.
+const char* bgemm_engine_name();
+std::string bgemm_engine_reason();
+
+// The engines this CPU runs ("avx512bf16", "f32"), best first: for tests and benchmarks.
+std::vector<std::string> bgemm_kernels_this_cpu_runs();
+
+// C = alpha * op(A) op(B) + beta * C, row-major. op(A) is (m, k): A is stored (m, k) with row stride
+// lda, or (k, m) when trans_a; op(B) is (k, n): B stored (k, n) with row stride ldb, or (n, k) when
+// trans_b. A and B are bf16 bit patterns. C is (m, n) with row stride ldc: f32 when c_f32, else bf16.
+// beta == 0 never reads C. Each element's sum over k runs in one fixed order whatever the thread
+// count: the bits do not depend on it. Threads over OpenMP's team unless called in a parallel region.
+void bgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+           int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32, int64_t ldc);
+
+// bgemm on the named engine rather than the chosen one (tests compare them).
+void bgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                       void* c, bool c_f32, int64_t ldc);
 
 // ---- OpenBLAS's kernel choice ----
 // OpenBLAS's DYNAMIC_ARCH builds (Debian's) pick their kernels for the CPU once, when the library is

@@ -148,8 +148,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     NL_REQUIRE(is_floating(a.dtype()), "matmul: expected a floating dtype, found ", dtype_name(a.dtype()));
     NL_REQUIRE(a.device() == b.device(), "matmul: operands must be on one device, found ",
                a.device().str(), " and ", b.device().str());
-    if (is_half(a.dtype())) {
-        // bf16/f16 are storage formats: multiply in f32, round once at the end.
+    // bf16 on the CPU runs on the bf16 gemm (bf16 operands read as they are, f32 sums, rounded once).
+    // f16, and bf16 on CUDA, are multiplied in f32 and rounded once at the end: the same result up to
+    // the order of the f32 sums.
+    if (is_half(a.dtype()) && !(a.dtype() == DType::BF16 && a.device().is_cpu())) {
         return matmul_compute(a.to(DType::F32), b.to(DType::F32)).to(a.dtype());
     }
     return matmul_compute(a, b);

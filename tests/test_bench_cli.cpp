@@ -109,6 +109,19 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     CHECK_THAT(run.output, Catch::Contains("peak memory per training step (normlab's allocator): fused attention"));
 }
 
+TEST_CASE("bench torch --autocast bf16 trains both sides under autocast and times the bf16 GEMM engines",
+          "[bench_cli]") {
+    BenchRun run = run_bench("bench torch --quick --skip-torch --autocast bf16");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(run.output, Catch::Contains("bf16 autocast on both sides"));
+    CHECK_THAT(run.output, Catch::Contains("transformer tokens/s"));
+    CHECK_THAT(run.output, Catch::Contains("bf16 GEMMs at the same shapes") && Catch::Contains("normlab bf16 engine f32 "));
+    BenchRun bad = run_bench("bench torch --quick --skip-torch --autocast f16");
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Catch::Contains("--autocast"));
+}
+
 TEST_CASE("bench torch --load alternates the default and 1 thread beside a busy loop, one ratio per round",
           "[bench_cli]") {
     BenchRun run = run_bench("bench torch --skip-torch --load --rounds 2 --epochs 2 --steps 2 --warmup 1");

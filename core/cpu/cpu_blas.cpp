@@ -1,5 +1,6 @@
 // CPU gemm: row-major batched matrix multiply, f32 on normlab's own engine (core/cpu/cpu_sgemm.h)
-// where the CPU has AVX-512 (or NORMLAB_GEMM asks for it), else on OpenBLAS (cblas_sgemm); f64 on OpenBLAS.
+// where the CPU has AVX-512 (or NORMLAB_GEMM asks for it), else on OpenBLAS (cblas_sgemm); f64 on
+// OpenBLAS; bf16 (f32 sums, rounded once) on normlab's bf16 engine (core/cpu/cpu_bgemm.cpp).
 #include <cblas.h>
 
 #include <algorithm>
@@ -78,6 +79,22 @@ void gemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
     }
 }
 
+// bf16 A, B and C on the bf16 engine, which threads inside each gemm as the f32 engine does.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const uint16_t* a,
+               int64_t lda, int64_t stride_a, const uint16_t* b, int64_t ldb, int64_t stride_b, double beta,
+               uint16_t* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+    auto one = [&](int64_t p) {
+        bgemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a + p * stride_a, lda, b + p * stride_b, ldb,
+              static_cast<float>(beta), c + p * stride_c, false, ldc);
+    };
+    if (batch > 1 && m * n * k < 64 * 64 * 64) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < batch; ++p) one(p);
+    } else {
+        for (int64_t p = 0; p < batch; ++p) one(p);
+    }
+}
+
 template <typename T>
 void gemm_typed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a,
                 int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b, double beta,
@@ -134,8 +151,13 @@ void CpuBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_
                        static_cast<const double*>(b), ldb, stride_b, beta, static_cast<double*>(c), ldc,
                        stride_c, batch);
             return;
+        case DType::BF16:
+            gemm_bf16(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a), lda, stride_a,
+                      static_cast<const uint16_t*>(b), ldb, stride_b, beta, static_cast<uint16_t*>(c), ldc, stride_c,
+                      batch);
+            return;
         default:
-            NL_CHECK(false, "gemm: kernels see f32/f64 only, found ", dtype_name(dtype));
+            NL_CHECK(false, "gemm: the CPU kernels see f32, f64 and bf16, found ", dtype_name(dtype));
     }
 }
 

@@ -38,6 +38,7 @@
 #include "jobs/data.h"
 #include "jobs/train.h"
 #include "layers/activation.h"
+#include "layers/autocast.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/norms.h"
@@ -64,6 +65,7 @@ struct TorchCommand {
     bool profile = false;  // after the rounds, one more profiled pass of normlab's transformer steps
     bool load = false;     // after the rounds, the transformer again with a busy loop beside it
     std::vector<std::string> overrides;  // --set key.path=value on the config, as train's
+    std::string autocast = "none";       // --autocast: "bf16" sets train.autocast for both sides
 };
 
 // The toy transformer and its training step, as resolved from the config (both sides use these).
@@ -72,6 +74,7 @@ struct ToySpec {
     int64_t seq_len = 0;  // model input length T
     int64_t batch = 0;
     double lr = 1e-3, weight_decay = 0.0, grad_clip = 1.0;
+    bool autocast = false;  // train.autocast "bf16": both sides' forwards under bf16 autocast
     std::string source;   // where the values came from, for the printout
 };
 
@@ -90,6 +93,7 @@ ToySpec resolve_toy_spec(const std::string& path, const std::vector<std::string>
     s.lr = config.optim.lr;
     s.weight_decay = config.optim.weight_decay;
     s.grad_clip = config.optim.grad_clip;
+    s.autocast = config.train.autocast == "bf16";
     // The data decide the vocabulary and the sequence length.
     config.data.eval_sequences = 1;  // only the sizes are needed here
     std::unique_ptr<Dataset> data = make_dataset(config.data, path + ": /data");
@@ -148,6 +152,13 @@ Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_
     return summarize(times);
 }
 
+// The logits (B, T, V) in f32, as train computes them: under bf16 autocast the forward runs under an
+// AutocastGuard and the logits are cast back to f32 for the loss.
+Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast) {
+    AutocastGuard guard(DType::BF16, autocast);
+    return autocast_f32(model.forward(inputs));
+}
+
 // Seconds per transformer training step on random tokens (the batch is drawn and moved to `device`
 // before the clock starts). With `profile_table`, the timed steps run under the profiler
 // (core/profiler.h) and its table is written there.
@@ -178,7 +189,7 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
             Var loss;
             {
                 profiler::PhaseGuard forward(profiler::Phase::Forward);
-                loss = cross_entropy_loss(model.forward(inputs), targets);
+                loss = cross_entropy_loss(forward_logits(model, inputs, spec.autocast), targets);
             }
             loss.backward();
             profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
@@ -206,11 +217,17 @@ double model_flops_per_token(const ToySpec& spec, const Transformer& model) {
     return 6.0 * matmul_weights + attention;
 }
 
-// cblas_sgemm (or normlab's own engine, `native`) on the model's own GEMM shapes: every Linear
-// (out x in) of one training step at M = batch * T rows, forward Y = X W^T (M, out, in), backward
-// dX = dY W (M, in, out) and dW = dY^T X (out, in, M). Returns the FLOP/s of the whole set, timed
-// `reps` times, median.
-double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model, int reps, bool native) {
+// The GEMM engines a model-shapes measurement can time: OpenBLAS's cblas_sgemm, normlab's f32 engine,
+// or normlab's bf16 gemm on one of its engines (bf16 operands and C, f32 sums).
+struct GemmEngine {
+    enum Kind { OpenBlas, NativeF32, Bf16 } kind;
+    std::string bf16_engine;  // for Bf16: "f32", "avx512bf16"
+};
+
+// The engine on the model's own GEMM shapes: every Linear (out x in) of one training step at
+// M = batch * T rows, forward Y = X W^T (M, out, in), backward dX = dY W (M, in, out) and
+// dW = dY^T X (out, in, M). Returns the FLOP/s of the whole set, timed `reps` times, median.
+double gemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model, int reps, const GemmEngine& engine) {
     const int rows = static_cast<int>(spec.batch * spec.seq_len);
     struct Shape3 {
         int m, n, k;
@@ -231,17 +248,25 @@ double sgemm_flops_at_model_shapes(const ToySpec& spec, const Transformer& model
         biggest = std::max({biggest, size_t(g.m) * g.k, size_t(g.k) * g.n, size_t(g.m) * g.n});
     }
     std::vector<float> a(biggest, 0.5f), b(biggest, 0.25f), c(biggest, 0.0f);
+    std::vector<uint16_t> a16(biggest, f32_to_bf16(0.5f)), b16(biggest, f32_to_bf16(0.25f)), c16(biggest, 0);
     std::vector<double> times;
-    for (int r = 0; r < reps + 1; ++r) {  // the first pass warms the caches and OpenBLAS's buffers
+    for (int r = 0; r < reps + 1; ++r) {  // the first pass warms the caches and the engines' buffers
         const double start = now_s();
         for (const Shape3& g : shapes) {
-            if (native) {
-                sgemm_native(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n,
-                             0.0f, c.data(), g.n);
-                continue;
+            const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+            switch (engine.kind) {
+                case GemmEngine::NativeF32:
+                    sgemm_native(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
+                    break;
+                case GemmEngine::Bf16:
+                    bgemm_with_kernel(engine.bf16_engine, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a16.data(), lda, b16.data(),
+                                      ldb, 0.0f, c16.data(), false, g.n);
+                    break;
+                case GemmEngine::OpenBlas:
+                    cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m,
+                                g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
+                    break;
             }
-            cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n,
-                        g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
         }
         if (r > 0) times.push_back(now_s() - start);
     }
@@ -267,7 +292,7 @@ int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device, int s
         Tensor targets = seq.narrow(1, 1, spec.seq_len).contiguous().to(device);
         reset_peak(device);
         opt.zero_grad();
-        cross_entropy_loss(model.forward(inputs), targets).backward();
+        cross_entropy_loss(forward_logits(model, inputs, spec.autocast), targets).backward();
         if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
         opt.step();
         peak = memory_stats(device).peak_bytes;
@@ -358,6 +383,7 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
         spec.seq_len, spec.batch, spec.lr, spec.weight_decay, spec.grad_clip);
     if (m.norm.eps) command += fmt::format(" --norm-eps {}", *m.norm.eps);
     if (!m.pre_norm) command += " --post-norm";
+    if (spec.autocast) command += " --autocast bf16";
     command += extra;
     fmt::print(stderr, "  running {}\n", command);
     Shell r = run_shell(command);
@@ -395,10 +421,10 @@ void print_header(const TorchCommand& cmd, const ToySpec& spec, Device device, i
                "after {} warm-up\n",
                cmd.epochs, cmd.warmup);
     fmt::print("  transformer ({}): vocab {}, dim {}, {} layers, {} heads ({} kv), {} {}, batch {} x seq {}, AdamW, "
-               "clip {}; {} timed steps after {} warm-up\n\n",
+               "clip {}{}; {} timed steps after {} warm-up\n\n",
                spec.source, m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads ? m.n_kv_heads : m.n_heads,
                m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
-               cmd.steps, cmd.warmup);
+               spec.autocast ? ", bf16 autocast on both sides" : "", cmd.steps, cmd.warmup);
 }
 
 // The stability rows per norm, then the transformer row, per round.
@@ -492,21 +518,33 @@ void print_model_flops(const ToySpec& spec, const Rounds& r) {
     const Transformer model(spec.model);  // its weights' shapes: the FLOP count and the GEMM shapes
     const double flops_per_token = model_flops_per_token(spec, model);
     const double model_flops = flops_per_token * ours_tokens;
-    const double sgemm = sgemm_flops_at_model_shapes(spec, model, 5, false);
+    const double sgemm = gemm_flops_at_model_shapes(spec, model, 5, {GemmEngine::OpenBlas, ""});
     fmt::print("model FLOP/s: {:.1f} GFLOP/s ({:.2f} MFLOP per token x {:.0f} tokens/s; 6 x matmul weights + "
                "12 x layers x dim x T) = {:.2f} x OpenBLAS sgemm at the model's GEMM shapes ({:.1f} GFLOP/s, "
                "measured now)\n",
                model_flops / 1e9, flops_per_token / 1e6, ours_tokens, model_flops / sgemm, sgemm / 1e9);
     if (sgemm_engine_is_native()) {
-        const double own = sgemm_flops_at_model_shapes(spec, model, 5, true);
+        const double own = gemm_flops_at_model_shapes(spec, model, 5, {GemmEngine::NativeF32, ""});
         fmt::print("normlab's own gemm engine ({}) at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS "
                    "sgemm\n",
                    sgemm_engine_name(), own / 1e9, own / sgemm);
     }
-    if (r.torch_gemm_flops > 0)
+    if (r.torch_gemm_flops > 0 && !spec.autocast)
         fmt::print("PyTorch's torch.mm at the same GEMM shapes: {:.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm (the "
                    "GEMM engines side by side)\n",
                    r.torch_gemm_flops / 1e9, r.torch_gemm_flops / sgemm);
+    if (!spec.autocast) return;
+    // Under bf16 autocast: normlab's bf16 engines and torch.mm on bf16 tensors (oneDNN) at the same shapes.
+    fmt::print("bf16 GEMMs at the same shapes (bf16 operands and C, f32 sums); auto runs {}:\n", bgemm_engine_name());
+    for (const std::string& engine : bgemm_kernels_this_cpu_runs()) {
+        const double flops = gemm_flops_at_model_shapes(spec, model, 5, {GemmEngine::Bf16, engine});
+        fmt::print("  normlab bf16 engine {:<14} {:7.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm\n", engine, flops / 1e9,
+                   flops / sgemm);
+    }
+    if (r.torch_gemm_flops > 0)
+        fmt::print("  PyTorch torch.mm on bf16 (oneDNN) {:7.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm\n", r.torch_gemm_flops / 1e9,
+                   r.torch_gemm_flops / sgemm);
+    fmt::print("  (AMX is not used by normlab: there is no AMX kernel yet)\n");
 }
 
 void print_peak_memory(const TorchCommand& cmd, const ToySpec& spec, Device device) {
@@ -610,7 +648,9 @@ void run_bench_torch(TorchCommand cmd) {
         openblas_set_num_threads(static_cast<int>(cmd.threads));
     }
     const int threads = omp_get_max_threads();
-    const ToySpec spec = resolve_toy_spec(cmd.config, cmd.overrides);
+    std::vector<std::string> overrides = cmd.overrides;
+    if (cmd.autocast != "none") overrides.push_back("train.autocast=" + cmd.autocast);
+    const ToySpec spec = resolve_toy_spec(cmd.config, overrides);
     print_header(cmd, spec, device, threads);
     Rounds rounds = run_rounds(cmd, spec, device, threads);
     print_table(cmd, spec, rounds);
@@ -642,6 +682,11 @@ void register_bench_torch(CLI::App& bench) {
     sub->add_flag("--profile", cmd->profile,
                   "after the rounds, profile one more pass of normlab's transformer steps: time per kernel by op "
                   "and phase (docs/profiling.md)");
+    sub->add_option("--autocast", cmd->autocast,
+                    "bf16: both sides train under bf16 autocast (normlab's train.autocast, torch.autocast), and the "
+                    "bf16 GEMM engines are timed at the model's shapes")
+        ->check(CLI::IsMember({"none", "bf16"}))
+        ->capture_default_str();
     sub->add_option("--set", cmd->overrides,
                     "override a key of the config: --set model.dim=384 (repeatable; as train's --set)");
     sub->add_flag("--load", cmd->load,

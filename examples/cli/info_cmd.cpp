@@ -115,6 +115,7 @@ void run_info() {
     print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(),
                                       gemm_env ? fmt::format("NORMLAB_GEMM={}", gemm_env)
                                                : std::string("NORMLAB_GEMM unset: auto")));
+    print_row("bf16 gemm", fmt::format("{} ({})", nl::bgemm_engine_name(), nl::bgemm_engine_reason()));
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)

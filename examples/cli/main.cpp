@@ -100,6 +100,7 @@ int run_program(int argc, char** argv) {
     // Subcommand callbacks run inside parse(), so a job's exceptions arrive here too.
     try {
         nl::sgemm_engine_name();  // a bad NORMLAB_GEMM is a user mistake: report it before any work
+        nl::bgemm_engine_name();  // and NORMLAB_GEMM_BF16
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return nl::dist::is_root() ? app.exit(e) : 0;  // --help, --version

@@ -186,9 +186,10 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
-def gemm_flops_at_model_shapes(model, rows, device, reps=5):
+def gemm_flops_at_model_shapes(model, rows, device, dtype=torch.float32, reps=5):
     """torch.mm on every forward and backward GEMM shape of one training step (as normlab's
-    sgemm_flops_at_model_shapes): per Linear (out, in) at M rows, X W^T, dY W and dY^T X."""
+    gemm_flops_at_model_shapes): per Linear (out, in) at M rows, X W^T, dY W and dY^T X, in `dtype`
+    (bf16 runs on oneDNN on the CPU)."""
     mats, flops = [], 0.0
     for name, p in model.named_parameters():
         if p.dim() != 2 or "embeddings" in name:
@@ -196,8 +197,8 @@ def gemm_flops_at_model_shapes(model, rows, device, reps=5):
         out_f, in_f = p.shape
         for (m, n, k, ta, tb) in ((rows, out_f, in_f, False, True), (rows, in_f, out_f, False, False),
                                   (out_f, in_f, rows, True, False)):
-            a_ = torch.randn(k, m, device=device).t() if ta else torch.randn(m, k, device=device)
-            b_ = torch.randn(n, k, device=device).t() if tb else torch.randn(k, n, device=device)
+            a_ = torch.randn(k, m, device=device, dtype=dtype).t() if ta else torch.randn(m, k, device=device, dtype=dtype)
+            b_ = torch.randn(n, k, device=device, dtype=dtype).t() if tb else torch.randn(k, n, device=device, dtype=dtype)
             mats.append((a_, b_))
             flops += 2.0 * m * n * k
     times = []
@@ -229,8 +230,10 @@ def bench_transformer(a, device):
             profiler.__enter__()
         start = time.perf_counter()
         opt.zero_grad()
-        logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab_size), ids[:, 1:].reshape(-1))
+        # --autocast bf16: the forward under torch.autocast, which keeps the loss in f32.
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, a.vocab_size), ids[:, 1:].reshape(-1))
         loss.backward()
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
@@ -241,7 +244,8 @@ def bench_transformer(a, device):
             times.append(elapsed)
     profiler.__exit__(None, None, None)
     out = summarize(times)
-    out["gemm_flops_per_s"] = gemm_flops_at_model_shapes(model, a.batch * a.seq_len, device)
+    out["gemm_flops_per_s"] = gemm_flops_at_model_shapes(
+        model, a.batch * a.seq_len, device, torch.bfloat16 if a.autocast == "bf16" else torch.float32)
     if a.profile:
         out["profile_table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     out["tokens_per_s"] = a.batch * a.seq_len / out["median_s"]
@@ -278,6 +282,8 @@ def main():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=50, help="timed transformer training steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                   help="bf16: the forward under torch.autocast(dtype=torch.bfloat16); the GEMM timing in bf16")
     p.add_argument("--profile", action="store_true",
                    help="run the timed transformer steps under torch.profiler and report key_averages()")
     a = p.parse_args()

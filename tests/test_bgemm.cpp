@@ -1,0 +1,243 @@
+// normlab's bf16 gemm (core/cpu/cpu_bgemm.cpp, declared in core/cpu_runtime.h) against an f64 reference on the same bf16 values: every
+// engine this CPU runs (an engine it cannot run is reported skipped by name), every transpose pair,
+// odd k (a half-empty last pair), partial tiles, padded leading dimensions, alpha/beta, f32 and
+// bf16 C, bits that do not depend on the thread count, and matmul's bf16 path.
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "core/cpu_runtime.h"
+#include "core/dtype.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+using namespace nl;
+
+namespace {
+
+struct Case {
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+};
+
+// bf16 values in [-1, 1) from a fixed linear congruential sequence: the same on every machine.
+std::vector<uint16_t> bf16_values(int64_t count, uint32_t seed) {
+    std::vector<uint16_t> out(static_cast<size_t>(count));
+    uint32_t s = seed;
+    for (uint16_t& v : out) {
+        s = s * 1664525u + 1013904223u;
+        v = f32_to_bf16(static_cast<float>(s >> 8) / 8388608.0f - 1.0f);
+    }
+    return out;
+}
+
+struct Result {
+    std::vector<float> c32;      // (m, ldc) when f32 C
+    std::vector<uint16_t> c16;   // (m, ldc) when bf16 C
+    std::vector<uint16_t> a, b;  // the operands' storage
+    std::vector<float> c0;       // C before, as f32 values
+    int64_t lda, ldb, ldc;
+};
+
+// One engine's C for `t`, with leading dimensions 3 wider than the rows they hold.
+Result run_case(const std::string& engine, const Case& t, float alpha, float beta, bool c_f32) {
+    Result r;
+    const int64_t a_rows = t.trans_a ? t.k : t.m, a_cols = t.trans_a ? t.m : t.k;
+    const int64_t b_rows = t.trans_b ? t.n : t.k, b_cols = t.trans_b ? t.k : t.n;
+    r.lda = a_cols + 3;
+    r.ldb = b_cols + 3;
+    r.ldc = t.n + 3;
+    r.a = bf16_values(a_rows * r.lda, 1);
+    r.b = bf16_values(b_rows * r.ldb, 2);
+    const std::vector<uint16_t> c_init = bf16_values(t.m * r.ldc, 3);
+    r.c0.resize(c_init.size());
+    for (size_t i = 0; i < c_init.size(); ++i) r.c0[i] = bf16_to_f32(c_init[i]);
+    void* c = nullptr;
+    if (c_f32) {
+        r.c32 = r.c0;
+        c = r.c32.data();
+    } else {
+        r.c16 = c_init;
+        c = r.c16.data();
+    }
+    bgemm_with_kernel(engine, t.trans_a, t.trans_b, t.m, t.n, t.k, alpha, r.a.data(), r.lda, r.b.data(), r.ldb, beta,
+                      c, c_f32, r.ldc);
+    return r;
+}
+
+// Every element within the bound that bf16 inputs and f32 sums allow: the products of two bf16 are
+// exact in f32, so the error is the f32 sum's, at most gamma_k = k u / (1 - k u) (u = 2^-24) of
+// sum |a b| (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1), plus the roundings of
+// alpha * sum and beta * C (2u), plus, for bf16 C, half a bf16 ulp of the result (2^-8 relative).
+// Columns past n in the padding must be untouched.
+void check_case(const std::string& engine, const Case& t, float alpha, float beta, bool c_f32) {
+    const Result r = run_case(engine, t, alpha, beta, c_f32);
+    const double u = std::ldexp(1.0, -24);
+    const double gamma = (t.k + 2) * u / (1.0 - (t.k + 2) * u);
+    double worst = 0;
+    for (int64_t i = 0; i < t.m; ++i) {
+        for (int64_t j = 0; j < r.ldc; ++j) {
+            const size_t at = static_cast<size_t>(i * r.ldc + j);
+            const double got = c_f32 ? r.c32[at] : bf16_to_f32(r.c16[at]);
+            if (j >= t.n) {  // padding
+                REQUIRE(got == static_cast<double>(r.c0[at]));
+                continue;
+            }
+            double sum = 0, abs_sum = 0;
+            for (int64_t p = 0; p < t.k; ++p) {
+                const uint16_t av = t.trans_a ? r.a[static_cast<size_t>(p * r.lda + i)] : r.a[static_cast<size_t>(i * r.lda + p)];
+                const uint16_t bv = t.trans_b ? r.b[static_cast<size_t>(j * r.ldb + p)] : r.b[static_cast<size_t>(p * r.ldb + j)];
+                const double prod = static_cast<double>(bf16_to_f32(av)) * bf16_to_f32(bv);
+                sum += prod;
+                abs_sum += std::fabs(prod);
+            }
+            const double c_before = beta == 0.0f ? 0.0 : r.c0[at];
+            const double want = alpha * sum + beta * c_before;
+            double bound = gamma * (std::fabs(alpha) * abs_sum + std::fabs(beta * c_before));
+            if (!c_f32) bound += std::ldexp(std::fabs(want) + bound, -8);
+            const double err = std::fabs(got - want);
+            worst = std::max(worst, err / (bound + 1e-300));
+            if (err > bound) {
+                INFO("engine " << engine << ", trans " << t.trans_a << t.trans_b << ", m " << t.m << " n " << t.n
+                               << " k " << t.k << ", alpha " << alpha << " beta " << beta << (c_f32 ? ", f32 C" : ", bf16 C")
+                               << ": C[" << i << "][" << j << "] = " << got << ", f64 " << want << ", bound " << bound);
+                REQUIRE(err <= bound);
+            }
+        }
+    }
+    SUCCEED("worst error / bound " << worst);
+}
+
+// The engines to test: every engine normlab has, those this CPU cannot run reported skipped by name.
+std::vector<std::string> engines_to_test() {
+    const std::vector<std::string> runs = bgemm_kernels_this_cpu_runs();
+    for (const char* engine : {"avx512bf16", "f32"}) {
+        if (std::find(runs.begin(), runs.end(), engine) == runs.end())
+            WARN("skipped: the " << engine << " bf16 gemm engine (this CPU cannot run it)");
+    }
+    return runs;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 gemm: every engine this CPU runs is within the f32-sum bound of f64, on every transpose pair",
+          "[bgemm]") {
+    const std::vector<std::string> engines = engines_to_test();
+    REQUIRE(std::find(engines.begin(), engines.end(), "f32") != engines.end());  // the portable engine runs everywhere
+    // Sizes around the 16 x 16 tile, odd k (the last pair half empty), k of 1, and a k long enough that
+    // a wrong pair in the packs could not hide in the bound.
+    const std::vector<Case> shapes = {
+        {false, false, 1, 1, 1},    {false, true, 5, 7, 3},     {true, false, 13, 33, 17},  {true, true, 16, 16, 16},
+        {false, true, 33, 17, 15},  {true, false, 15, 48, 31},  {false, false, 24, 96, 64}, {true, true, 7, 100, 257},
+        {false, true, 130, 40, 129}, {true, false, 64, 128, 1000}, {false, false, 40, 17, 2049},
+    };
+    for (const std::string& engine : engines) {
+        for (const Case& shape : shapes) {
+            check_case(engine, shape, 1.0f, 0.0f, true);
+            check_case(engine, shape, 1.0f, 0.0f, false);
+        }
+        for (const bool ta : {false, true}) {
+            for (const bool tb : {false, true}) {
+                check_case(engine, {ta, tb, 29, 50, 71}, -2.0f, 0.25f, true);
+                check_case(engine, {ta, tb, 29, 50, 71}, 0.5f, 1.0f, false);
+            }
+        }
+    }
+}
+
+TEST_CASE("bf16 gemm: k == 0 scales C by beta, and beta == 0 writes zeros without reading C", "[bgemm]") {
+    for (const std::string& engine : engines_to_test()) {
+        std::vector<float> c = {1.0f, NAN, -2.0f, 4.0f};
+        bgemm_with_kernel(engine, false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, c.data(), true, 2);
+        CHECK(c == std::vector<float>{0, 0, 0, 0});
+        std::vector<uint16_t> c16 = {f32_to_bf16(1.0f), f32_to_bf16(-2.0f)};
+        bgemm_with_kernel(engine, false, false, 1, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c16.data(), false, 2);
+        CHECK(bf16_to_f32(c16[0]) == 0.5f);
+        CHECK(bf16_to_f32(c16[1]) == -1.0f);
+    }
+}
+
+TEST_CASE("bf16 gemm: the bits are the same on 1 and 2 threads", "[bgemm][threads]") {
+    const int saved = omp_get_max_threads();
+    for (const std::string& engine : engines_to_test()) {
+        for (const Case& t : {Case{false, true, 301, 77, 300}, Case{true, false, 130, 130, 513},
+                              Case{false, false, 40, 50, 2048}}) {
+            for (const bool c_f32 : {true, false}) {
+                omp_set_num_threads(1);
+                const Result one = run_case(engine, t, 1.0f, 0.0f, c_f32);
+                omp_set_num_threads(2);
+                const Result two = run_case(engine, t, 1.0f, 0.0f, c_f32);
+                INFO("engine " << engine << ", m " << t.m << " n " << t.n << " k " << t.k);
+                CHECK(one.c32 == two.c32);
+                CHECK(one.c16 == two.c16);
+            }
+        }
+    }
+    omp_set_num_threads(saved);
+}
+
+TEST_CASE("bf16 gemm: an unknown engine name is refused by name", "[bgemm]") {
+    uint16_t x = 0;
+    CHECK_THROWS_WITH(bgemm_with_kernel("amx512", false, false, 1, 1, 1, 1.0f, &x, 1, &x, 1, 0.0f, &x, false, 1),
+                      Catch::Contains("expected auto, ") && Catch::Contains("f32") && Catch::Contains("'amx512'"));
+    CHECK(!std::string(bgemm_engine_name()).empty());
+    CHECK(bgemm_engine_reason().find("AMX") != std::string::npos);
+}
+
+TEST_CASE("bf16 matmul on the CPU runs on the bf16 gemm: batched, transposed views, the engine's bits", "[bgemm]") {
+    // (2, 20, 37) @ (37, 9)^T-view: the matmul's bf16 result is the engine's C on the same operands.
+    const std::vector<uint16_t> av = bf16_values(2 * 20 * 37, 5), bv = bf16_values(9 * 37, 6);
+    std::vector<float> af(av.size()), bf(bv.size());
+    for (size_t i = 0; i < av.size(); ++i) af[i] = bf16_to_f32(av[i]);
+    for (size_t i = 0; i < bv.size(); ++i) bf[i] = bf16_to_f32(bv[i]);
+    const Tensor a = from_vector(af, {2, 20, 37}).to(DType::BF16);
+    const Tensor b = from_vector(bf, {9, 37}).to(DType::BF16);
+    const Tensor c = matmul(a, b.transpose(0, 1));
+    REQUIRE(c.dtype() == DType::BF16);
+    REQUIRE(c.shape() == Shape{2, 20, 9});
+    std::vector<uint16_t> want(2 * 20 * 9);
+    bgemm(false, true, 40, 9, 37, 1.0f, av.data(), 37, bv.data(), 37, 0.0f, want.data(), false, 9);
+    const Tensor got = c.contiguous();
+    const auto* bits = static_cast<const uint16_t*>(got.data_ptr());
+    CHECK(std::vector<uint16_t>(bits, bits + want.size()) == want);
+}
+
+TEST_CASE("NORMLAB_GEMM_BF16 chooses the bf16 engine, info names it, and a bad value is one line and exit 2",
+          "[bgemm][cli]") {
+    const std::string dir = nl_test::make_temp_dir("bgemm");
+    const nl_test::CliRun bad = nl_test::run_normlab_env(dir, "NORMLAB_GEMM_BF16=amx ", "info");
+    INFO(bad.output);
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Catch::Contains("NORMLAB_GEMM_BF16: expected auto, ") && Catch::Contains("found 'amx'"));
+    const nl_test::CliRun plain = nl_test::run_normlab_env(dir, "", "info");
+    INFO(plain.output);
+    CHECK(plain.status == 0);
+    CHECK_THAT(plain.output, Catch::Contains("bf16 gemm") && Catch::Contains("bf16 widened to f32, then ") &&
+                                 Catch::Contains("auto: this CPU "));
+    // Training under bf16 autocast on every engine this CPU runs ends near the f32 run's loss.
+    const std::string cfg = "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
+                            " --set train.steps=30 --set optim.warmup_steps=5 --set train.eval_every=0";
+    const nl_test::CliRun f32 = nl_test::run_normlab_env(dir, "", cfg + " --out f32");
+    INFO(f32.output);
+    REQUIRE(f32.status == 0);
+    const double loss_f32 = nlohmann::json::parse(nl_test::read_text(dir + "/f32/summary.json"))["final_train_loss"];
+    for (const std::string& engine : bgemm_kernels_this_cpu_runs()) {
+        const nl_test::CliRun named = nl_test::run_normlab_env(dir, "NORMLAB_GEMM_BF16=" + engine + " ", "info");
+        CHECK_THAT(named.output, Catch::Contains("NORMLAB_GEMM_BF16=" + engine));
+        const nl_test::CliRun run = nl_test::run_normlab_env(dir, "NORMLAB_GEMM_BF16=" + engine + " ",
+                                                             cfg + " --set train.autocast=bf16 --out bf16_" + engine);
+        INFO(run.output);
+        REQUIRE(run.status == 0);
+        const double loss =
+            nlohmann::json::parse(nl_test::read_text(dir + "/bf16_" + engine + "/summary.json"))["final_train_loss"];
+        CHECK(loss == Approx(loss_f32).epsilon(2e-2));
+    }
+}
