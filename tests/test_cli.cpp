@@ -72,9 +72,19 @@ TEST_CASE("normlab bench core --quick prints both tables (no timing assertions)"
     INFO(run.output);
     REQUIRE(run.status == 0);
     for (const char* part : {"square 256", "1000x100 @ 100x256", "1000x256 @ 256x10", "(1000x100)^T @ 1000x256",
-                             "cblas_sgemm", "add", "mul", "relu", "memcpy", "target >= 0.95", "target >= 0.7"}) {
+                             "cblas_sgemm", "add", "mul", "relu", "memcpy", "target >= 0.95", "target >= 0.7",
+                             "arithmetic peak of one core"}) {
         CHECK_THAT(run.output, Catch::Contains(part));
     }
+#if defined(__x86_64__)
+    // Each peak is measured where the CPU has the instruction and said skipped, by name, where it does not.
+    if (__builtin_cpu_supports("avx512f"))
+        CHECK_THAT(run.output, Catch::Contains("f32 FMA (vfmadd231ps zmm)"));
+    if (__builtin_cpu_supports("avx512f") && !__builtin_cpu_supports("avx512bf16"))
+        CHECK_THAT(run.output, Catch::Contains("vdpbf16ps: skipped (this CPU lacks AVX512-BF16)"));
+    if (__builtin_cpu_supports("avx512bf16"))
+        CHECK_THAT(run.output, Catch::Contains("x the f32 FMA"));
+#endif
     // The bench fails (exit 1) when nl::matmul and cblas_sgemm disagree, so exit 0 also checks the products.
     CHECK_THAT(run.output, !Catch::Contains("nan"));
 }

@@ -2,12 +2,15 @@
 // matmul through nl::matmul vs a direct cblas_sgemm on the same buffers (target ratio >= 0.95), and
 // large elementwise ops (add, mul, relu) in GB/s vs std::memcpy of the same size (target >= 0.7).
 // Ours and the reference alternate per repetition (A B A B ...) so drift on a shared machine hits both.
+// Then the arithmetic peaks of one core: f32 FMA against AVX512-BF16's vdpbf16ps, which decide the
+// bf16 gemm's engine (core/cpu/cpu_bgemm.cpp).
 #include "examples/cli/commands.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,6 +19,11 @@
 #include <vector>
 
 #include <fmt/core.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define NL_BENCH_X86 1
+#endif
 
 #include "core/ops.h"
 #include "core/tensor.h"
@@ -145,6 +153,82 @@ void bench_elementwise(const BenchOptions& opt, double min_sample_s) {
                t_mapped.min * 1e3, t_mapped.max * 1e3);
 }
 
+#ifdef NL_BENCH_X86
+// Register-only loops: 16 independent accumulators, so each instruction's throughput, not its
+// latency, sets the pace. The operands are an identity-like product that keeps the sums finite.
+__attribute__((target("avx512f"), noinline)) float fma_avx512_loop(int64_t trips) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+    __m512 x = _mm512_set1_ps(1.0f);
+    const __m512 y = _mm512_set1_ps(1e-30f);
+    for (int64_t t = 0; t < trips; ++t) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(x, y, acc[i]);
+        __asm__ volatile("" : "+v"(x));  // keeps the loop from being folded
+    }
+    __m512 sum = acc[0];
+    for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    float total = 0;
+    for (float v : lanes) total += v;
+    return total;
+}
+
+__attribute__((target("avx512f,avx512bf16"), noinline)) float dpbf16_loop(int64_t trips) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // pairs of bf16 1.0
+    const __m512bh y = (__m512bh)_mm512_set1_epi32(0x00010001);  // pairs of the smallest bf16
+    for (int64_t t = 0; t < trips; ++t) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+        __asm__ volatile("" : "+v"(x));
+    }
+    __m512 sum = acc[0];
+    for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    float total = 0;
+    for (float v : lanes) total += v;
+    return total;
+}
+#endif
+
+// GFLOP/s of one core for `loop` (16 instructions of flops_per_instruction per trip), median of reps.
+double loop_gflops(float (*loop)(int64_t), double flops_per_instruction, int reps, int64_t trips) {
+    std::vector<double> rates;
+    volatile float sink = 0;
+    for (int r = 0; r < reps + 1; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        sink = sink + loop(trips);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (r > 0) rates.push_back(16.0 * static_cast<double>(trips) * flops_per_instruction / s / 1e9);
+    }
+    return summarize(rates).median;
+}
+
+void bench_instruction_peaks(const BenchOptions& opt) {
+    fmt::print("\narithmetic peak of one core (register-only loops, median of {} reps):\n", opt.reps);
+#ifdef NL_BENCH_X86
+    const int64_t trips = opt.quick ? 2000000 : 20000000;
+    if (!__builtin_cpu_supports("avx512f")) {
+        fmt::print("  skipped: this CPU lacks AVX-512\n");
+        return;
+    }
+    const double fma = loop_gflops(fma_avx512_loop, 32.0, opt.reps, trips);
+    fmt::print("  f32 FMA (vfmadd231ps zmm)        {:7.1f} GFLOP/s\n", fma);
+    if (!__builtin_cpu_supports("avx512bf16")) {
+        fmt::print("  vdpbf16ps: skipped (this CPU lacks AVX512-BF16)\n");
+        return;
+    }
+    const double bf16 = loop_gflops(dpbf16_loop, 64.0, opt.reps, trips);
+    fmt::print("  bf16 dot (vdpbf16ps zmm)         {:7.1f} GFLOP/s = {:.2f} x the f32 FMA\n", bf16, bf16 / fma);
+#else
+    fmt::print("  skipped: not an x86-64 build\n");
+#endif
+}
+
 void run_bench_core(const BenchOptions& opt) {
     NL_REQUIRE(opt.reps >= 1, "bench core: --reps must be at least 1, found ", opt.reps);
     fmt::print("normlab bench core: {} reps per case, interleaved; OpenBLAS {} threads ({}), OpenMP {} threads\n\n",
@@ -152,6 +236,7 @@ void run_bench_core(const BenchOptions& opt) {
     const double min_sample_s = opt.quick ? 0.005 : 0.02;
     bench_matmul(opt, min_sample_s);
     bench_elementwise(opt, min_sample_s);
+    bench_instruction_peaks(opt);
 }
 
 }  // namespace
