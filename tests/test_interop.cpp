@@ -73,8 +73,6 @@ void require_same_state(const nl::NamedTensors& a, const nl::NamedTensors& b) {
     }
 }
 
-nl::NamedTensors weights_of(const nl::PretrainedModel& p) { return p.weights; }
-
 nl::Tensor logits_of(nl::Transformer& model, const nl::Tensor& ids) {
     nl::NoGradGuard no_grad;
     return model.forward(ids).data().to(nl::DType::F32).contiguous();
@@ -451,7 +449,7 @@ TEST_CASE("interop: `model.init_from` starts training from a transformers direct
     nl::export_model(*first.model, first.vocab->codepoints(), {"hf", dir / "hf"});
     nl::export_model(*first.model, first.vocab->codepoints(), {"gguf", dir / "m.gguf"});
 
-    for (const std::string source : {dir / "hf", dir / "m.gguf"}) {
+    for (const std::string& source : {dir / "hf", dir / "m.gguf"}) {
         INFO(source);
         // The architecture comes from the file: none of it is given here.
         json config = {{"data", base["data"]}, {"model", {{"init_from", source}}}, {"optim", {{"warmup_steps", 0}, {"lr", 0.0}, {"min_lr", 0.0}, {"weight_decay", 0.0}}},
