@@ -4,7 +4,8 @@
 // implements every pure virtual here, so a missing kernel fails to compile (an abstract class cannot
 // be instantiated). Floating kernels see f32 or f64 only: ops convert bf16/f16 to f32 first
 // (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too, and
-// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once).
+// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once; the CPU's rope and
+// SwiGLU kernels take bf16 too).
 #pragma once
 
 #include <cstdint>
@@ -268,14 +269,16 @@ public:
     virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
 
     // Rotary position embedding (RoFormer; LLaMA's apply_rotary_emb): x and out (batch, seq, heads,
-    // head_dim) contiguous, cos and sin (seq, head_dim / 2), all `dtype` (f32 or f64). Each (even, odd)
+    // head_dim) contiguous of `dtype` (f32 or f64; bf16 too on the CPU, with f32 math), cos and sin
+    // (seq, head_dim / 2) of its compute dtype (f32 for bf16). Each (even, odd)
     // pair i of position t turns by angle t * theta_i, in the order of torch's complex product:
     //   out[2i] = x[2i] cos - x[2i+1] sin,  out[2i+1] = x[2i] sin + x[2i+1] cos
     // With `inverse`, by -angle (sin negated): the backward, since a rotation's transpose is its inverse.
     virtual void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch,
                       int64_t seq, int64_t heads, int64_t head_dim, bool inverse) = 0;
     // SwiGLU's gate (Shazeer 2020, "GLU Variants Improve Transformer"; LLaMA's FeedForward): over n
-    // contiguous elements of f32 or f64, with s = sigmoid(a) and silu(a) = a * s,
+    // contiguous elements of f32 or f64 (bf16 too on the CPU, with f32 math and each output rounded
+    // once), with s = sigmoid(a) and silu(a) = a * s,
     //   forward:  out = silu(a) * b
     //   backward: da = dout * b * s * (1 + a * (1 - s)),  db = dout * silu(a)
     // One pass each way instead of silu, mul and their backwards.

@@ -43,16 +43,22 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   int64_t ldc);
 
 // ---- normlab's bf16 gemm (core/cpu/cpu_bgemm.cpp): bf16 A and B, f32 sums, C in f32 or bf16 ----
-// The bf16 gemm engine the CPU backend uses: "bf16 widened to f32, then <the
-// f32 engine>" or "normlab avx512-bf16 16x16 (vdpbf16ps)", and why it was chosen (NORMLAB_GEMM_BF16,
-// the CPU's features). Chosen once from NORMLAB_GEMM_BF16: auto (the default) and f32 take the widened
-// engine; avx512bf16 asks for vdpbf16ps, where the CPU has AVX512-BF16. Another value, or an engine
-// this CPU cannot run, throws nl::Error naming the variable.
+// The bf16 gemm engine the CPU backend uses: "normlab amx 32x32 (tdpbf16ps tiles)", "normlab
+// avx512-bf16 16x16 (vdpbf16ps)" or "bf16 widened to f32, then <the f32 engine>", and why it was chosen
+// (NORMLAB_GEMM_BF16, the CPU's features, Linux's answer to the AMX tile-data request). Chosen once
+// from NORMLAB_GEMM_BF16: auto (the default) takes amx where the CPU has AMX-BF16 and Linux grants its
+// tile data, else the widened engine; amx, avx512bf16 and f32 ask for one. Another value, or an engine
+// this CPU cannot run, throws nl::Error naming the variable and why.
 const char* bgemm_engine_name();
 std::string bgemm_engine_reason();
 
-// The engines this CPU runs ("avx512bf16", "f32"), best first: for tests and benchmarks.
+// The engines this CPU runs ("amx", "avx512bf16", "f32"), best first: for tests and benchmarks.
 std::vector<std::string> bgemm_kernels_this_cpu_runs();
+
+// For benchmarks: `trips` x 16 AMX tdpbf16ps (each 16 x 16 x 32 bf16 products: 16,384 FLOP) on the
+// tile registers alone, on the calling thread; returns one of the sums. Throws nl::Error, naming why,
+// where the amx engine cannot run.
+float bgemm_amx_register_loop(int64_t trips);
 
 // C = alpha * op(A) op(B) + beta * C, row-major. op(A) is (m, k): A is stored (m, k) with row stride
 // lda, or (k, m) when trans_a; op(B) is (k, n): B stored (k, n) with row stride ldb, or (n, k) when

@@ -319,6 +319,15 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
                    .weight_decay = params.weight_decay, .nesterov = params.nesterov, .first_step = first_step});
 }
 
+// The dtype the rope and SwiGLU kernels read and write for x: the CPU's read bf16 as it is (f32 math
+// in registers), so a bf16 tensor is not widened into an f32 copy and narrowed back; elsewhere, and
+// for f16, the compute dtype.
+namespace {
+DType kernel_io_dtype(const Tensor& x) {
+    return x.dtype() == DType::BF16 && x.device().is_cpu() ? DType::BF16 : compute_dtype(x.dtype());
+}
+}  // namespace
+
 Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
     const char* op = "rope_rotate";
     require_floating(op, "x", x);
@@ -338,12 +347,12 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, bool i
     };
     check_table("cos", cos);
     check_table("sin", sin);
-    const Tensor xc = x.to(compute).contiguous();  // (B, T, H, hd)
+    const DType io = kernel_io_dtype(x);
+    const Tensor xc = x.to(io).contiguous();  // (B, T, H, hd)
     const Tensor cc = cos.contiguous(), sc = sin.contiguous();  // (T, hd / 2) each
-    Tensor out = Tensor::empty(x.shape(), compute, x.device());  // (B, T, H, hd)
+    Tensor out = Tensor::empty(x.shape(), io, x.device());  // (B, T, H, hd)
     if (out.numel() > 0)
-        backend_for(x.device())
-            .rope(compute, xc.data_ptr(), cc.data_ptr(), sc.data_ptr(), out.data_ptr(), B, T, H, hd, inverse);
+        backend_for(x.device()).rope(io, xc.data_ptr(), cc.data_ptr(), sc.data_ptr(), out.data_ptr(), B, T, H, hd, inverse);
     return out.to(x.dtype());
 }
 
@@ -351,11 +360,11 @@ Tensor swiglu_forward(const Tensor& a, const Tensor& b) {
     const char* op = "swiglu";
     require_floating(op, "a", a);
     require_like(op, "b", b, "a", a, false);
-    const DType compute = compute_dtype(a.dtype());
-    const Tensor ac = a.to(compute).contiguous(), bc = b.to(compute).contiguous();
-    Tensor out = Tensor::empty(a.shape(), compute, a.device());
+    const DType io = kernel_io_dtype(a);
+    const Tensor ac = a.to(io).contiguous(), bc = b.to(io).contiguous();
+    Tensor out = Tensor::empty(a.shape(), io, a.device());
     if (out.numel() > 0)
-        backend_for(a.device()).swiglu_forward(compute, ac.data_ptr(), bc.data_ptr(), out.data_ptr(), out.numel());
+        backend_for(a.device()).swiglu_forward(io, ac.data_ptr(), bc.data_ptr(), out.data_ptr(), out.numel());
     return out.to(a.dtype());
 }
 
@@ -364,12 +373,12 @@ SwigluBackward swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor
     require_floating(op, "a", a);
     require_like(op, "b", b, "a", a, false);
     require_like(op, "dout", dout, "a", a, false);
-    const DType compute = compute_dtype(a.dtype());
-    const Tensor ac = a.to(compute).contiguous(), bc = b.to(compute).contiguous(), dc = dout.to(compute).contiguous();
-    SwigluBackward g{Tensor::empty(a.shape(), compute, a.device()), Tensor::empty(a.shape(), compute, a.device())};
+    const DType io = kernel_io_dtype(a);
+    const Tensor ac = a.to(io).contiguous(), bc = b.to(io).contiguous(), dc = dout.to(io).contiguous();
+    SwigluBackward g{Tensor::empty(a.shape(), io, a.device()), Tensor::empty(a.shape(), io, a.device())};
     if (ac.numel() > 0)
         backend_for(a.device())
-            .swiglu_backward(compute, ac.data_ptr(), bc.data_ptr(), dc.data_ptr(), g.da.data_ptr(), g.db.data_ptr(),
+            .swiglu_backward(io, ac.data_ptr(), bc.data_ptr(), dc.data_ptr(), g.da.data_ptr(), g.db.data_ptr(),
                              ac.numel());
     g.da = g.da.to(a.dtype());
     g.db = g.db.to(b.dtype());

@@ -2,10 +2,13 @@
 // documented exit code (nl::Error -> 2). Runs the built binary (NORMLAB_BINARY) through the shell.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu_runtime.h"
 
 namespace {
 
@@ -84,6 +87,14 @@ TEST_CASE("normlab bench core --quick prints both tables (no timing assertions)"
         CHECK_THAT(run.output, Catch::Contains("vdpbf16ps: skipped (this CPU lacks AVX512-BF16)"));
     if (__builtin_cpu_supports("avx512bf16"))
         CHECK_THAT(run.output, Catch::Contains("x the f32 FMA"));
+    // The AMX tiles' peak where the amx engine runs, else skipped with the reason.
+    const std::vector<std::string> engines = nl::bgemm_kernels_this_cpu_runs();
+    if (__builtin_cpu_supports("avx512bf16")) {
+        if (std::find(engines.begin(), engines.end(), "amx") != engines.end())
+            CHECK_THAT(run.output, Catch::Contains("bf16 tiles (AMX tdpbf16ps)"));
+        else
+            CHECK_THAT(run.output, Catch::Contains("tdpbf16ps: skipped (the AMX register loop cannot run here: "));
+    }
 #endif
     // The bench fails (exit 1) when nl::matmul and cblas_sgemm disagree, so exit 0 also checks the products.
     CHECK_THAT(run.output, !Catch::Contains("nan"));

@@ -743,6 +743,16 @@ TEST_CASE("rope_rotate matches the f64 complex-product reference, inverse undoes
             }
         }
     }
+    // bf16 on the CPU is rotated as it is stored: the bits of the f32 rotation of the same values, rounded once.
+    {
+        const Tensor x = from_vector(random_values(4 * 64 * 9 * 16, 48), {4, 64, 9, 16}).to(DType::BF16);
+        const Tensor cos = from_vector(random_values(64 * 8, 49), {64, 8}), sin = from_vector(random_values(64 * 8, 50), {64, 8});
+        for (bool inverse : {false, true}) {
+            const Tensor got = rope_rotate(x, cos, sin, inverse);
+            REQUIRE(got.dtype() == DType::BF16);
+            REQUIRE(got.to_vector() == rope_rotate(x.to(DType::F32), cos, sin, inverse).to(DType::BF16).to_vector());
+        }
+    }
     // A non-contiguous x (a transposed view) reads the same values as its contiguous copy.
     const Tensor xt = from_vector(random_values(5 * 2 * 3 * 4, 45), {5, 2, 3, 4}).transpose(0, 1);  // (2, 5, 3, 4)
     const Tensor c = from_vector(random_values(10, 46), {5, 2}), s = from_vector(random_values(10, 47), {5, 2});

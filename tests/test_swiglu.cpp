@@ -54,6 +54,23 @@ TEST_CASE("swiglu: the fused node passes gradcheck in f64, and bf16 is computed 
     CHECK_THROWS_WITH(swiglu_forward(a32, randn({63}, gen)), Catch::Contains("b has shape [63] but a has shape [64]"));
 }
 
+TEST_CASE("swiglu: bf16 on the CPU is read and written as bf16, with the bits of f32 math rounded once",
+          "[swiglu]") {
+    // 70001 elements: threaded, and a last block shorter than the kernel's scratch blocks.
+    Generator gen(9);
+    const Tensor a = (randn({70001}, gen) * 3.0).to(DType::BF16), b = randn({70001}, gen).to(DType::BF16);
+    const Tensor dout = randn({70001}, gen).to(DType::BF16);
+    const Tensor a32 = a.to(DType::F32), b32 = b.to(DType::F32), d32 = dout.to(DType::F32);
+    const Tensor out = swiglu_forward(a, b);
+    REQUIRE(out.dtype() == DType::BF16);
+    CHECK(out.to_vector() == swiglu_forward(a32, b32).to(DType::BF16).to_vector());
+    const SwigluBackward g = swiglu_backward(dout, a, b), g32 = swiglu_backward(d32, a32, b32);
+    REQUIRE(g.da.dtype() == DType::BF16);
+    REQUIRE(g.db.dtype() == DType::BF16);
+    CHECK(g.da.to_vector() == g32.da.to(DType::BF16).to_vector());
+    CHECK(g.db.to_vector() == g32.db.to(DType::BF16).to_vector());
+}
+
 TEST_CASE("swiglu: FeedForward gives the same output and gradients with either form", "[swiglu][transformer]") {
     std::vector<Tensor> outs, grads;
     for (bool fused : {true, false}) {

@@ -1,31 +1,35 @@
 // normlab's bf16 gemm (declared in core/cpu_runtime.h): C = alpha * op(A) op(B) + beta * C with A and B
-// in bf16, every sum in f32, and C in f32 or bf16 (rounded once, to nearest even). Two engines, chosen
-// at run time (so the portable build has both): bf16 widened to f32 and run on the f32 engine, and
-// AVX512-BF16's vdpbf16ps where the CPU has it. The AVX512-BF16 engine is the loop nest of BLIS (Van Zee
-// & van de Geijn, TOMS 2015) without the k blocking:
+// in bf16, every sum in f32, and C in f32 or bf16 (rounded once, to nearest even). Three engines, chosen
+// at run time (so the portable build has them all): AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and
+// Linux grants the tile data, AVX512-BF16's vdpbf16ps where the CPU has it, and bf16 widened to f32 and
+// run on the f32 engine everywhere. The two bf16 engines are the loop nest of BLIS (Van Zee & van de
+// Geijn, TOMS 2015) without the k blocking:
 //
 //   for jc in n, step NC:
 //     pack op(B)[:, jc:jc+nc] into 16-wide panels of k pairs (kp, 16), shared by the threads
-//     for each task (one 16-row panel of A x a group of B panels), over the threads:
-//       pack op(A) rows [i, i+16) into a panel of k pairs (kp, 16)
-//       for each B panel: the micro-kernel sums the whole k into a 16 x 16 f32 tile, then C is written
+//     for each task (one MR-row panel of A x a group of B panels), over the threads:
+//       pack op(A) rows [i, i+MR) (the layout the engine reads)
+//       for each NR-wide group of B panels: the micro-kernel sums the whole k into an MR x NR f32
+//       tile, then C is written
 //
-// vdpbf16ps (Intel SDM, "VDPBF16PS") multiplies 16 pairs of bf16 and adds both products to an f32
-// lane: lane j += x[2j] y[2j] + x[2j+1] y[2j+1]. So the packed panels hold k in pairs: an A word is
-// (op(A)[r][2p], op(A)[r][2p+1]), broadcast to all lanes; a B vector the 16 words
-// (op(B)[2p][j], op(B)[2p+1][j]). An odd k's last pair has a zero second half. Products of two bf16
-// are exact in f32, so the only rounding is the f32 sums' (and bf16 C's one final rounding); the
-// instruction takes denormal inputs as zero and flushes denormal results, below 1.2e-38.
+// Both instructions multiply pairs of bf16 and add both products to an f32 lane: vdpbf16ps (Intel SDM,
+// "VDPBF16PS") lane j += x[2j] y[2j] + x[2j+1] y[2j+1]; tdpbf16ps (Intel SDM, "TDPBF16PS") the same for
+// each element of a 16 x 16 tile over the 16 pairs of a 16 x 32 A tile and a 16-pair x 16 B tile. So
+// B is packed in k pairs: a B panel's row p holds the 16 words (op(B)[2p][j], op(B)[2p+1][j]), which is
+// both vdpbf16ps's B vector and a row of an AMX B tile ("VNNI layout"). An odd k's last pair has a zero
+// second half; AMX pads k to whole 32-wide tiles with zero pairs, which add exact zeros. Products of
+// two bf16 are exact in f32, so the only rounding is the f32 sums' (and bf16 C's one final rounding);
+// both instructions take denormal inputs as zero and flush denormal results, below 1.2e-38.
 //
 // Each tile's whole sum runs in one kernel call (no k blocks, so a bf16 C is rounded once and never
-// re-read): the A and B panels (k * 64 bytes each) then stream from L2 for large k, which vdpbf16ps's
-// two 64-byte loads per 16 instructions allow. The bits do not depend on the thread count: a tile's
-// sum is always the same kernel over the same pairs in the same order.
+// re-read): the A and B panels then stream from L2 for large k. The bits do not depend on the thread
+// count: a tile's sum is always the same kernel over the same pairs in the same order.
 #include "core/cpu_runtime.h"
 
 #include <cblas.h>
 #include <omp.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -33,8 +37,14 @@
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define NL_BGEMM_X86 1
+#endif
+#if defined(__linux__) && defined(NL_BGEMM_X86)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define NL_BGEMM_AMX 1
 #endif
 
 #include "core/dtype.h"
@@ -89,9 +99,11 @@ void pack_a_pairs(const BGemmArgs& g, int64_t i0, int rows, uint32_t* panel) {
     }
 }
 
-// Columns [j0, j0 + cols) of op(B) as a panel of k pairs (kp, 16) of words; columns past `cols` are zero.
-void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, uint32_t* panel) {
+// Columns [j0, j0 + cols) of op(B) as a panel of k pairs (kp_padded, 16) of words; columns past `cols`
+// and pairs past k are zero.
+void pack_b_pairs_scalar(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel) {
     const int64_t k = g.k, kp = (k + 1) / 2, ldb = g.ldb;
+    std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
     if (!g.trans_b) {  // B stored (k, n): a pair is the same column of two neighbouring rows
         for (int64_t p = 0; p < kp; ++p) {
             const uint16_t* lo = g.b + (2 * p) * ldb + j0;
@@ -113,12 +125,16 @@ void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, uint32_t* panel) {
     }
 }
 
-// C[i0:i0+rows, j0:j0+cols] from a finished f32 tile (16, 16): alpha * sum (+ beta * C), then
-// rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole or partial.
-void store_tile(const BGemmArgs& g, const float* tile, int64_t i0, int64_t j0, int rows, int cols) {
+// The same panel, written by the AVX-512 code where the CPU has it (defined below).
+void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel);
+
+// C[i0:i0+rows, j0:j0+cols] from a finished f32 tile (rows, cols) with row stride tile_ld: alpha * sum
+// (+ beta * C), then rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole
+// or partial, of every engine.
+void store_tile(const BGemmArgs& g, const float* tile, int tile_ld, int64_t i0, int64_t j0, int rows, int cols) {
     const bool read_c = g.beta != 0.0f;
     for (int r = 0; r < rows; ++r) {
-        const float* sum = tile + r * kTile;  // (16)
+        const float* sum = tile + r * tile_ld;  // (cols)
         if (g.c_f32) {
             float* row = static_cast<float*>(g.c) + (i0 + r) * g.ldc + j0;
             for (int j = 0; j < cols; ++j) row[j] = read_c ? g.alpha * sum[j] + g.beta * row[j] : g.alpha * sum[j];
@@ -214,7 +230,7 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
             const int64_t per_group = (n_panels + n_groups - 1) / n_groups;
 #pragma omp for schedule(static)
             for (int64_t jp = 0; jp < n_panels; ++jp)
-                pack_b_pairs(g, jc + jp * kTile, static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)),
+                pack_b_pairs(g, jc + jp * kTile, static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)), kp,
                              b_packed + jp * kp * kTile);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < m_panels * n_groups; ++task) {
@@ -224,7 +240,7 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
                 const int64_t jp_end = std::min(n_panels, (group + 1) * per_group);
                 for (int64_t jp = group * per_group; jp < jp_end; ++jp) {
                     kernel_avx512bf16_16x16(kp, a_panel, b_packed + jp * kp * kTile, tile);
-                    store_tile(g, tile, i0, jc + jp * kTile, rows,
+                    store_tile(g, tile, kTile, i0, jc + jp * kTile, rows,
                                static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)));
                 }
             }
@@ -233,6 +249,345 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
 }
 
 #endif  // NL_BGEMM_X86
+
+#ifdef NL_BGEMM_X86
+// GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
+// _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// A (16, 16) matrix of 32-bit words in 16 registers, transposed in place: rows[r][c] <- rows[c][r].
+// Unpacks within 128-bit lanes make 4 x 4 transposes, then two rounds of lane shuffles move the blocks.
+__attribute__((target("avx512f"))) inline void transpose_16x16_words(__m512i rows[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+        a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // b[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {  // column 4l + j gathers lane l of b[j], b[4 + j], b[8 + j], b[12 + j]
+        const __m512i c0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44), c1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xEE);
+        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44);
+        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xEE);
+        rows[j] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        rows[4 + j] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+        rows[8 + j] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        rows[12 + j] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+    }
+}
+
+// pack_b_pairs with AVX-512, 16 pairs at a time. B stored (k, n): a panel row is two B rows' 16 values
+// interleaved (lo in the low half). B stored (n, k): the 16 columns' rows hold their pairs as words
+// already, so 16 words of each of the 16 rows are loaded and transposed.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_pairs_avx512(const BGemmArgs& g, int64_t j0,
+                                                                               int cols, int64_t kp_padded,
+                                                                               uint32_t* panel) {
+    const int64_t k = g.k, kp = (k + 1) / 2, ldb = g.ldb;
+    const __mmask16 col_mask = static_cast<__mmask16>((1u << cols) - 1u);
+    std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
+    if (!g.trans_b) {
+        for (int64_t p = 0; p < kp; ++p) {
+            const __m256i lo = _mm256_maskz_loadu_epi16(col_mask, g.b + (2 * p) * ldb + j0);
+            const __m256i hi =
+                2 * p + 1 < k ? _mm256_maskz_loadu_epi16(col_mask, g.b + (2 * p + 1) * ldb + j0) : _mm256_setzero_si256();
+            _mm512_store_si512(panel + p * kTile, _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
+                                                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+        }
+        return;
+    }
+    for (int64_t p0 = 0; p0 < kp; p0 += 16) {
+        // Values [2 p0, 2 p0 + 32) of each column's row, past k zero: 16 words a row.
+        const int64_t values = std::min<int64_t>(32, k - 2 * p0);
+        const __mmask32 k_mask = values >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << values) - 1u);
+        __m512i words[16];
+        for (int j = 0; j < 16; ++j)
+            words[j] = j < cols ? _mm512_maskz_loadu_epi16(k_mask, g.b + (j0 + j) * ldb + 2 * p0) : _mm512_setzero_si512();
+        transpose_16x16_words(words);  // words[p][j]: pair p0 + p of column j
+        const int64_t count = std::min<int64_t>(16, kp - p0);
+        for (int64_t p = 0; p < count; ++p) _mm512_store_si512(panel + (p0 + p) * kTile, words[p]);
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+// Columns [j0, j0 + cols) of op(B) as a panel of k pairs (kp_padded, 16) of words (see pack_b_pairs_scalar).
+void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel) {
+#ifdef NL_BGEMM_X86
+    static const bool avx512 = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    if (avx512) return pack_b_pairs_avx512(g, j0, cols, kp_padded, panel);
+#endif
+    pack_b_pairs_scalar(g, j0, cols, kp_padded, panel);
+}
+
+#ifdef NL_BGEMM_AMX
+
+// ---- AMX: tdpbf16ps on 16 x 16 f32 tiles ----
+// Linux keeps AMX's 8 KiB of tile data out of a process until it asks (arch_prctl ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA: the kernel's Documentation/arch/x86/xstate.rst); the grant is for the whole process.
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+struct AmxStatus {
+    bool usable;
+    std::string why;  // what the CPU has and what the kernel said
+};
+
+const AmxStatus& amx_status() {
+    static const AmxStatus status = []() -> AmxStatus {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        // CPUID.(EAX=7, ECX=0):EDX bit 22 is AMX-BF16, bit 24 AMX-TILE (Intel SDM vol. 2, CPUID).
+        const bool has = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (edx >> 22 & 1u) != 0 &&
+                         (edx >> 24 & 1u) != 0;
+        if (!has) return {false, "this CPU lacks AMX-BF16"};
+        // The packs and stores around the tiles are AVX-512 (every AMX CPU so far has it).
+        if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+            return {false, "this CPU has AMX-BF16 but lacks AVX512-BW/VL, which the AMX engine's packs use"};
+        if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+            return {false, std::string("this CPU has AMX-BF16 but Linux refused its tile data (arch_prctl "
+                                       "ARCH_REQ_XCOMP_PERM: ") + std::strerror(errno) + ")"};
+        }
+        return {true, "this CPU has AMX-BF16 and Linux granted its tile data"};
+    }();
+    return status;
+}
+
+constexpr int kAmxRows = 32;      // MR: two 16-row A tiles
+constexpr int kAmxCols = 32;      // NR: two 16-column B tiles
+constexpr int64_t kAmxPairs = 16;  // k pairs in one tile: 32 bf16, a 64-byte tile row
+
+// The tile configuration (Intel SDM, LDTILECFG, palette 1): tiles 0-3 hold the 2 x 2 f32 sums (16 rows
+// of 16 floats), 4-5 the two A tiles (16 rows of 16 pairs), 6-7 the two B tiles (16 pairs of 16 columns):
+// every one 16 rows of 64 bytes.
+struct alignas(64) AmxTileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
+// _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// pack_a_amx for A stored (k, m): per block of 16 pairs, the 16 pair words of each of 16 columns of
+// the storage are made from two rows (lo in the low half), then transposed to the tile's rows.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(const BGemmArgs& g, int64_t i0, int rows,
+                                                                       int64_t kp_padded, uint32_t* panel) {
+    const int64_t k = g.k, blocks = kp_padded / kAmxPairs;
+    const __mmask16 row_mask = static_cast<__mmask16>((1u << rows) - 1u);
+    for (int64_t q = 0; q < blocks; ++q) {
+        __m512i words[16];  // words[p][r]: pair 16q + p of row r
+        for (int p = 0; p < 16; ++p) {
+            const int64_t lo_k = 2 * (q * kAmxPairs + p), hi_k = lo_k + 1;
+            const __m256i lo = lo_k < k ? _mm256_maskz_loadu_epi16(row_mask, g.a + lo_k * g.lda + i0) : _mm256_setzero_si256();
+            const __m256i hi = hi_k < k ? _mm256_maskz_loadu_epi16(row_mask, g.a + hi_k * g.lda + i0) : _mm256_setzero_si256();
+            words[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+        }
+        transpose_16x16_words(words);
+        for (int r = 0; r < 16; ++r) _mm512_store_si512(panel + (q * 16 + r) * kAmxPairs, words[r]);
+    }
+}
+
+// store_tile for a (32, 32) AMX tile, 16 columns at a time: the same operations as store_tile's scalar
+// loop (alpha * sum, + beta * C when beta != 0, bf16 rounded to nearest even with f32_to_bf16's rule).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_tile_amx(const BGemmArgs& g, const float* tile, int64_t i0,
+                                                                int64_t j0, int rows, int cols) {
+    const bool read_c = g.beta != 0.0f;
+    const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
+    for (int r = 0; r < rows; ++r) {
+        for (int half = 0; half * 16 < cols; ++half) {
+            const int n = std::min(16, cols - half * 16);
+            const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+            const __m512 sum = _mm512_mul_ps(alpha, _mm512_load_ps(tile + r * kAmxCols + half * 16));
+            const int64_t at = (i0 + r) * g.ldc + j0 + half * 16;
+            if (g.c_f32) {
+                float* c = static_cast<float*>(g.c) + at;
+                const __m512 v = read_c ? _mm512_add_ps(sum, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mask, c))) : sum;
+                _mm512_mask_storeu_ps(c, mask, v);
+                continue;
+            }
+            uint16_t* c = static_cast<uint16_t*>(g.c) + at;
+            __m512 v = sum;
+            if (read_c) {
+                const __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c)), 16);
+                v = _mm512_add_ps(sum, _mm512_mul_ps(beta, _mm512_castsi512_ps(old)));
+            }
+            const __m512i bits = _mm512_castps_si512(v);
+            const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+            const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+            const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                          _mm512_set1_epi32(0x7f800000));
+            _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan)));
+        }
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// op(A) rows [i0, i0 + rows) as 16 x 16-word tiles (kp_padded / 16, 16, 16): block q holds k pairs
+// [16q, 16q + 16) of the 16 rows, one 64-byte row each, as an AMX A tile reads them. Rows past `rows`
+// and pairs past k are zero.
+void pack_a_amx(const BGemmArgs& g, int64_t i0, int rows, int64_t kp_padded, uint32_t* panel) {
+    const int64_t k = g.k, blocks = kp_padded / kAmxPairs;
+    if (!g.trans_a) {
+        std::memset(panel, 0, static_cast<size_t>(kp_padded * 16) * 4);  // A stored (m, k): a tile row is 32 neighbouring bf16 of one A row, copied as they are
+        for (int r = 0; r < rows; ++r) {
+            const uint16_t* row = g.a + (i0 + r) * g.lda;  // (k)
+            for (int64_t q = 0; q < blocks; ++q) {
+                const int64_t first = q * 2 * kAmxPairs, count = std::min<int64_t>(2 * kAmxPairs, k - first);
+                if (count > 0) std::memcpy(panel + (q * 16 + r) * kAmxPairs, row + first, static_cast<size_t>(count) * 2);
+            }
+        }
+        return;
+    }
+    pack_a_amx_transposed(g, i0, rows, kp_padded, panel);  // A stored (k, m)
+}
+
+// The micro-kernel: tile (32, 32) += the sum over `blocks` k blocks of A panels a0, a1 (blocks, 16, 16
+// words) (x) B panels b0, b1 (blocks * 16 pairs, 16 words); `tile` starts from zero unless `accumulate`.
+// The four sums stay in tiles 0-3 over the blocks; between calls they rest in `tile` as f32, which
+// holds them exactly, so a sum split over several calls has the bits of one call over all the blocks.
+__attribute__((target("amx-tile,amx-bf16"))) void kernel_amx_32x32(int64_t blocks, const uint32_t* a0,
+                                                                   const uint32_t* a1, const uint32_t* b0,
+                                                                   const uint32_t* b1, float* tile, bool accumulate) {
+    constexpr int stride = kAmxCols * 4;  // bytes per row of `tile`
+    if (accumulate) {
+        _tile_loadd(0, tile, stride);
+        _tile_loadd(1, tile + 16, stride);
+        _tile_loadd(2, tile + 16 * kAmxCols, stride);
+        _tile_loadd(3, tile + 16 * kAmxCols + 16, stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t q = 0; q < blocks; ++q) {
+        const int64_t at = q * 16 * kAmxPairs;  // words: a 1 KiB tile
+        _tile_loadd(4, a0 + at, 64);
+        _tile_loadd(6, b0 + at, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b1 + at, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1 + at, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, tile, stride);
+    _tile_stored(1, tile + 16, stride);
+    _tile_stored(2, tile + 16 * kAmxCols, stride);
+    _tile_stored(3, tile + 16 * kAmxCols + 16, stride);
+}
+
+__attribute__((target("amx-tile"))) void amx_load_config() {
+    static const AmxTileConfig config;
+    _tile_loadconfig(&config);
+}
+
+__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
+
+// `trips` rounds of 16 tdpbf16ps over the tile registers alone (A = B = bf16 ones, four sums): the
+// instruction's throughput on this core, for benchmarks.
+__attribute__((target("amx-tile,amx-bf16"), noinline)) float amx_register_loop(int64_t trips) {
+    alignas(64) uint16_t ones[16 * 32];  // (16, 32) bf16 1.0
+    for (uint16_t& v : ones) v = 0x3f80;
+    alignas(64) float sums[16 * 16];
+    amx_load_config();
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t < trips; ++t) {
+        for (int r = 0; r < 4; ++r) {
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, sums, 64);
+    amx_release();
+    return sums[0];
+}
+
+// The AMX loop nest: all of op(B) packed once and shared (k * n * 2 bytes: it stays in L2 for the
+// model's shapes); each task packs its 32 rows of op(A) over the whole k, then runs k in chunks of
+// kAmxChunkBlocks tile blocks (256 k), each chunk over all its column groups, so the chunk of A (two
+// 8 KiB tiles-columns) stays in L1 while the B chunks stream from L2. The partial sums of a group
+// wait in `sums` (f32, exact) between chunks.
+constexpr int64_t kAmxChunkBlocks = 8;
+
+void bgemm_amx(const BGemmArgs& g) {
+    const int64_t kp_padded = ((g.k + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
+    const int64_t blocks = kp_padded / kAmxPairs;
+    const int64_t panel_words = kp_padded * kTile;  // one 16-wide packed panel, A's or B's
+    const int64_t m_panels = (g.m + kAmxRows - 1) / kAmxRows;
+    const int64_t n_groups32 = (g.n + kAmxCols - 1) / kAmxCols;  // 32-column groups: two B panels each
+    const int threads = omp_in_parallel() || g.m * g.n * g.k < kThreadedMinWork ? 1 : omp_get_max_threads();
+    // At least 4 tasks per thread where the sizes allow, so a small m also splits along n.
+    const int64_t want = threads > 1 ? 4 * threads : 1;
+    const int64_t n_groups = std::clamp<int64_t>((want + m_panels - 1) / m_panels, 1, n_groups32);
+    const int64_t per_group = (n_groups32 + n_groups - 1) / n_groups;
+    thread_local WordBuffer b_buffer;  // the calling thread's, shared with its team
+    uint32_t* b_packed = b_buffer.get(panel_words * 2 * n_groups32);  // (2 * n_groups32 panels, kp_padded, 16)
+#pragma omp parallel num_threads(threads)
+    {
+        thread_local WordBuffer a_buffer, sums_buffer;
+        uint32_t* a_panels = a_buffer.get(2 * panel_words);  // 2 x (blocks, 16, 16)
+        float* sums = reinterpret_cast<float*>(sums_buffer.get(per_group * kAmxRows * kAmxCols));  // (per_group, 32, 32)
+        amx_load_config();
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < 2 * n_groups32; ++jp) {  // a panel past n is all zeros
+            const int cols = static_cast<int>(std::clamp<int64_t>(g.n - jp * kTile, 0, kTile));
+            pack_b_pairs(g, jp * kTile, cols, kp_padded, b_packed + jp * panel_words);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < m_panels * n_groups; ++task) {
+            const int64_t i0 = task / n_groups * kAmxRows, group = task % n_groups;
+            const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, g.m - i0));
+            pack_a_amx(g, i0, std::min(rows, kTile), kp_padded, a_panels);
+            pack_a_amx(g, i0 + kTile, std::max(rows - kTile, 0), kp_padded, a_panels + panel_words);
+            const int64_t jg_begin = group * per_group, jg_end = std::min(n_groups32, jg_begin + per_group);
+            for (int64_t q = 0; q < blocks; q += kAmxChunkBlocks) {
+                const int64_t chunk = std::min(kAmxChunkBlocks, blocks - q), at = q * 16 * kAmxPairs;
+                for (int64_t jg = jg_begin; jg < jg_end; ++jg) {
+                    const uint32_t* b = b_packed + 2 * jg * panel_words + at;
+                    kernel_amx_32x32(chunk, a_panels + at, a_panels + panel_words + at, b, b + panel_words,
+                                     sums + (jg - jg_begin) * kAmxRows * kAmxCols, q > 0);
+                }
+            }
+            for (int64_t jg = jg_begin; jg < jg_end; ++jg)
+                store_tile_amx(g, sums + (jg - jg_begin) * kAmxRows * kAmxCols, i0, jg * kAmxCols, rows,
+                               static_cast<int>(std::min<int64_t>(kAmxCols, g.n - jg * kAmxCols)));
+        }
+        amx_release();  // tiles back to their initial state: the kernel's context switches save less
+    }
+}
+
+#endif  // NL_BGEMM_AMX
 
 // bf16 rows (rows, cols) at src (row stride ld) widened into dst (rows, cols), packed.
 void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
@@ -286,32 +641,53 @@ void bgemm_widened(const BGemmArgs& g) {
     }
 }
 
-// Every engine, best first. auto takes the f32 one: on the AVX512-BF16 CPU measured (a virtualized
-// Sapphire Rapids Xeon, AMX not exposed) vdpbf16ps retires at half the rate of an f32 FMA per core
-// (its 64 FLOP per instruction against the FMA's two 32-FLOP instructions per cycle:
-// docs/benchmarks.md), so widening bf16 and running the f32 engine is the faster; NORMLAB_GEMM_BF16=
-// avx512bf16 asks for the vdpbf16ps engine.
+// Every engine, best first. auto takes AMX where the CPU has it and Linux grants its tile data
+// (tdpbf16ps: 1,024 FLOP per cycle per core, 16x an f32 FMA's 64), else the f32 one: on the AVX512-BF16
+// CPU measured (a Sapphire Rapids Xeon) vdpbf16ps retires at half the rate of an f32 FMA per core (its
+// 64 FLOP per instruction against the FMA's two 32-FLOP instructions per cycle: docs/benchmarks.md), so
+// widening bf16 and running the f32 engine is the faster there; NORMLAB_GEMM_BF16=avx512bf16 asks for
+// the vdpbf16ps engine.
 struct BEngine {
     const char* key;  // NORMLAB_GEMM_BF16's name for it
     void (*run)(const BGemmArgs&);
-    bool (*cpu_runs)();
-    bool automatic;   // auto may take it
+    std::string (*why_not)();  // empty where this CPU runs it, else why not
+    bool automatic;            // auto may take it
 };
 
-bool always() { return true; }
+std::string runs_everywhere() { return ""; }
+
+#ifdef NL_BGEMM_AMX
+std::string amx_why_not() { return amx_status().usable ? "" : amx_status().why; }
+#endif
+#ifdef NL_BGEMM_X86
+std::string avx512bf16_why_not() { return cpu_has_avx512_bf16() ? "" : "this CPU lacks AVX512-BF16"; }
+#endif
 
 const BEngine kEngines[] = {
-#ifdef NL_BGEMM_X86
-    {"avx512bf16", bgemm_avx512bf16, cpu_has_avx512_bf16, false},
+#ifdef NL_BGEMM_AMX
+    {"amx", bgemm_amx, amx_why_not, true},
 #endif
-    {"f32", bgemm_widened, always, true},
+#ifdef NL_BGEMM_X86
+    {"avx512bf16", bgemm_avx512bf16, avx512bf16_why_not, false},
+#endif
+    {"f32", bgemm_widened, runs_everywhere, true},
 };
+
+// Why the AMX engine does not run here, for auto's reason.
+std::string amx_absent() {
+#ifdef NL_BGEMM_AMX
+    return amx_status().why;
+#else
+    return "AMX needs Linux on x86-64";
+#endif
+}
 
 const BEngine& engine_named(const std::string& name, const char* what) {
     std::string known;
     for (const BEngine& e : kEngines) {
         if (name == e.key) {
-            NL_REQUIRE(e.cpu_runs(), what, ": this CPU cannot run normlab's ", name, " bf16 gemm (it lacks AVX512-BF16)");
+            const std::string why_not = e.why_not();
+            NL_REQUIRE(why_not.empty(), what, ": normlab's ", name, " bf16 gemm cannot run here: ", why_not);
             return e;
         }
         known += std::string(e.key) + ", ";
@@ -330,13 +706,14 @@ Choice choose() {
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
     if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16"), "NORMLAB_GEMM_BF16=" + want};
     for (const BEngine& e : kEngines) {
-        if (!e.automatic || !e.cpu_runs()) continue;
+        if (!e.automatic || !e.why_not().empty()) continue;
+        if (std::string(e.key) == "amx") return {&e, "auto: " + amx_absent()};
 #ifdef NL_BGEMM_X86
         if (cpu_has_avx512_bf16())
-            return {&e, "auto: this CPU has AVX512-BF16, but vdpbf16ps runs at half the f32 FMA rate on the CPUs "
-                        "measured (NORMLAB_GEMM_BF16=avx512bf16 asks for it); AMX is not used"};
+            return {&e, "auto: " + amx_absent() + "; AVX512-BF16's vdpbf16ps runs at half the f32 FMA rate on "
+                        "the CPUs measured (NORMLAB_GEMM_BF16=avx512bf16 asks for it)"};
 #endif
-        return {&e, "auto: this CPU lacks AVX512-BF16; AMX is not used"};
+        return {&e, "auto: " + amx_absent() + "; this CPU lacks AVX512-BF16"};
     }
     return {&kEngines[0], ""};  // not reached: f32 runs everywhere
 }
@@ -355,10 +732,23 @@ void run_on(const BEngine& e, const BGemmArgs& g) {
 
 }  // namespace
 
+float bgemm_amx_register_loop(int64_t trips) {
+#ifdef NL_BGEMM_AMX
+    NL_REQUIRE(amx_status().usable, "the AMX register loop cannot run here: ", amx_status().why);
+    return amx_register_loop(trips);
+#else
+    NL_REQUIRE(false, "the AMX register loop cannot run here: AMX needs Linux on x86-64");
+    return 0.0f;
+#endif
+}
+
 const char* bgemm_engine_name() {
-    static const std::string name = chosen().engine->run == bgemm_widened
-                                        ? std::string("bf16 widened to f32, then ") + sgemm_engine_name()
-                                        : std::string("normlab avx512-bf16 16x16 (vdpbf16ps)");
+    static const std::string name = [] {
+        const std::string key = chosen().engine->key;
+        if (key == "amx") return std::string("normlab amx 32x32 (tdpbf16ps tiles)");
+        if (key == "avx512bf16") return std::string("normlab avx512-bf16 16x16 (vdpbf16ps)");
+        return std::string("bf16 widened to f32, then ") + sgemm_engine_name();
+    }();
     return name.c_str();
 }
 
@@ -367,7 +757,7 @@ std::string bgemm_engine_reason() { return chosen().reason; }
 std::vector<std::string> bgemm_kernels_this_cpu_runs() {
     std::vector<std::string> out;
     for (const BEngine& e : kEngines)
-        if (e.cpu_runs()) out.emplace_back(e.key);
+        if (e.why_not().empty()) out.emplace_back(e.key);
     return out;
 }
 

@@ -20,6 +20,14 @@ bool stored_as(DType dtype) {
            (std::is_same_v<T, double> && dtype == DType::F64);
 }
 
+// The address of element `index` of `base`, whose elements are `dtype`.
+inline const void* offset(DType dtype, const void* base, int64_t index) {
+    return static_cast<const char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
+}
+inline void* offset(DType dtype, void* base, int64_t index) {
+    return static_cast<char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
+}
+
 // Pointer to row `row` (length n) of `base` as T: the row itself, or `scratch` filled by conversion.
 template <typename T>
 const T* load(DType dtype, const void* base, int64_t row, int64_t n, T* scratch) {

@@ -25,6 +25,8 @@
 #define NL_BENCH_X86 1
 #endif
 
+#include "core/cpu_runtime.h"
+#include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "examples/cli/bench_util.h"
@@ -224,6 +226,15 @@ void bench_instruction_peaks(const BenchOptions& opt) {
     }
     const double bf16 = loop_gflops(dpbf16_loop, 64.0, opt.reps, trips);
     fmt::print("  bf16 dot (vdpbf16ps zmm)         {:7.1f} GFLOP/s = {:.2f} x the f32 FMA\n", bf16, bf16 / fma);
+    try {
+        bgemm_amx_register_loop(0);
+    } catch (const Error& e) {
+        fmt::print("  tdpbf16ps: skipped ({})\n", e.what());
+        return;
+    }
+    // 16 tdpbf16ps per trip, each 16 x 16 x 32 products: 16,384 FLOP (loop_gflops counts 16 per trip).
+    const double tiles = loop_gflops(bgemm_amx_register_loop, 16384.0, opt.reps, trips / 64);
+    fmt::print("  bf16 tiles (AMX tdpbf16ps)       {:7.1f} GFLOP/s = {:.2f} x the f32 FMA\n", tiles, tiles / fma);
 #else
     fmt::print("  skipped: not an x86-64 build\n");
 #endif
