@@ -4,8 +4,8 @@
 // implements every pure virtual here, so a missing kernel fails to compile (an abstract class cannot
 // be instantiated). Floating kernels see f32 or f64 only: ops convert bf16/f16 to f32 first
 // (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too, and
-// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once; the CPU's rope and
-// SwiGLU kernels take bf16 too).
+// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once; the CPU's rope, SwiGLU
+// and attention kernels take bf16 too, with f32 math).
 #pragma once
 
 #include <cstdint>
@@ -165,7 +165,7 @@ struct AttentionDims {
 // Key tiles are visited with an online softmax (running max and sum), so no (q_len x kv_len)
 // matrix is ever stored. lse holds the row statistics the backward recomputes the probabilities from.
 struct AttentionForwardArgs {
-    DType dtype = DType::F32;  // f32 or f64, every buffer
+    DType dtype = DType::F32;  // f32 or f64, every buffer; on the CPU also bf16: q, k, v, out bf16, lse f32
     AttentionDims dims;
     const void* q = nullptr;  // [batch, q_len, heads, head_dim]
     const void* k = nullptr;  // [batch, kv_len, kv_heads, head_dim]
@@ -180,7 +180,7 @@ struct AttentionForwardArgs {
 // dq, dk, dv are written, not accumulated; each element is summed by one thread in a fixed order, so
 // the bits do not depend on the thread count.
 struct AttentionBackwardArgs {
-    DType dtype = DType::F32;  // f32 or f64, every buffer
+    DType dtype = DType::F32;  // f32 or f64, every buffer; on the CPU also bf16: lse, delta f32, the rest bf16
     AttentionDims dims;
     const void* q = nullptr;     // [batch, q_len, heads, head_dim]
     const void* k = nullptr;     // [batch, kv_len, kv_heads, head_dim]

@@ -319,9 +319,9 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const 
                    .weight_decay = params.weight_decay, .nesterov = params.nesterov, .first_step = first_step});
 }
 
-// The dtype the rope and SwiGLU kernels read and write for x: the CPU's read bf16 as it is (f32 math
-// in registers), so a bf16 tensor is not widened into an f32 copy and narrowed back; elsewhere, and
-// for f16, the compute dtype.
+// The dtype the rope, SwiGLU and attention kernels read and write for x: the CPU's read bf16 as it is
+// (f32 math), so a bf16 tensor is not widened into an f32 copy and narrowed back; elsewhere, and for
+// f16, the compute dtype.
 namespace {
 DType kernel_io_dtype(const Tensor& x) {
     return x.dtype() == DType::BF16 && x.device().is_cpu() ? DType::BF16 : compute_dtype(x.dtype());
@@ -414,14 +414,14 @@ std::array<int64_t, 6> attention_dims(const char* op, const Tensor& q, const Ten
 
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v) {
     const auto [B, T, L, H, KV, hd] = attention_dims("attention", q, k, v);
-    const DType compute = compute_dtype(q.dtype());
-    const Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    const DType compute = compute_dtype(q.dtype()), io = kernel_io_dtype(q);
+    const Tensor qc = q.to(io).contiguous(), kc = k.to(io).contiguous(), vc = v.to(io).contiguous();
     AttentionForward f;
-    f.out = Tensor::empty(q.shape(), compute, q.device());  // (B, T, H, hd)
+    f.out = Tensor::empty(q.shape(), io, q.device());       // (B, T, H, hd)
     f.lse = Tensor::empty({B, H, T}, compute, q.device());  // (B, H, T)
     if (f.out.numel() > 0)
         backend_for(q.device())
-            .attention_forward({.dtype = compute, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
+            .attention_forward({.dtype = io, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
                                 .k = kc.data_ptr(), .v = vc.data_ptr(), .out = f.out.data_ptr(),
                                 .lse = f.lse.data_ptr(), .scale = 1.0 / std::sqrt(static_cast<double>(hd))});
     f.out = f.out.to(q.dtype());
@@ -438,12 +438,13 @@ AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const 
     NL_REQUIRE(lse.defined() && lse.shape() == Shape({B, H, T}) && lse.dtype() == compute, op, ": lse must be ",
                dtype_name(compute), " of shape [", B, ", ", H, ", ", T, "], found ",
                lse.defined() ? std::string(dtype_name(lse.dtype())) + " " + shape_str(lse.shape()) : std::string("undefined"));
-    auto in = [&](const Tensor& t) { return t.to(compute).contiguous(); };
+    const DType io = kernel_io_dtype(q);
+    auto in = [&](const Tensor& t) { return t.to(io).contiguous(); };
     const Tensor qc = in(q), kc = in(k), vc = in(v), oc = in(out), dc = in(dout), lc = lse.contiguous();
     AttentionBackward g;
-    g.dq = Tensor::empty(q.shape(), compute, q.device());
-    g.dk = Tensor::empty(k.shape(), compute, q.device());
-    g.dv = Tensor::empty(v.shape(), compute, q.device());
+    g.dq = Tensor::empty(q.shape(), io, q.device());
+    g.dk = Tensor::empty(k.shape(), io, q.device());
+    g.dv = Tensor::empty(v.shape(), io, q.device());
     Tensor delta = Tensor::empty({B, H, T}, compute, q.device());  // (B, H, T) scratch
     if (g.dk.numel() > 0) {
         if (g.dq.numel() == 0) {  // no queries: nothing reaches the keys
@@ -451,7 +452,7 @@ AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const 
             g.dv.fill_(0.0);
         } else {
             backend_for(q.device())
-                .attention_backward({.dtype = compute, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
+                .attention_backward({.dtype = io, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
                                      .k = kc.data_ptr(), .v = vc.data_ptr(), .out = oc.data_ptr(),
                                      .dout = dc.data_ptr(), .lse = lc.data_ptr(), .delta = delta.data_ptr(),
                                      .dq = g.dq.data_ptr(), .dk = g.dk.data_ptr(), .dv = g.dv.data_ptr(),

@@ -150,6 +150,41 @@ TEST_CASE("attention: bf16 inputs are computed in f32 and rounded once", "[atten
     check_close(b16.out.to(DType::F32), f32.out, 0.05, 0.02, "bf16 out");
 }
 
+TEST_CASE("attention: bf16 on the CPU is read and written as bf16, with the bits of the f32 kernels rounded once",
+          "[attention]") {
+    // Every case (GQA, a cached offset, odd sizes), and one threaded over (batch, kv head) slices, on
+    // 1 and 2 threads: the bf16 kernels equal the f32 ones on the widened values, then rounded.
+    std::vector<AttnCase> cases = kCases;
+    cases.push_back({3, 100, 100, 6, 2, 16});
+    const int threads = omp_get_max_threads();
+    for (const AttnCase& c : cases) {
+        INFO(c.str());
+        Generator gen(21);
+        auto bf16_randn = [&](const Shape& shape) { return randn(shape, gen).to(DType::BF16); };
+        const Tensor q = bf16_randn({c.B, c.T, c.H, c.hd}), k = bf16_randn({c.B, c.L, c.KV, c.hd});
+        const Tensor v = bf16_randn({c.B, c.L, c.KV, c.hd}), dout = bf16_randn({c.B, c.T, c.H, c.hd});
+        const Tensor q32 = q.to(DType::F32), k32 = k.to(DType::F32), v32 = v.to(DType::F32);
+        const AttentionForward f32 = attention_forward(q32, k32, v32);
+        // The f32 backward reads the bf16 forward's output, widened, as the bf16 backward does.
+        const AttentionBackward g32 =
+            attention_backward(dout.to(DType::F32), q32, k32, v32, f32.out.to(DType::BF16).to(DType::F32), f32.lse);
+        for (int team : {1, 2}) {
+            omp_set_num_threads(team);
+            const AttentionForward f = attention_forward(q, k, v);
+            REQUIRE(f.out.dtype() == DType::BF16);
+            REQUIRE(f.lse.dtype() == DType::F32);
+            CHECK(f.out.to_vector() == f32.out.to(DType::BF16).to_vector());
+            CHECK(f.lse.to_vector() == f32.lse.to_vector());
+            const AttentionBackward g = attention_backward(dout, q, k, v, f.out, f.lse);
+            REQUIRE(g.dq.dtype() == DType::BF16);
+            CHECK(g.dq.to_vector() == g32.dq.to(DType::BF16).to_vector());
+            CHECK(g.dk.to_vector() == g32.dk.to(DType::BF16).to_vector());
+            CHECK(g.dv.to_vector() == g32.dv.to(DType::BF16).to_vector());
+        }
+    }
+    omp_set_num_threads(threads);
+}
+
 TEST_CASE("attention: a transformer gives the same logits and gradients with either form", "[attention][transformer]") {
     for (int64_t kv_heads : {4, 2}) {
         INFO("n_kv_heads " << kv_heads);

@@ -5,6 +5,19 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstddef>
+#define NL_TEST_SECCOMP 1
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -126,6 +139,51 @@ std::vector<std::string> engines_to_test() {
     return runs;
 }
 
+#ifdef NL_TEST_SECCOMP
+// `normlab info` in a child process in which Linux answers EPERM to arch_prctl(ARCH_REQ_XCOMP_PERM, ...),
+// as a kernel that refuses AMX's tile data would (a seccomp filter, kept across exec); its output.
+std::string info_with_amx_refused() {
+    int pipe_fds[2];
+    REQUIRE(pipe(pipe_fds) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        dup2(pipe_fds[1], 1);
+        dup2(pipe_fds[1], 2);
+        close(pipe_fds[0]);
+        constexpr unsigned kArchReqXcompPerm = 0x1023;
+        sock_filter filter[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_arch_prctl, 0, 3),
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArchReqXcompPerm, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
+            _exit(111);
+        execl(NORMLAB_BINARY, NORMLAB_BINARY, "info", static_cast<char*>(nullptr));
+        _exit(112);
+    }
+    close(pipe_fds[1]);
+    std::string output;
+    char buffer[4096];
+    ssize_t n = 0;
+    while ((n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0) output.append(buffer, static_cast<size_t>(n));
+    close(pipe_fds[0]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    INFO(output);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    return output;
+}
+#endif
+
 }  // namespace
 
 TEST_CASE("bf16 gemm: every engine this CPU runs is within the f32-sum bound of f64, on every transpose pair",
@@ -191,6 +249,24 @@ TEST_CASE("bf16 gemm: an unknown engine name is refused by name", "[bgemm]") {
                       Catch::Contains("expected auto, ") && Catch::Contains("f32") && Catch::Contains("'amx512'"));
     CHECK(!std::string(bgemm_engine_name()).empty());
     CHECK(bgemm_engine_reason().find("AMX") != std::string::npos);
+}
+
+TEST_CASE("bf16 gemm: where Linux refuses AMX's tile data, auto falls back to the widened engine and says why",
+          "[bgemm][cli]") {
+#ifdef NL_TEST_SECCOMP
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    if ((edx >> 22 & 1u) == 0) {
+        WARN("skipped: the AMX refusal test (this CPU lacks AMX-BF16, so nothing is requested)");
+        return;
+    }
+    const std::string output = info_with_amx_refused();
+    INFO(output);
+    CHECK_THAT(output, Catch::Contains("Linux refused its tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") &&
+                           Catch::Contains("bf16 widened to f32, then "));
+#else
+    WARN("skipped: the AMX refusal test (needs Linux on x86-64)");
+#endif
 }
 
 TEST_CASE("bf16 matmul on the CPU runs on the bf16 gemm: batched, transposed views, the engine's bits", "[bgemm]") {

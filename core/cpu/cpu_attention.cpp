@@ -663,11 +663,141 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
     }
 }
 
+// ---- bf16 operands ----
+// q, k, v, out, dout, dq, dk and dv in bf16 (lse and delta f32): each (batch, kv head) is widened into
+// the thread's f32 slices, laid out as a problem of one batch and one kv head (q, out, dout, dq:
+// (q_len, group, hd); k, v, dk, dv: (kv_len, hd); lse, delta: (group, q_len)); the f32 tasks above run
+// on the slices, and the results are rounded to bf16 once. A slice's sums are those of the f32 kernel
+// on widened copies of the whole tensors, in the same order: the same bits, without the f32 copies.
+
+// The sizes of one (batch, kv head) slice.
+Dims slice_dims(const Dims& s) {
+    Dims sub = s;
+    sub.batch = 1;
+    sub.kv_heads = 1;
+    sub.heads = s.group();
+    return sub;
+}
+
+// The thread's f32 slices of one (batch, kv head).
+struct Bf16Slices {
+    Bf16Slices(const Dims& s, bool backward)
+        : q(static_cast<size_t>(s.q_len * s.group() * s.head_dim)), k(static_cast<size_t>(s.kv_len * s.head_dim)),
+          v(k.size()), out(q.size()), lse(static_cast<size_t>(s.group() * s.q_len)) {
+        if (!backward) return;
+        dout.resize(q.size());
+        dq.resize(q.size());
+        dk.resize(k.size());
+        dv.resize(k.size());
+        delta.resize(lse.size());
+    }
+    std::vector<float> q, k, v, out, lse;         // (q_len, group, hd), (kv_len, hd) x 2, (q_len, group, hd), (group, q_len)
+    std::vector<float> dout, dq, dk, dv, delta;  // backward only: as q, q, k, k, lse
+};
+
+// Head rows of one (batch, kv head) between a bf16 tensor (batch, len, heads, hd) and its f32 slice
+// (len, heads_per_slice, hd): heads [h0, h0 + heads_per_slice) of batch b.
+void widen_rows(const uint16_t* src, int64_t b, int64_t len, int64_t heads, int64_t h0, int64_t heads_per_slice,
+                int64_t hd, float* dst) {
+    for (int64_t i = 0; i < len; ++i) {
+        const uint16_t* row = src + ((b * len + i) * heads + h0) * hd;  // (heads_per_slice * hd)
+        float* to = dst + i * heads_per_slice * hd;
+        for (int64_t e = 0; e < heads_per_slice * hd; ++e) to[e] = bf16_to_f32(row[e]);
+    }
+}
+
+void narrow_rows(const float* src, int64_t b, int64_t len, int64_t heads, int64_t h0, int64_t heads_per_slice,
+                 int64_t hd, uint16_t* dst) {
+    for (int64_t i = 0; i < len; ++i) {
+        uint16_t* row = dst + ((b * len + i) * heads + h0) * hd;
+        const float* from = src + i * heads_per_slice * hd;
+        for (int64_t e = 0; e < heads_per_slice * hd; ++e) row[e] = f32_to_bf16(from[e]);
+    }
+}
+
+void forward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out, float* lse,
+                  float scale) {
+    const Dims sub = slice_dims(s);
+    const int64_t group = s.group(), hd = s.head_dim;
+    const int64_t tiles = (s.q_len + kLanes - 1) / kLanes;
+    const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep;
+#pragma omp parallel if (s.work() > kParallelFlops)
+    {
+        Bf16Slices slices(s, false);
+        ForwardBuffers<float> buffers(hd, key_groups);
+        const ForwardOperands<float> o{slices.q.data(), slices.k.data(), slices.v.data(), slices.out.data(),
+                                       slices.lse.data(), scale};
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) {
+            const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
+            widen_rows(q, b, s.q_len, s.heads, g * group, group, hd, slices.q.data());
+            widen_rows(k, b, s.kv_len, s.kv_heads, g, 1, hd, slices.k.data());
+            widen_rows(v, b, s.kv_len, s.kv_heads, g, 1, hd, slices.v.data());
+            buffers.packed_head = -1;  // new keys in the slice
+            for (int64_t t = 0; t < group * tiles; ++t) forward_task(sub, o, t, tiles, buffers);
+            narrow_rows(slices.out.data(), b, s.q_len, s.heads, g * group, group, hd, out);
+            for (int64_t h = 0; h < group; ++h)
+                std::copy_n(slices.lse.data() + h * s.q_len, s.q_len, lse + s.stat(b, g * group + h, 0));
+        }
+    }
+}
+
+void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* out,
+                   const uint16_t* dout, const float* lse, float* delta, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                   float scale) {
+    const Dims sub = slice_dims(s);
+    const int64_t group = s.group(), hd = s.head_dim;
+    const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
+#pragma omp parallel if (s.work() > kParallelFlops)
+    {
+        Bf16Slices slices(s, true);
+        BackwardBuffers<float> buffers(hd);
+        const BackwardOperands<float> o{slices.q.data(),     slices.k.data(),  slices.v.data(),  slices.dout.data(),
+                                        slices.lse.data(),   slices.delta.data(), slices.dq.data(), slices.dk.data(),
+                                        slices.dv.data(),    scale};
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) {
+            const int64_t b = task / s.kv_heads, g = task % s.kv_heads, h0 = g * group;
+            widen_rows(q, b, s.q_len, s.heads, h0, group, hd, slices.q.data());
+            widen_rows(out, b, s.q_len, s.heads, h0, group, hd, slices.out.data());
+            widen_rows(dout, b, s.q_len, s.heads, h0, group, hd, slices.dout.data());
+            widen_rows(k, b, s.kv_len, s.kv_heads, g, 1, hd, slices.k.data());
+            widen_rows(v, b, s.kv_len, s.kv_heads, g, 1, hd, slices.v.data());
+            for (int64_t h = 0; h < group; ++h)
+                std::copy_n(lse + s.stat(b, h0 + h, 0), s.q_len, slices.lse.data() + h * s.q_len);
+            row_deltas(sub, slices.out.data(), slices.dout.data(), slices.delta.data(), false);
+            backward_task(sub, o, 0, key_tiles, buffers);
+            narrow_rows(slices.dq.data(), b, s.q_len, s.heads, h0, group, hd, dq);
+            narrow_rows(slices.dk.data(), b, s.kv_len, s.kv_heads, g, 1, hd, dk);
+            narrow_rows(slices.dv.data(), b, s.kv_len, s.kv_heads, g, 1, hd, dv);
+            for (int64_t h = 0; h < group; ++h)
+                std::copy_n(slices.delta.data() + h * s.q_len, s.q_len, delta + s.stat(b, h0 + h, 0));
+        }
+    }
+}
+
+// bf16 q, k, v and out with f32 lse (the f32 kernel on widened slices, above); the shared checks see
+// the f32 problem it runs.
+AttentionForwardArgs as_f32(AttentionForwardArgs a) {
+    a.dtype = DType::F32;
+    return a;
+}
+AttentionBackwardArgs as_f32(AttentionBackwardArgs a) {
+    a.dtype = DType::F32;
+    return a;
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward(const AttentionForwardArgs& a) {
-    check_kernel_args(a);
     const Dims s{a.dims};
+    if (a.dtype == DType::BF16) {
+        check_kernel_args(as_f32(a));
+        return forward_bf16(s, static_cast<const uint16_t*>(a.q), static_cast<const uint16_t*>(a.k),
+                            static_cast<const uint16_t*>(a.v), static_cast<uint16_t*>(a.out), static_cast<float*>(a.lse),
+                            static_cast<float>(a.scale));
+    }
+    check_kernel_args(a);
     if (a.dtype == DType::F64) {
         using T = double;
         forward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -680,8 +810,16 @@ void CpuBackend::attention_forward(const AttentionForwardArgs& a) {
 }
 
 void CpuBackend::attention_backward(const AttentionBackwardArgs& a) {
-    check_kernel_args(a);
     const Dims s{a.dims};
+    if (a.dtype == DType::BF16) {
+        check_kernel_args(as_f32(a));
+        using H = uint16_t;
+        return backward_bf16(s, static_cast<const H*>(a.q), static_cast<const H*>(a.k), static_cast<const H*>(a.v),
+                             static_cast<const H*>(a.out), static_cast<const H*>(a.dout), static_cast<const float*>(a.lse),
+                             static_cast<float*>(a.delta), static_cast<H*>(a.dq), static_cast<H*>(a.dk),
+                             static_cast<H*>(a.dv), static_cast<float>(a.scale));
+    }
+    check_kernel_args(a);
     if (a.dtype == DType::F64) {
         using T = double;
         backward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
