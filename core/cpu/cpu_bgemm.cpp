@@ -385,13 +385,14 @@ struct alignas(64) AmxTileConfig {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// pack_a_amx for A stored (k, m): per block of 16 pairs, the 16 pair words of each of 16 columns of
+// pack_a_amx's blocks [q_begin, q_end) for A stored (k, m): per block of 16 pairs, the 16 pair words of each of 16 columns of
 // the storage are made from two rows (lo in the low half), then transposed to the tile's rows.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(const BGemmArgs& g, int64_t i0, int rows,
-                                                                       int64_t kp_padded, uint32_t* panel) {
-    const int64_t k = g.k, blocks = kp_padded / kAmxPairs;
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(const BGemmArgs& g, int64_t i0,
+                                                                                 int rows, int64_t q_begin,
+                                                                                 int64_t q_end, uint32_t* panel) {
+    const int64_t k = g.k;
     const __mmask16 row_mask = static_cast<__mmask16>((1u << rows) - 1u);
-    for (int64_t q = 0; q < blocks; ++q) {
+    for (int64_t q = q_begin; q < q_end; ++q) {
         __m512i words[16];  // words[p][r]: pair 16q + p of row r
         for (int p = 0; p < 16; ++p) {
             const int64_t lo_k = 2 * (q * kAmxPairs + p), hi_k = lo_k + 1;
@@ -400,7 +401,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(
             words[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
         }
         transpose_16x16_words(words);
-        for (int r = 0; r < 16; ++r) _mm512_store_si512(panel + (q * 16 + r) * kAmxPairs, words[r]);
+        for (int r = 0; r < 16; ++r) _mm512_store_si512(panel + ((q - q_begin) * 16 + r) * kAmxPairs, words[r]);
     }
 }
 
@@ -443,32 +444,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void store_tile_amx(const B
 #pragma GCC diagnostic pop
 #endif
 
-// op(A) rows [i0, i0 + rows) as 16 x 16-word tiles (kp_padded / 16, 16, 16): block q holds k pairs
-// [16q, 16q + 16) of the 16 rows, one 64-byte row each, as an AMX A tile reads them. Rows past `rows`
-// and pairs past k are zero.
-void pack_a_amx(const BGemmArgs& g, int64_t i0, int rows, int64_t kp_padded, uint32_t* panel) {
-    const int64_t k = g.k, blocks = kp_padded / kAmxPairs;
-    if (!g.trans_a) {
-        std::memset(panel, 0, static_cast<size_t>(kp_padded * 16) * 4);  // A stored (m, k): a tile row is 32 neighbouring bf16 of one A row, copied as they are
-        for (int r = 0; r < rows; ++r) {
-            const uint16_t* row = g.a + (i0 + r) * g.lda;  // (k)
-            for (int64_t q = 0; q < blocks; ++q) {
-                const int64_t first = q * 2 * kAmxPairs, count = std::min<int64_t>(2 * kAmxPairs, k - first);
-                if (count > 0) std::memcpy(panel + (q * 16 + r) * kAmxPairs, row + first, static_cast<size_t>(count) * 2);
-            }
+// Blocks [q_begin, q_end) of op(A) rows [i0, i0 + rows) as 16 x 16-word tiles (q_end - q_begin, 16,
+// 16): block q holds k pairs [16q, 16q + 16) of the 16 rows, one 64-byte row each, as an AMX A tile
+// reads them. Rows past `rows` and pairs past k are zero.
+void pack_a_amx(const BGemmArgs& g, int64_t i0, int rows, int64_t q_begin, int64_t q_end, uint32_t* panel) {
+    if (q_end <= q_begin) return;
+    if (g.trans_a) return pack_a_amx_transposed(g, i0, rows, q_begin, q_end, panel);  // A stored (k, m)
+    // A stored (m, k): a tile row is 32 neighbouring bf16 of one A row, copied as they are.
+    std::memset(panel, 0, static_cast<size_t>((q_end - q_begin) * 16 * kAmxPairs) * 4);
+    for (int r = 0; r < rows; ++r) {
+        const uint16_t* row = g.a + (i0 + r) * g.lda;  // (k)
+        for (int64_t q = q_begin; q < q_end; ++q) {
+            const int64_t first = q * 2 * kAmxPairs, count = std::min<int64_t>(2 * kAmxPairs, g.k - first);
+            if (count > 0)
+                std::memcpy(panel + ((q - q_begin) * 16 + r) * kAmxPairs, row + first, static_cast<size_t>(count) * 2);
         }
-        return;
     }
-    pack_a_amx_transposed(g, i0, rows, kp_padded, panel);  // A stored (k, m)
 }
 
-// The micro-kernel: tile (32, 32) += the sum over `blocks` k blocks of A panels a0, a1 (blocks, 16, 16
-// words) (x) B panels b0, b1 (blocks * 16 pairs, 16 words); `tile` starts from zero unless `accumulate`.
-// The four sums stay in tiles 0-3 over the blocks; between calls they rest in `tile` as f32, which
-// holds them exactly, so a sum split over several calls has the bits of one call over all the blocks.
-__attribute__((target("amx-tile,amx-bf16"))) void kernel_amx_32x32(int64_t blocks, const uint32_t* a0,
-                                                                   const uint32_t* a1, const uint32_t* b0,
-                                                                   const uint32_t* b1, float* tile, bool accumulate) {
+// The micro-kernel: tile (32, 32) += the sum over `blocks` k blocks of A tiles (x) B panels b0, b1
+// (blocks * 16 pairs, 16 words); `tile` starts from zero unless `accumulate`. The two A tiles of block
+// q (rows 0-15 and 16-31) are 16 rows `a_stride` bytes apart at a0 and a1 + q * a_step bytes: a packed
+// panel (a_step 1 KiB, a_stride 64) or A itself (a_step 64, a_stride its row in bytes). The four sums
+// stay in tiles 0-3 over the blocks; between calls they rest in `tile` as f32, which holds them
+// exactly, so a sum split over several calls has the bits of one call over all the blocks.
+__attribute__((target("amx-tile,amx-bf16"))) void kernel_amx_32x32(int64_t blocks, const void* a0, const void* a1,
+                                                                   int64_t a_step, int64_t a_stride,
+                                                                   const uint32_t* b0, const uint32_t* b1, float* tile,
+                                                                   bool accumulate) {
     constexpr int stride = kAmxCols * 4;  // bytes per row of `tile`
     if (accumulate) {
         _tile_loadd(0, tile, stride);
@@ -481,14 +484,16 @@ __attribute__((target("amx-tile,amx-bf16"))) void kernel_amx_32x32(int64_t block
         _tile_zero(2);
         _tile_zero(3);
     }
+    const char* a0_bytes = static_cast<const char*>(a0);
+    const char* a1_bytes = static_cast<const char*>(a1);
     for (int64_t q = 0; q < blocks; ++q) {
-        const int64_t at = q * 16 * kAmxPairs;  // words: a 1 KiB tile
-        _tile_loadd(4, a0 + at, 64);
+        const int64_t at = q * 16 * kAmxPairs;  // words: a 1 KiB B tile
+        _tile_loadd(4, a0_bytes + q * a_step, a_stride);
         _tile_loadd(6, b0 + at, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_loadd(7, b1 + at, 64);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, a1 + at, 64);
+        _tile_loadd(5, a1_bytes + q * a_step, a_stride);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
@@ -534,10 +539,12 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) float amx_register_loop(i
 }
 
 // The AMX loop nest: all of op(B) packed once and shared (k * n * 2 bytes: it stays in L2 for the
-// model's shapes); each task packs its 32 rows of op(A) over the whole k, then runs k in chunks of
-// kAmxChunkBlocks tile blocks (256 k), each chunk over all its column groups, so the chunk of A (two
-// 8 KiB tiles-columns) stays in L1 while the B chunks stream from L2. The partial sums of a group
-// wait in `sums` (f32, exact) between chunks.
+// model's shapes); each task takes 32 rows of op(A) and runs k in chunks of kAmxChunkBlocks tile
+// blocks (256 k), each chunk over all its column groups, so the chunk of A stays in L1 while the B
+// chunks stream from L2. The partial sums of a group wait in `sums` (f32, exact) between chunks.
+// A stored (m, k) is read in place by the tile loads (a tile is 16 rows of 32 neighbouring bf16),
+// but for a task of fewer than 32 rows and for a last k block past k, which are packed with zeros;
+// A stored (k, m) is packed (transposed into tile rows).
 constexpr int64_t kAmxChunkBlocks = 8;
 
 void bgemm_amx(const BGemmArgs& g) {
@@ -551,6 +558,7 @@ void bgemm_amx(const BGemmArgs& g) {
     const int64_t want = threads > 1 ? 4 * threads : 1;
     const int64_t n_groups = std::clamp<int64_t>((want + m_panels - 1) / m_panels, 1, n_groups32);
     const int64_t per_group = (n_groups32 + n_groups - 1) / n_groups;
+    constexpr int64_t kTileBytes = 16 * kAmxPairs * 4;  // a packed tile: 16 rows of 64 bytes
     thread_local WordBuffer b_buffer;  // the calling thread's, shared with its team
     uint32_t* b_packed = b_buffer.get(panel_words * 2 * n_groups32);  // (2 * n_groups32 panels, kp_padded, 16)
 #pragma omp parallel num_threads(threads)
@@ -568,15 +576,28 @@ void bgemm_amx(const BGemmArgs& g) {
         for (int64_t task = 0; task < m_panels * n_groups; ++task) {
             const int64_t i0 = task / n_groups * kAmxRows, group = task % n_groups;
             const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, g.m - i0));
-            pack_a_amx(g, i0, std::min(rows, kTile), kp_padded, a_panels);
-            pack_a_amx(g, i0 + kTile, std::max(rows - kTile, 0), kp_padded, a_panels + panel_words);
+            // Blocks [0, in_place) come from A itself, blocks [in_place, blocks) from the packed panels.
+            const int64_t in_place = !g.trans_a && rows == kAmxRows ? g.k / (2 * kAmxPairs) : 0;
+            pack_a_amx(g, i0, std::min(rows, kTile), in_place, blocks, a_panels);
+            pack_a_amx(g, i0 + kTile, std::max(rows - kTile, 0), in_place, blocks, a_panels + panel_words);
+            const uint16_t* a_rows = g.a + i0 * g.lda;  // A in place: row i0 (stored (m, k))
             const int64_t jg_begin = group * per_group, jg_end = std::min(n_groups32, jg_begin + per_group);
             for (int64_t q = 0; q < blocks; q += kAmxChunkBlocks) {
-                const int64_t chunk = std::min(kAmxChunkBlocks, blocks - q), at = q * 16 * kAmxPairs;
+                const int64_t q_end = std::min(blocks, q + kAmxChunkBlocks), q_mid = std::clamp(in_place, q, q_end);
                 for (int64_t jg = jg_begin; jg < jg_end; ++jg) {
-                    const uint32_t* b = b_packed + 2 * jg * panel_words + at;
-                    kernel_amx_32x32(chunk, a_panels + at, a_panels + panel_words + at, b, b + panel_words,
-                                     sums + (jg - jg_begin) * kAmxRows * kAmxCols, q > 0);
+                    const uint32_t* b = b_packed + 2 * jg * panel_words;
+                    float* tile = sums + (jg - jg_begin) * kAmxRows * kAmxCols;
+                    if (q_mid > q) {  // in place: 32 bf16 (64 bytes) a block, rows lda apart
+                        kernel_amx_32x32(q_mid - q, a_rows + q * 2 * kAmxPairs, a_rows + kTile * g.lda + q * 2 * kAmxPairs,
+                                         64, g.lda * 2, b + q * kTileBytes / 4, b + panel_words + q * kTileBytes / 4, tile,
+                                         q > 0);
+                    }
+                    if (q_end > q_mid) {  // packed
+                        const int64_t at = (q_mid - in_place) * kTileBytes / 4;
+                        kernel_amx_32x32(q_end - q_mid, a_panels + at, a_panels + panel_words + at, kTileBytes, 64,
+                                         b + q_mid * kTileBytes / 4, b + panel_words + q_mid * kTileBytes / 4, tile,
+                                         q_mid > 0);
+                    }
                 }
             }
             for (int64_t jg = jg_begin; jg < jg_end; ++jg)
