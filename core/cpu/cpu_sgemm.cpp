@@ -31,6 +31,8 @@
 #define NL_SGEMM_X86 1
 #endif
 
+#include "core/cpu_runtime.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace nl {
@@ -325,6 +327,46 @@ void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, in
         for (int j = 0; j < nr; ++j) panel[p * nr + j] = j < cols ? src[j * ldb + p] : 0.0f;
 }
 
+// ---- bf16 operands (sgemm_native_bf16): the packs widen them, the kernels see f32 panels ----
+// bf16 to f32 is exact, so a panel packed from bf16 holds the values a panel packed from the widened
+// f32 copy would, without that copy. The transposing packs widen their rows into a staging buffer
+// (at most max(mr, nr) rows of kc) and transpose from there.
+
+// count bf16 values from src widened into dst, then zeros up to width.
+inline void widen_padded(float* dst, const uint16_t* src, int count, int width) {
+    for (int j = 0; j < count; ++j) dst[j] = bf16_to_f32(src[j]);
+    for (int j = count; j < width; ++j) dst[j] = 0.0f;
+}
+
+// rows rows of kc bf16, ld apart, widened into staging (rows, kc).
+void widen_rows(const uint16_t* src, int64_t ld, int rows, int64_t kc, float* staging) {
+    for (int r = 0; r < rows; ++r) widen_padded(staging + r * kc, src + r * ld, static_cast<int>(kc), static_cast<int>(kc));
+}
+
+// pack_a_panel for bf16 A.
+void pack_a_panel_bf16(const Engine& e, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int rows,
+                       int64_t p0, int64_t kc, float* panel, float* staging) {
+    if (trans_a) {  // the panel's row p is a piece of A's row p
+        for (int64_t p = 0; p < kc; ++p) widen_padded(panel + p * e.mr, a + (p0 + p) * lda + i0, rows, e.mr);
+        return;
+    }
+    widen_rows(a + i0 * lda + p0, lda, rows, kc, staging);  // (rows, kc), then the f32 pack's transpose
+    pack_a_panel(e, false, staging, kc, 0, rows, 0, kc, panel);
+}
+
+// pack_b_panel for bf16 B.
+void pack_b_panel_bf16(const Engine& e, bool trans_b, const uint16_t* b, int64_t ldb, int64_t p0, int64_t kc,
+                       int64_t j0, int64_t nc, int64_t jp, float* panel, float* staging) {
+    const int64_t jr = jp * e.nr;
+    const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
+    if (!trans_b) {  // row p of the panel is a piece of row p of B
+        for (int64_t p = 0; p < kc; ++p) widen_padded(panel + p * e.nr, b + (p0 + p) * ldb + j0 + jr, cols, e.nr);
+        return;
+    }
+    widen_rows(b + (j0 + jr) * ldb + p0, ldb, cols, kc, staging);  // (cols, kc): B stored (n, k), then transposed
+    pack_b_panel(e, true, staging, kc, 0, kc, 0, cols, 0, panel);
+}
+
 // One tile of C: the full micro-kernel when the tile is whole, else the kernel into a scratch tile
 // and the valid part merged with the same arithmetic (alpha * acc, or fma(acc, alpha, beta * c)).
 void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, int64_t a_cs,
@@ -382,6 +424,8 @@ struct GemmArgs {
     float beta;
     float* c;
     int64_t ldc;
+    const uint16_t* a16 = nullptr;  // bf16 A and B instead of a and b (sgemm_native_bf16): always packed
+    const uint16_t* b16 = nullptr;
 };
 
 // How a gemm is cut into blocks and shared out over the threads, decided from its sizes before any work.
@@ -415,8 +459,8 @@ GemmPlan plan_gemm(const Engine& e, const GemmArgs& g) {
     // 4 KiB) maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up
     // to kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
     const bool b_rows_spread = (g.ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
-    plan.direct_b =
-        !g.trans_b && (g.m <= kDirectBMaxRows || (g.m <= kDirectBMaxRowsSpread && b_rows_spread));
+    plan.direct_b = g.b16 == nullptr && !g.trans_b &&
+                    (g.m <= kDirectBMaxRows || (g.m <= kDirectBMaxRowsSpread && b_rows_spread));
     plan.threads = omp_in_parallel() || g.m * g.n * g.k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
     // with packed B they are handed out dynamically, so a thread slowed by another process on its
@@ -466,6 +510,7 @@ struct TaskPanels {
     const float* b_packed;
     float* a_packed;
     float* b_edge;
+    float* staging;  // (max(mr, nr), kc): bf16 rows widened for a transposing pack (bf16 operands only)
 };
 
 // One task over the k block [pc, pc + kc): each A panel of its row block against the task's B
@@ -489,9 +534,14 @@ void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const Co
         pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, panels.b_edge);
     for (int64_t ir = 0; ir < mc; ir += e.mr) {
         const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
-        const float* a_panel = trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
+        const float* a_panel = a == nullptr ? nullptr : trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
         int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-        if (rows < e.mr || e.packs_a) {
+        if (g.a16 != nullptr) {
+            pack_a_panel_bf16(e, trans_a, g.a16, lda, ic + ir, rows, pc, kc, panels.a_packed, panels.staging);
+            a_panel = panels.a_packed;
+            a_rs = 1;
+            a_cs = e.mr;
+        } else if (rows < e.mr || e.packs_a) {
             pack_a_panel(e, trans_a, a, lda, ic + ir, rows, pc, kc, panels.a_packed);
             a_panel = panels.a_packed;
             a_rs = 1;
@@ -538,8 +588,13 @@ void run_tasks_packed_b(const Engine& e, const GemmArgs& g, const GemmPlan& plan
     for (int64_t pc = 0; pc < g.k; pc += plan.kc_step) {
         const int64_t kc = std::min(plan.kc_step, g.k - pc);
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < block.n_panels; ++jp)
-            pack_b_panel(e, g.trans_b, g.b, g.ldb, pc, kc, block.jc, block.nc, jp, b_packed + jp * kc * e.nr);
+        for (int64_t jp = 0; jp < block.n_panels; ++jp) {
+            float* panel = b_packed + jp * kc * e.nr;
+            if (g.b16 != nullptr)
+                pack_b_panel_bf16(e, g.trans_b, g.b16, g.ldb, pc, kc, block.jc, block.nc, jp, panel, panels.staging);
+            else
+                pack_b_panel(e, g.trans_b, g.b, g.ldb, pc, kc, block.jc, block.nc, jp, panel);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < block.tasks; ++task)
             run_task(e, g, plan, block, panels, task, pc, kc, g.c, g.ldc, pc == 0, g.beta);
@@ -574,8 +629,9 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
 
 #pragma omp parallel num_threads(plan.threads)
     {
-        thread_local PackBuffer a_buffer, b_edge_buffer;
+        thread_local PackBuffer a_buffer, b_edge_buffer, staging_buffer;
         TaskPanels panels;
+        panels.staging = g.a16 != nullptr ? staging_buffer.get(std::max(e.mr, e.nr) * plan.kc_step) : nullptr;
         panels.b_packed = b_packed;
         panels.a_packed = a_buffer.get(e.mr * plan.kc_step);                                 // (kc, mr)
         panels.b_edge = plan.direct_b ? b_edge_buffer.get(plan.kc_step * e.nr) : nullptr;  // (kc, nr)
@@ -594,6 +650,15 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
     sgemm_on(engine(), {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
+}
+
+void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c,
+                       int64_t ldc) {
+    GemmArgs g{trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, c, ldc};
+    g.a16 = a;
+    g.b16 = b;
+    sgemm_on(engine(), g);
 }
 
 void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,
