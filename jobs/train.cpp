@@ -54,8 +54,9 @@ namespace {
 // Logits (B, T, V) in f32 for the loss. With autocast the forward runs under an AutocastGuard
 // (bf16 matmuls, f32 weights and norms) and its bf16 logits are cast to f32 here, inside the
 // recorded graph, so the loss and its softmax are computed in f32 as torch.autocast does.
-Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast) {
-    AutocastGuard guard(DType::BF16, autocast);
+// `cache`, where given, holds the step's parameter casts, so the step's shards cast each weight once.
+Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast, AutocastCache* cache = nullptr) {
+    AutocastGuard guard(DType::BF16, autocast, cache);
     return autocast_f32(model.forward(inputs));
 }
 
@@ -387,6 +388,7 @@ double forward_backward(State& s, int64_t step) {
     const Batch batch = s.data->train_batch(s.config.train.batch_size, *s.data_gen);  // (B, T) on the host
     const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
     s.optimizer->zero_grad();
+    AutocastCache casts;  // the weights' bf16 copies, made once for all of this step's shards
     std::vector<double> shard_losses;  // (local_shards,) each shard's weighted loss
     for (int64_t j = 0; j < plan.local_shards; ++j) {
         const int64_t first = (plan.first_shard + j) * plan.shard_rows;
@@ -396,7 +398,7 @@ double forward_backward(State& s, int64_t step) {
             const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
                                           batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
                                          s.config.device);
-            Var logits = forward_logits(*s.model, shard.inputs, s.autocast);  // (B / S, T, V) f32
+            Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V) f32
             loss = s.criterion.forward(logits, shard.targets);               // mean over the shard's targets
             if (plan.shards > 1) {
                 // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.

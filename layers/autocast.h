@@ -5,6 +5,9 @@
 // changes how the forward is recorded: the backward replays the recorded ops in their dtypes.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "autograd/autograd.h"
 
 namespace nl {
@@ -13,11 +16,34 @@ namespace nl {
 bool is_autocast_enabled();
 DType autocast_dtype();
 
+// The casts of the parameters for one optimizer step (torch.autocast's weight cast cache). Under a
+// guard that holds one, autocast_lower casts a parameter (a leaf that requires grad) once and reuses
+// the copy in every later forward of the step, such as the trainer's gradient shards; each use still
+// records its own cast node, which carries the gradient back to the parameter's dtype. One cache
+// serves one step: the optimizer changes the weights, so make a new one (or clear()) after it.
+class AutocastCache {
+public:
+    void clear();
+    int64_t casts() const { return casts_; }    // parameters cast since made or cleared
+    int64_t reuses() const { return reuses_; }  // uses served from the cache
+
+private:
+    friend Var autocast_lower(const Var& x);
+    struct Entry {
+        std::shared_ptr<VarImpl> param;  // kept, so its address is not reused while cached
+        const void* source;              // the parameter's data when cast: a replaced tensor misses
+        Tensor cast;                     // (param's shape) in the autocast dtype
+    };
+    std::vector<Entry> entries_;  // a model's parameters: a few hundred at most, searched in order
+    int64_t casts_ = 0, reuses_ = 0;
+};
+
 // Turns autocast on with `dtype` (bf16 or f16; nl::Error otherwise) for its lifetime, or off when
-// enabled is false, then restores the previous state (guards nest).
+// enabled is false, then restores the previous state (guards nest). With a `cache`, parameters are
+// cast once per cache (above).
 class AutocastGuard {
 public:
-    explicit AutocastGuard(DType dtype = DType::BF16, bool enabled = true);
+    explicit AutocastGuard(DType dtype = DType::BF16, bool enabled = true, AutocastCache* cache = nullptr);
     ~AutocastGuard();
     AutocastGuard(const AutocastGuard&) = delete;
     AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -25,10 +51,12 @@ public:
 private:
     bool previous_enabled_;
     DType previous_dtype_;
+    AutocastCache* previous_cache_;
 };
 
 // The input of a lower-precision op (matmul, Linear): cast to the autocast dtype when autocast is
 // on and x is a floating dtype other than f64 (torch.autocast leaves f64 alone); otherwise x itself.
+// A parameter's cast comes from the guard's cache where it has one.
 Var autocast_lower(const Var& x);
 // The input of an f32 op (softmax, loss, norm statistics): bf16/f16 x cast to f32 when autocast is
 // on; otherwise x itself.

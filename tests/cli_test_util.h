@@ -4,12 +4,14 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -84,5 +86,27 @@ inline std::string read_text(const std::string& path) {
 }
 
 inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The train_loss column of a run's metrics.csv, one value per logged step.
+inline std::vector<double> train_losses(const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    std::vector<std::string> header;
+    {
+        std::stringstream cells(line);
+        for (std::string cell; std::getline(cells, cell, ',');) header.push_back(cell);
+    }
+    const size_t column = static_cast<size_t>(std::find(header.begin(), header.end(), "train_loss") - header.begin());
+    REQUIRE(column < header.size());
+    std::vector<double> losses;
+    while (std::getline(in, line)) {
+        std::stringstream cells(line);
+        std::string cell;
+        for (size_t i = 0; i <= column; ++i) std::getline(cells, cell, ',');
+        losses.push_back(std::stod(cell));
+    }
+    return losses;
+}
 
 }  // namespace nl_test

@@ -164,6 +164,48 @@ TEST_CASE("autocast: outside the guard nothing changes, and guards nest and rest
     REQUIRE_THROWS_WITH(AutocastGuard(DType::F32), Catch::Contains("AutocastGuard: expected bf16 or f16, found f32"));
 }
 
+TEST_CASE("autocast: a cache casts each parameter once for several forwards, with the same bits", "[autocast]") {
+    // Two forwards and backwards into the same .grad (a step's two gradient shards): with a cache the
+    // weight and bias are cast once and reused, and the outputs and gradients are the bits of two
+    // uncached forwards.
+    Generator gen(4);
+    LinearOptions options;
+    options.in_features = 24;
+    options.out_features = 10;
+    options.generator = &gen;
+    Linear lin(options);
+    const Tensor x1 = randn({5, 24}, gen), x2 = randn({5, 24}, gen);
+    auto two_shards = [&](AutocastCache* cache) {
+        lin.zero_grad();
+        std::vector<float> outputs;
+        for (const Tensor& x : {x1, x2}) {
+            AutocastGuard guard(DType::BF16, true, cache);
+            Var y = lin.forward(Var(x));
+            for (float v : y.data().to(DType::F32).to_vector()) outputs.push_back(v);
+            sum(autocast_f32(y) * autocast_f32(y)).backward();
+        }
+        return std::make_pair(outputs, lin.weight().grad().data().to_vector());
+    };
+    const auto plain = two_shards(nullptr);
+    AutocastCache cache;
+    const auto cached = two_shards(&cache);
+    CHECK(cache.casts() == 2);   // weight and bias, once
+    CHECK(cache.reuses() == 2);  // by the second forward
+    CHECK(cached.first == plain.first);
+    CHECK(cached.second == plain.second);
+    REQUIRE(lin.bias().grad().defined());
+    // Activations are not cached; a parameter given new data is cast again.
+    lin.weight().set_data(randn({10, 24}, gen));
+    {
+        AutocastGuard guard(DType::BF16, true, &cache);
+        lin.forward(Var(x1));
+    }
+    CHECK(cache.casts() == 3);
+    CHECK(cache.reuses() == 3);  // the bias
+    cache.clear();
+    CHECK(cache.casts() == 0);
+}
+
 TEST_CASE("autocast: the transformer gives bf16 logits, f32 parameters and grads, a loss close to f32's",
           "[autocast]") {
     TransformerOptions options;
@@ -241,26 +283,7 @@ const std::string kShortAutocast =
     "--set data.eval_sequences=64 --set train.checkpoint_every=15 --set train.autocast=bf16";
 
 // The train_loss column of metrics.csv.
-std::vector<double> train_losses(const std::string& path) {
-    std::ifstream in(path);
-    std::string line;
-    std::getline(in, line);
-    std::vector<std::string> header;
-    {
-        std::stringstream cells(line);
-        for (std::string cell; std::getline(cells, cell, ',');) header.push_back(cell);
-    }
-    const size_t column = std::find(header.begin(), header.end(), "train_loss") - header.begin();
-    REQUIRE(column < header.size());
-    std::vector<double> losses;
-    while (std::getline(in, line)) {
-        std::stringstream cells(line);
-        std::string cell;
-        for (size_t i = 0; i <= column; ++i) std::getline(cells, cell, ',');
-        losses.push_back(std::stod(cell));
-    }
-    return losses;
-}
+std::vector<double> train_losses(const std::string& path) { return nl_test::train_losses(path); }
 
 double mean_of(const std::vector<double>& values, size_t from, size_t count) {
     double total = 0.0;

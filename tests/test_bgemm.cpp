@@ -309,6 +309,7 @@ TEST_CASE("NORMLAB_GEMM_BF16 chooses the bf16 engine, info names it, and a bad v
     INFO(f32.output);
     REQUIRE(f32.status == 0);
     const double loss_f32 = nlohmann::json::parse(nl_test::read_text(dir + "/f32/summary.json"))["final_train_loss"];
+    const std::vector<double> curve_f32 = nl_test::train_losses(dir + "/f32/metrics.csv");
     for (const std::string& engine : bgemm_kernels_this_cpu_runs()) {
         const nl_test::CliRun named = nl_test::run_normlab_env(dir, "NORMLAB_GEMM_BF16=" + engine + " ", "info");
         CHECK_THAT(named.output, Catch::Contains("NORMLAB_GEMM_BF16=" + engine));
@@ -319,5 +320,12 @@ TEST_CASE("NORMLAB_GEMM_BF16 chooses the bf16 engine, info names it, and a bad v
         const double loss =
             nlohmann::json::parse(nl_test::read_text(dir + "/bf16_" + engine + "/summary.json"))["final_train_loss"];
         CHECK(loss == Approx(loss_f32).epsilon(2e-2));
+        // The whole curve, step by step, within the same 2% of the f32 one.
+        const std::vector<double> curve = nl_test::train_losses(dir + "/bf16_" + engine + "/metrics.csv");
+        REQUIRE(curve.size() == curve_f32.size());
+        for (size_t step = 0; step < curve.size(); ++step) {
+            INFO("engine " << engine << ", step " << step + 1);
+            CHECK(curve[step] == Approx(curve_f32[step]).epsilon(2e-2));
+        }
     }
 }
