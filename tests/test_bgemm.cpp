@@ -3,6 +3,7 @@
 // odd k (a half-empty last pair), partial tiles, padded leading dimensions, alpha/beta, f32 and
 // bf16 C, bits that do not depend on the thread count, and matmul's bf16 path.
 #include <catch2/catch.hpp>
+#include <cblas.h>
 #include <omp.h>
 
 #if defined(__linux__) && defined(__x86_64__)
@@ -208,6 +209,34 @@ TEST_CASE("bf16 gemm: every engine this CPU runs is within the f32-sum bound of 
                 check_case(engine, {ta, tb, 29, 50, 71}, -2.0f, 0.25f, true);
                 check_case(engine, {ta, tb, 29, 50, 71}, 0.5f, 1.0f, false);
             }
+        }
+    }
+}
+
+TEST_CASE("bf16 gemm: the widened engine gives the f32 engine's bits on the widened operands", "[bgemm]") {
+    // Its packs widen A and B, and where the f32 plan reads B in place (a few rows: a weight
+    // gradient, here with its k in two parts and a partial last panel) its kernel widens B's rows as
+    // it loads them: either way the f32 engine's sums, in its order.
+    for (const Case& t : {Case{false, false, 40, 50, 1100}, Case{true, false, 128, 64, 2048},
+                          Case{false, true, 70, 33, 300}, Case{false, false, 600, 64, 128}, Case{true, true, 17, 5, 9}}) {
+        for (const float beta : {0.0f, 0.5f}) {
+            INFO("trans " << t.trans_a << t.trans_b << ", m " << t.m << " n " << t.n << " k " << t.k << ", beta " << beta);
+            const Result r = run_case("f32", t, 1.5f, beta, true);
+            std::vector<float> a32(r.a.size()), b32(r.b.size());
+            for (size_t i = 0; i < r.a.size(); ++i) a32[i] = bf16_to_f32(r.a[i]);
+            for (size_t i = 0; i < r.b.size(); ++i) b32[i] = bf16_to_f32(r.b[i]);
+            std::vector<float> want = r.c0;
+            if (sgemm_engine_is_native()) {
+                sgemm_native(t.trans_a, t.trans_b, t.m, t.n, t.k, 1.5f, a32.data(), r.lda, b32.data(), r.ldb, beta,
+                             want.data(), r.ldc);
+            } else {
+                SUCCEED("the f32 engine is OpenBLAS here: compared with cblas_sgemm");
+                cblas_sgemm(CblasRowMajor, t.trans_a ? CblasTrans : CblasNoTrans, t.trans_b ? CblasTrans : CblasNoTrans,
+                            static_cast<int>(t.m), static_cast<int>(t.n), static_cast<int>(t.k), 1.5f, a32.data(),
+                            static_cast<int>(r.lda), b32.data(), static_cast<int>(r.ldb), beta, want.data(),
+                            static_cast<int>(r.ldc));
+            }
+            CHECK(r.c32 == want);
         }
     }
 }

@@ -46,8 +46,14 @@ namespace {
 // hold NaN).
 using MicroKernel = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                              int64_t b_step, float* c, int64_t ldc, float alpha, float beta, bool read_c);
-// A (tw, tw) block transpose for the packs (see transpose_16x16_avx512); nullptr: scalar packs.
+// The same with B's rows as bf16 bit patterns, read in place and widened as they are loaded (a bf16
+// gemm's weight gradient, whose B is read in place): the same f32 arithmetic on the same values.
+using MicroKernelBf16B = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+                                  int64_t b_step, float* c, int64_t ldc, float alpha, float beta, bool read_c);
+// A (tw, tw) block transpose for the packs (see transpose_16x16_avx512); nullptr: scalar packs. The
+// bf16 one widens the rows it loads (bf16 operands: sgemm_native_bf16).
 using Transpose = void (*)(const float* src, int64_t ld, int rows, float* dst, int64_t dst_ld, int lanes);
+using TransposeBf16 = void (*)(const uint16_t* src, int64_t ld, int rows, float* dst, int64_t dst_ld, int lanes);
 
 struct Engine {
     const char* key;     // NORMLAB_GEMM's name for it
@@ -59,6 +65,8 @@ struct Engine {
     MicroKernel kernel;  // nullptr: OpenBLAS
     Transpose transpose;
     int tw;              // the transpose's block size; mr <= tw and nr a multiple of it
+    MicroKernelBf16B kernel_bf16_b = nullptr;  // nullptr: a bf16 B is always packed (widened)
+    TransposeBf16 transpose_bf16 = nullptr;    // nullptr: scalar packs for bf16
 };
 
 #ifdef NL_SGEMM_X86
@@ -69,10 +77,24 @@ struct Engine {
 // that broadcasts each A value into a register for two FMAs. Both reach the FMA peak when a core
 // runs them alone; on a core shared with other work the lighter instruction stream is the faster
 // one (docs/benchmarks.md).
-__attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const float* a, int64_t /*a_rs*/,
-                                                            int64_t /*a_cs*/, const float* b, int64_t b_step,
-                                                            float* c, int64_t ldc, float alpha, float beta,
-                                                            bool read_c) {
+// GCC 12's own headers trip -Wmaybe-uninitialized in the widening intrinsics (their _mm512_undefined
+// operands; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+// 16 values of a row as f32: f32 loaded, bf16 widened (its bits are an f32's high half).
+__attribute__((target("avx512f"))) inline __m512 load_row16(const float* b) { return _mm512_loadu_ps(b); }
+__attribute__((target("avx512f"))) inline __m512 load_row16(const uint16_t* b) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+template <typename BValue>
+__attribute__((target("avx512f"))) void kernel_avx512_16x16_of(int64_t kc, const float* a, const BValue* b,
+                                                               int64_t b_step, float* c, int64_t ldc, float alpha,
+                                                               float beta, bool read_c) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -80,7 +102,7 @@ __attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const fl
         _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
 #pragma GCC unroll 4  // four k steps per trip: faster than two at a training step's shapes
     for (int64_t p = 0; p < kc; ++p) {
-        const __m512 bp = _mm512_loadu_ps(b);  // (16): row p of the B panel
+        const __m512 bp = load_row16(b);  // (16): row p of the B panel
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), bp, acc[i]);
         a += 16;
@@ -94,6 +116,23 @@ __attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const fl
                                      : _mm512_mul_ps(acc[i], va));
     }
 }
+
+__attribute__((target("avx512f"))) void kernel_avx512_16x16(int64_t kc, const float* a, int64_t /*a_rs*/,
+                                                            int64_t /*a_cs*/, const float* b, int64_t b_step,
+                                                            float* c, int64_t ldc, float alpha, float beta,
+                                                            bool read_c) {
+    kernel_avx512_16x16_of(kc, a, b, b_step, c, ldc, alpha, beta, read_c);
+}
+
+__attribute__((target("avx512f"))) void kernel_avx512_16x16_bf16_b(int64_t kc, const float* a, int64_t /*a_rs*/,
+                                                                   int64_t /*a_cs*/, const uint16_t* b,
+                                                                   int64_t b_step, float* c, int64_t ldc, float alpha,
+                                                                   float beta, bool read_c) {
+    kernel_avx512_16x16_of(kc, a, b, b_step, c, ldc, alpha, beta, read_c);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // 6 x 16 on AVX2 + FMA: 12 accumulators, two B vectors, one broadcast: 15 of 16 registers.
 __attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_rs,
@@ -144,11 +183,13 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const floa
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-__attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src, int64_t ld, int rows,
-                                                               float* dst, int64_t dst_ld, int lanes) {
+template <typename Source>
+__attribute__((target("avx512f"))) void transpose_16x16_avx512_of(const Source* src, int64_t ld, int rows,
+                                                                  float* dst, int64_t dst_ld, int lanes) {
     __m512 r[16], t[16];
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? load_row16(src + i * ld) : _mm512_setzero_ps();
     for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -173,6 +214,16 @@ __attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src,
         _mm512_mask_storeu_ps(dst + (c + 12) * dst_ld, mask, _mm512_shuffle_f32x4(w0, w1, 0xdd));
     }
 }
+
+__attribute__((target("avx512f"))) void transpose_16x16_avx512(const float* src, int64_t ld, int rows, float* dst,
+                                                               int64_t dst_ld, int lanes) {
+    transpose_16x16_avx512_of(src, ld, rows, dst, dst_ld, lanes);
+}
+
+__attribute__((target("avx512f"))) void transpose_16x16_avx512_bf16(const uint16_t* src, int64_t ld, int rows,
+                                                                    float* dst, int64_t dst_ld, int lanes) {
+    transpose_16x16_avx512_of(src, ld, rows, dst, dst_ld, lanes);
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -194,7 +245,8 @@ struct KernelEntry {
 bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
 bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 const KernelEntry kKernels[] = {
-    {{"avx512", "normlab avx512 16x16", 16, 16, 256, 480, true, kernel_avx512_16x16, transpose_16x16_avx512, 16},
+    {{"avx512", "normlab avx512 16x16", 16, 16, 256, 480, true, kernel_avx512_16x16, transpose_16x16_avx512, 16,
+      kernel_avx512_16x16_bf16_b, transpose_16x16_avx512_bf16},
      cpu_has_avx512, true},
     {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, true, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
 };
@@ -264,6 +316,14 @@ private:
     int64_t capacity_ = 0;
 };
 
+// The packs read f32 operands, or bf16 ones (sgemm_native_bf16) widened as they are copied: bf16 to
+// f32 is exact, so a panel packed from bf16 holds the values a panel packed from an f32 copy would,
+// without that copy. Where the f32 plan reads B in place (a weight gradient's), a bf16 B is read in
+// place too, by a kernel that widens its rows as it loads them (Engine::kernel_bf16_b): the same plan,
+// so the same sums in the same order as the f32 engine on the widened operands.
+inline float to_f32(float v) { return v; }
+inline float to_f32(uint16_t v) { return bf16_to_f32(v); }
+
 // count floats from src to dst, then zeros up to width. The whole-width copies of the tile widths
 // get a size known at compile time, so they compile to a few vector moves instead of a memcpy call.
 inline void copy_padded(float* dst, const float* src, int count, int width) {
@@ -280,9 +340,20 @@ inline void copy_padded(float* dst, const float* src, int count, int width) {
     for (int j = count; j < width; ++j) dst[j] = 0.0f;
 }
 
+// count bf16 values from src widened into dst, then zeros up to width.
+inline void copy_padded(float* dst, const uint16_t* src, int count, int width) {
+    for (int j = 0; j < count; ++j) dst[j] = bf16_to_f32(src[j]);
+    for (int j = count; j < width; ++j) dst[j] = 0.0f;
+}
+
+// The engine's block transpose for the source type (nullptr: none, the packs go scalar).
+inline Transpose transpose_for(const Engine& e, const float*) { return e.transpose; }
+inline TransposeBf16 transpose_for(const Engine& e, const uint16_t*) { return e.transpose_bf16; }
+
 // op(A)[i0:i0+rows, p0:p0+kc] as one packed panel (kc, mr), rows past `rows` zero: every panel for
-// a kernel that packs A, else the last, partial one.
-void pack_a_panel(const Engine& e, bool trans_a, const float* a, int64_t lda, int64_t i0, int rows, int64_t p0,
+// a kernel that packs A, else the last, partial one. Source: float, or uint16_t (bf16).
+template <typename Source>
+void pack_a_panel(const Engine& e, bool trans_a, const Source* a, int64_t lda, int64_t i0, int rows, int64_t p0,
                   int64_t kc, float* panel) {
     const int mr = e.mr;
     if (trans_a) {  // A is stored (k, m): the panel's row p is a contiguous piece of A's row p
@@ -290,16 +361,17 @@ void pack_a_panel(const Engine& e, bool trans_a, const float* a, int64_t lda, in
         return;
     }
     // A is stored (m, k): the panel is a transpose of `rows` rows of A.
-    const float* src = a + i0 * lda + p0;
+    const Source* src = a + i0 * lda + p0;
     int64_t p = 0;
-    if (e.transpose != nullptr)
-        for (; p + e.tw <= kc; p += e.tw) e.transpose(src + p, lda, rows, panel + p * mr, mr, mr);
+    if (const auto transpose = transpose_for(e, a); transpose != nullptr)
+        for (; p + e.tw <= kc; p += e.tw) transpose(src + p, lda, rows, panel + p * mr, mr, mr);
     for (; p < kc; ++p)
-        for (int r = 0; r < mr; ++r) panel[p * mr + r] = r < rows ? src[r * lda + p] : 0.0f;
+        for (int r = 0; r < mr; ++r) panel[p * mr + r] = r < rows ? to_f32(src[r * lda + p]) : 0.0f;
 }
 
 // Panel jp (columns j0 + jp*nr ...) of op(B)[p0:p0+kc, j0:j0+nc], as (kc, nr), columns past nc zero.
-void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, int64_t p0, int64_t kc,
+template <typename Source>
+void pack_b_panel(const Engine& e, bool trans_b, const Source* b, int64_t ldb, int64_t p0, int64_t kc,
                   int64_t j0, int64_t nc, int64_t jp, float* panel) {
     const int nr = e.nr;
     const int64_t jr = jp * nr;
@@ -307,77 +379,39 @@ void pack_b_panel(const Engine& e, bool trans_b, const float* b, int64_t ldb, in
     if (!trans_b) {
         // B is stored (k, n): row p of the panel is a contiguous piece of row p of B.
         for (int64_t p = 0; p < kc; ++p) {
-            const float* src = b + (p0 + p) * ldb + j0 + jr;
+            const Source* src = b + (p0 + p) * ldb + j0 + jr;
             copy_padded(panel + p * nr, src, cols, nr);
         }
         return;
     }
     // B is stored (n, k): row j of the storage is column j of op(B), contiguous in p: a transpose.
-    const float* src = b + (j0 + jr) * ldb + p0;
+    const Source* src = b + (j0 + jr) * ldb + p0;
     int64_t p = 0;
-    if (e.transpose != nullptr) {
+    if (const auto transpose = transpose_for(e, b); transpose != nullptr) {
         for (; p + e.tw <= kc; p += e.tw) {
             for (int g = 0; g < nr; g += e.tw) {
                 const int rows = std::clamp(cols - g, 0, e.tw);
-                e.transpose(src + g * ldb + p, ldb, rows, panel + p * nr + g, nr, e.tw);
+                transpose(src + g * ldb + p, ldb, rows, panel + p * nr + g, nr, e.tw);
             }
         }
     }
     for (; p < kc; ++p)
-        for (int j = 0; j < nr; ++j) panel[p * nr + j] = j < cols ? src[j * ldb + p] : 0.0f;
-}
-
-// ---- bf16 operands (sgemm_native_bf16): the packs widen them, the kernels see f32 panels ----
-// bf16 to f32 is exact, so a panel packed from bf16 holds the values a panel packed from the widened
-// f32 copy would, without that copy. The transposing packs widen their rows into a staging buffer
-// (at most max(mr, nr) rows of kc) and transpose from there.
-
-// count bf16 values from src widened into dst, then zeros up to width.
-inline void widen_padded(float* dst, const uint16_t* src, int count, int width) {
-    for (int j = 0; j < count; ++j) dst[j] = bf16_to_f32(src[j]);
-    for (int j = count; j < width; ++j) dst[j] = 0.0f;
-}
-
-// rows rows of kc bf16, ld apart, widened into staging (rows, kc).
-void widen_rows(const uint16_t* src, int64_t ld, int rows, int64_t kc, float* staging) {
-    for (int r = 0; r < rows; ++r) widen_padded(staging + r * kc, src + r * ld, static_cast<int>(kc), static_cast<int>(kc));
-}
-
-// pack_a_panel for bf16 A.
-void pack_a_panel_bf16(const Engine& e, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int rows,
-                       int64_t p0, int64_t kc, float* panel, float* staging) {
-    if (trans_a) {  // the panel's row p is a piece of A's row p
-        for (int64_t p = 0; p < kc; ++p) widen_padded(panel + p * e.mr, a + (p0 + p) * lda + i0, rows, e.mr);
-        return;
-    }
-    widen_rows(a + i0 * lda + p0, lda, rows, kc, staging);  // (rows, kc), then the f32 pack's transpose
-    pack_a_panel(e, false, staging, kc, 0, rows, 0, kc, panel);
-}
-
-// pack_b_panel for bf16 B.
-void pack_b_panel_bf16(const Engine& e, bool trans_b, const uint16_t* b, int64_t ldb, int64_t p0, int64_t kc,
-                       int64_t j0, int64_t nc, int64_t jp, float* panel, float* staging) {
-    const int64_t jr = jp * e.nr;
-    const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
-    if (!trans_b) {  // row p of the panel is a piece of row p of B
-        for (int64_t p = 0; p < kc; ++p) widen_padded(panel + p * e.nr, b + (p0 + p) * ldb + j0 + jr, cols, e.nr);
-        return;
-    }
-    widen_rows(b + (j0 + jr) * ldb + p0, ldb, cols, kc, staging);  // (cols, kc): B stored (n, k), then transposed
-    pack_b_panel(e, true, staging, kc, 0, kc, 0, cols, 0, panel);
+        for (int j = 0; j < nr; ++j) panel[p * nr + j] = j < cols ? to_f32(src[j * ldb + p]) : 0.0f;
 }
 
 // One tile of C: the full micro-kernel when the tile is whole, else the kernel into a scratch tile
 // and the valid part merged with the same arithmetic (alpha * acc, or fma(acc, alpha, beta * c)).
-void run_tile(const Engine& e, int64_t kc, const float* a_panel, int64_t a_rs, int64_t a_cs,
-              const float* b_panel, int64_t b_step, float* c, int64_t ldc, int rows, int cols, float alpha,
+// `kernel` is e.kernel (f32 B) or e.kernel_bf16_b (bf16 B read in place).
+template <typename BValue, typename Kernel>
+void run_tile(const Engine& e, Kernel kernel, int64_t kc, const float* a_panel, int64_t a_rs, int64_t a_cs,
+              const BValue* b_panel, int64_t b_step, float* c, int64_t ldc, int rows, int cols, float alpha,
               float beta, bool read_c) {
     if (rows == e.mr && cols == e.nr) {
-        e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, c, ldc, alpha, beta, read_c);
+        kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, c, ldc, alpha, beta, read_c);
         return;
     }
     alignas(64) float tile[16 * 16];  // (mr, nr): the largest register tile
-    e.kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
+    kernel(kc, a_panel, a_rs, a_cs, b_panel, b_step, tile, e.nr, 1.0f, 0.0f, false);
     for (int i = 0; i < rows; ++i) {
         float* row = c + i * ldc;
         const float* acc = tile + i * e.nr;
@@ -459,7 +493,7 @@ GemmPlan plan_gemm(const Engine& e, const GemmArgs& g) {
     // 4 KiB) maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up
     // to kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
     const bool b_rows_spread = (g.ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
-    plan.direct_b = g.b16 == nullptr && !g.trans_b &&
+    plan.direct_b = (g.b16 == nullptr || e.kernel_bf16_b != nullptr) && !g.trans_b &&
                     (g.m <= kDirectBMaxRows || (g.m <= kDirectBMaxRowsSpread && b_rows_spread));
     plan.threads = omp_in_parallel() || g.m * g.n * g.k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
@@ -510,7 +544,6 @@ struct TaskPanels {
     const float* b_packed;
     float* a_packed;
     float* b_edge;
-    float* staging;  // (max(mr, nr), kc): bf16 rows widened for a transposing pack (bf16 operands only)
 };
 
 // One task over the k block [pc, pc + kc): each A panel of its row block against the task's B
@@ -530,14 +563,18 @@ void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const Co
     const int64_t jp_end = std::min(n_panels, (group + 1) * block.panels_per_group);
     const float block_beta = first ? first_beta : 1.0f;
     const bool read_c = !(first && first_beta == 0.0f);
-    if (direct_b && jp_end == n_panels && nc % e.nr != 0)  // the partial last B panel
-        pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, panels.b_edge);
+    if (direct_b && jp_end == n_panels && nc % e.nr != 0) {  // the partial last B panel
+        if (g.b16 != nullptr)
+            pack_b_panel(e, false, g.b16, ldb, pc, kc, jc, nc, n_panels - 1, panels.b_edge);
+        else
+            pack_b_panel(e, false, b, ldb, pc, kc, jc, nc, n_panels - 1, panels.b_edge);
+    }
     for (int64_t ir = 0; ir < mc; ir += e.mr) {
         const int rows = static_cast<int>(std::min<int64_t>(e.mr, mc - ir));
         const float* a_panel = a == nullptr ? nullptr : trans_a ? a + pc * lda + ic + ir : a + (ic + ir) * lda + pc;
         int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
         if (g.a16 != nullptr) {
-            pack_a_panel_bf16(e, trans_a, g.a16, lda, ic + ir, rows, pc, kc, panels.a_packed, panels.staging);
+            pack_a_panel(e, trans_a, g.a16, lda, ic + ir, rows, pc, kc, panels.a_packed);
             a_panel = panels.a_packed;
             a_rs = 1;
             a_cs = e.mr;
@@ -551,11 +588,17 @@ void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const Co
             const int64_t jr = jp * e.nr;
             const int cols = static_cast<int>(std::min<int64_t>(e.nr, nc - jr));
             const bool in_place = direct_b && cols == e.nr;
+            float* c_tile = out + (ic + ir) * ld_out + jc + jr;
+            if (in_place && g.b16 != nullptr) {  // bf16 B in place, widened by the kernel's loads
+                run_tile(e, e.kernel_bf16_b, kc, a_panel, a_rs, a_cs, g.b16 + pc * ldb + jc + jr, ldb, c_tile, ld_out,
+                         rows, cols, alpha, block_beta, read_c);
+                continue;
+            }
             const float* b_panel = in_place ? b + pc * ldb + jc + jr
                                    : direct_b ? panels.b_edge
                                               : panels.b_packed + jp * kc * e.nr;
-            run_tile(e, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr, out + (ic + ir) * ld_out + jc + jr,
-                     ld_out, rows, cols, alpha, block_beta, read_c);
+            run_tile(e, e.kernel, kc, a_panel, a_rs, a_cs, b_panel, in_place ? ldb : e.nr, c_tile, ld_out, rows, cols,
+                     alpha, block_beta, read_c);
         }
     }
 }
@@ -591,7 +634,7 @@ void run_tasks_packed_b(const Engine& e, const GemmArgs& g, const GemmPlan& plan
         for (int64_t jp = 0; jp < block.n_panels; ++jp) {
             float* panel = b_packed + jp * kc * e.nr;
             if (g.b16 != nullptr)
-                pack_b_panel_bf16(e, g.trans_b, g.b16, g.ldb, pc, kc, block.jc, block.nc, jp, panel, panels.staging);
+                pack_b_panel(e, g.trans_b, g.b16, g.ldb, pc, kc, block.jc, block.nc, jp, panel);
             else
                 pack_b_panel(e, g.trans_b, g.b, g.ldb, pc, kc, block.jc, block.nc, jp, panel);
         }
@@ -629,9 +672,8 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
 
 #pragma omp parallel num_threads(plan.threads)
     {
-        thread_local PackBuffer a_buffer, b_edge_buffer, staging_buffer;
+        thread_local PackBuffer a_buffer, b_edge_buffer;
         TaskPanels panels;
-        panels.staging = g.a16 != nullptr ? staging_buffer.get(std::max(e.mr, e.nr) * plan.kc_step) : nullptr;
         panels.b_packed = b_packed;
         panels.a_packed = a_buffer.get(e.mr * plan.kc_step);                                 // (kc, mr)
         panels.b_edge = plan.direct_b ? b_edge_buffer.get(plan.kc_step * e.nr) : nullptr;  // (kc, nr)
