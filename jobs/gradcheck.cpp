@@ -82,7 +82,7 @@ void add_norm_checks(std::vector<Check>& checks) {
         for (bool fused : {true, false}) {
             checks.push_back({{type.name, fused ? "fused" : "composed", "1st"},
                               {type.gradcheck.atol, type.gradcheck.rtol},
-                              [&type, fused, d](const Tolerance& tol) {
+                              [&type, fused](const Tolerance& tol) {
                                   std::shared_ptr<Norm> norm = make_norm(norm_gradcheck_options(type, d, fused));
                                   Var x = random_input({3, 4, d}, 1);
                                   return check_module(*norm, x, [norm](const Var& in) { return norm->forward(in); }, 2, tol);
@@ -92,7 +92,7 @@ void add_norm_checks(std::vector<Check>& checks) {
     for (const NormType& type : norm_registry()) {
         checks.push_back({{type.name, "composed", "2nd"},
                           {type.gradcheck.atol, type.gradcheck.rtol},
-                          [&type, d](const Tolerance& tol) {
+                          [&type](const Tolerance& tol) {
                               Generator gen(3);
                               const std::vector<Var> inputs = norm_gradcheck_inputs(type, {3, d}, gen);
                               const NormOptions options = norm_gradcheck_options(type, d, false);

@@ -318,6 +318,7 @@ void backward_elements(const RowGroup<T, G>& rows, const T* w, T* dw_sum, T* db_
                        int64_t j1) {
     // in_stats: elements before jk, whose dx also carries the statistics' terms.
     auto sweep = [&rows, w, dw_sum, db_sum, j0](auto lanes, int64_t j, auto in_stats) {
+        (void)db_sum;  // read only with kBiasGrad
         using V = decltype(lanes);
         const V wj = load_as<V>(w + j);
         V dw = {}, db = {};
