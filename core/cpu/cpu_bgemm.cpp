@@ -617,9 +617,15 @@ void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* d
         for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = bf16_to_f32(src[i * ld + j]);
 }
 
-// The portable engine: A and B widened to f32 (exact) by the f32 engine's packs (or into copies for
-// OpenBLAS), one f32 gemm, C rounded once.
+// The portable engine: A and B widened to f32 (exact) by the f32 engine's packs, which also round a
+// bf16 C block by block (sgemm_native_bf16); for OpenBLAS, widened copies, one f32 gemm, then C
+// rounded once in a pass of its own.
 void bgemm_widened(const BGemmArgs& g) {
+    if (sgemm_engine_is_native()) {
+        sgemm_native_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.c_f32,
+                          g.ldc);
+        return;
+    }
     thread_local std::vector<float> a32, b32, c32;
     float* c = static_cast<float*>(g.c);
     int64_t ldc = g.ldc;
@@ -631,21 +637,16 @@ void bgemm_widened(const BGemmArgs& g) {
         beta = 0.0f;
     }
     const float alpha = g.c_f32 ? g.alpha : 1.0f;
-    if (sgemm_engine_is_native()) {
-        // The engine's packs widen A and B as they copy them: no f32 copies.
-        sgemm_native_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, g.a, g.lda, g.b, g.ldb, beta, c, ldc);
-    } else {  // OpenBLAS reads f32: A and B widened into packed copies first
-        const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
-        const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-        a32.resize(static_cast<size_t>(a_rows * a_cols));  // op(A)'s storage (a_rows, a_cols)
-        b32.resize(static_cast<size_t>(b_rows * b_cols));  // op(B)'s storage (b_rows, b_cols)
-        widen(g.a, a_rows, a_cols, g.lda, a32.data());
-        widen(g.b, b_rows, b_cols, g.ldb, b32.data());
-        NL_CHECK(g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && ldc <= INT32_MAX, "gemm sizes exceed int range");
-        cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                    static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha, a32.data(),
-                    static_cast<int>(a_cols), b32.data(), static_cast<int>(b_cols), beta, c, static_cast<int>(ldc));
-    }
+    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+    a32.resize(static_cast<size_t>(a_rows * a_cols));  // op(A)'s storage (a_rows, a_cols)
+    b32.resize(static_cast<size_t>(b_rows * b_cols));  // op(B)'s storage (b_rows, b_cols)
+    widen(g.a, a_rows, a_cols, g.lda, a32.data());
+    widen(g.b, b_rows, b_cols, g.ldb, b32.data());
+    NL_CHECK(g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && ldc <= INT32_MAX, "gemm sizes exceed int range");
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha, a32.data(),
+                static_cast<int>(a_cols), b32.data(), static_cast<int>(b_cols), beta, c, static_cast<int>(ldc));
     if (!g.c_f32) {  // alpha * sum + beta * C, rounded once: store_tile's arithmetic, row by row
         const float* sums = c32.data();
         uint16_t* out = static_cast<uint16_t*>(g.c);

@@ -460,7 +460,27 @@ struct GemmArgs {
     int64_t ldc;
     const uint16_t* a16 = nullptr;  // bf16 A and B instead of a and b (sgemm_native_bf16): always packed
     const uint16_t* b16 = nullptr;
+    // A bf16 C (sgemm_native_bf16): the sums go to c, an f32 scratch (m, n) run with alpha 1 and
+    // beta 0, and each block of it, once final, becomes c16 = bf16(c16_alpha * sum + c16_beta * c16).
+    uint16_t* c16 = nullptr;
+    int64_t ldc16 = 0;
+    float c16_alpha = 1.0f, c16_beta = 0.0f;
 };
+
+// Rows [i0, i1) x columns [j0, j1) of a finished f32 sum (g.c) rounded into the bf16 C: alpha * sum
+// (+ beta * C), rounded once to nearest even (the bf16 gemm's rule: core/cpu/cpu_bgemm.cpp).
+void round_into_c16(const GemmArgs& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const float a = g.c16_alpha, b = g.c16_beta;
+    for (int64_t i = i0; i < i1; ++i) {
+        const float* sum = g.c + i * g.ldc;  // (n)
+        uint16_t* row = g.c16 + i * g.ldc16;  // (n)
+        if (b != 0.0f) {
+            for (int64_t j = j0; j < j1; ++j) row[j] = f32_to_bf16(a * sum[j] + b * bf16_to_f32(row[j]));
+        } else {
+            for (int64_t j = j0; j < j1; ++j) row[j] = f32_to_bf16(a * sum[j]);
+        }
+    }
+}
 
 // How a gemm is cut into blocks and shared out over the threads, decided from its sizes before any work.
 struct GemmPlan {
@@ -601,6 +621,10 @@ void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const Co
                      alpha, block_beta, read_c);
         }
     }
+    // A bf16 C: the task's block is final after the last k block (unless a second part is still to
+    // come), and is rounded now, while in cache, rather than in a pass of its own.
+    if (g.c16 != nullptr && plan.k_parts == 1 && pc + kc == g.k)
+        round_into_c16(g, ic, ic + mc, jc + jp_begin * e.nr, jc + std::min(nc, jp_end * e.nr));
 }
 
 // A column block with B read in place: the thread's fixed run of (part, task) pairs, parts
@@ -659,6 +683,7 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
     NL_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "sgemm_native: negative size");
     if (g.m == 0 || g.n == 0) return;
     if (g.k == 0) {  // an empty sum: C = beta * C, and beta == 0 must not read C
+        NL_CHECK(g.c16 == nullptr, "sgemm_native_bf16: k == 0 is the caller's");
         for (int64_t i = 0; i < g.m; ++i)
             for (int64_t j = 0; j < g.n; ++j)
                 g.c[i * g.ldc + j] = g.beta == 0.0f ? 0.0f : g.beta * g.c[i * g.ldc + j];
@@ -682,7 +707,13 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
             if (plan.direct_b) run_tasks_direct_b(e, g, plan, block, panels, k_scratch);
             else run_tasks_packed_b(e, g, plan, block, b_packed, panels);
         }
-        if (plan.k_parts == 2) add_second_part(g, k_scratch);
+        if (plan.k_parts == 2) {
+            add_second_part(g, k_scratch);
+            if (g.c16 != nullptr) {
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < g.m; ++i) round_into_c16(g, i, i + 1, 0, g.n);
+            }
+        }
     }
 }
 
@@ -695,11 +726,24 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 }
 
 void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c,
+                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
                        int64_t ldc) {
-    GemmArgs g{trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, c, ldc};
+    GemmArgs g{trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, nullptr, ldc};
     g.a16 = a;
     g.b16 = b;
+    if (c_f32) {
+        g.c = static_cast<float*>(c);
+    } else {  // the f32 sums in scratch (m, n), rounded into C block by block as they finish
+        thread_local PackBuffer sums;
+        g.c = sums.get(m * n);
+        g.ldc = n;
+        g.alpha = 1.0f;
+        g.beta = 0.0f;
+        g.c16 = static_cast<uint16_t*>(c);
+        g.ldc16 = ldc;
+        g.c16_alpha = alpha;
+        g.c16_beta = beta;
+    }
     sgemm_on(engine(), g);
 }
 
