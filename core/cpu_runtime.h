@@ -42,14 +42,6 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc);
 
-// sgemm_native with bf16 A and B (bit patterns): the engine's packs widen them (exactly) as they copy
-// them into the f32 panels, so no f32 copy of A or B is made; the sums are f32 as in sgemm_native. C
-// is f32 (c_f32) or bf16: then alpha * sum + beta * C is rounded once, block by block as the sums
-// finish. Only where sgemm_engine_is_native(), and k > 0. (The bf16 gemm's portable engine.)
-void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
-                       int64_t ldc);
-
 // ---- normlab's bf16 gemm (core/cpu/cpu_bgemm.cpp): bf16 A and B, f32 sums, C in f32 or bf16 ----
 // The bf16 gemm engine the CPU backend uses: "normlab amx 32x32 (tdpbf16ps tiles)", "normlab
 // avx512-bf16 16x16 (vdpbf16ps)" or "bf16 widened to f32, then <the f32 engine>", and why it was chosen

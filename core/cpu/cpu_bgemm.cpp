@@ -47,6 +47,7 @@
 #define NL_BGEMM_AMX 1
 #endif
 
+#include "core/cpu/cpu_sgemm.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -132,19 +133,16 @@ void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, u
 // (+ beta * C), then rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole
 // or partial, of every engine.
 void store_tile(const BGemmArgs& g, const float* tile, int tile_ld, int64_t i0, int64_t j0, int rows, int cols) {
+    if (!g.c_f32) {
+        round_sums_to_bf16(tile, tile_ld, static_cast<uint16_t*>(g.c) + i0 * g.ldc + j0, g.ldc, rows, cols, g.alpha,
+                           g.beta);
+        return;
+    }
     const bool read_c = g.beta != 0.0f;
     for (int r = 0; r < rows; ++r) {
         const float* sum = tile + r * tile_ld;  // (cols)
-        if (g.c_f32) {
-            float* row = static_cast<float*>(g.c) + (i0 + r) * g.ldc + j0;
-            for (int j = 0; j < cols; ++j) row[j] = read_c ? g.alpha * sum[j] + g.beta * row[j] : g.alpha * sum[j];
-        } else {
-            uint16_t* row = static_cast<uint16_t*>(g.c) + (i0 + r) * g.ldc + j0;
-            for (int j = 0; j < cols; ++j) {
-                const float v = read_c ? g.alpha * sum[j] + g.beta * bf16_to_f32(row[j]) : g.alpha * sum[j];
-                row[j] = f32_to_bf16(v);
-            }
-        }
+        float* row = static_cast<float*>(g.c) + (i0 + r) * g.ldc + j0;
+        for (int j = 0; j < cols; ++j) row[j] = read_c ? g.alpha * sum[j] + g.beta * row[j] : g.alpha * sum[j];
     }
 }
 
@@ -647,21 +645,12 @@ void bgemm_widened(const BGemmArgs& g) {
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha, a32.data(),
                 static_cast<int>(a_cols), b32.data(), static_cast<int>(b_cols), beta, c, static_cast<int>(ldc));
-    if (!g.c_f32) {  // alpha * sum + beta * C, rounded once: store_tile's arithmetic, row by row
+    if (!g.c_f32) {  // alpha * sum + beta * C, rounded once, row by row
         const float* sums = c32.data();
         uint16_t* out = static_cast<uint16_t*>(g.c);
-        const float a = g.alpha, b = g.beta;
-        const int64_t m = g.m, n = g.n, ldc_out = g.ldc;
+        const int64_t m = g.m, n = g.n;
 #pragma omp parallel for schedule(static) if (m * n >= (int64_t(1) << 16) && !omp_in_parallel())
-        for (int64_t i = 0; i < m; ++i) {
-            const float* sum = sums + i * n;  // (n)
-            uint16_t* row = out + i * ldc_out;  // (n)
-            if (b != 0.0f) {
-                for (int64_t j = 0; j < n; ++j) row[j] = f32_to_bf16(a * sum[j] + b * bf16_to_f32(row[j]));
-            } else {
-                for (int64_t j = 0; j < n; ++j) row[j] = f32_to_bf16(a * sum[j]);
-            }
-        }
+        for (int64_t i = 0; i < m; ++i) round_sums_to_bf16(sums + i * n, n, out + i * g.ldc, g.ldc, 1, n, g.alpha, g.beta);
     }
 }
 

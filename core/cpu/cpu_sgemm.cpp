@@ -467,19 +467,10 @@ struct GemmArgs {
     float c16_alpha = 1.0f, c16_beta = 0.0f;
 };
 
-// Rows [i0, i1) x columns [j0, j1) of a finished f32 sum (g.c) rounded into the bf16 C: alpha * sum
-// (+ beta * C), rounded once to nearest even (the bf16 gemm's rule: core/cpu/cpu_bgemm.cpp).
+// Rows [i0, i1) x columns [j0, j1) of a finished f32 sum (g.c) rounded into the bf16 C.
 void round_into_c16(const GemmArgs& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    const float a = g.c16_alpha, b = g.c16_beta;
-    for (int64_t i = i0; i < i1; ++i) {
-        const float* sum = g.c + i * g.ldc;  // (n)
-        uint16_t* row = g.c16 + i * g.ldc16;  // (n)
-        if (b != 0.0f) {
-            for (int64_t j = j0; j < j1; ++j) row[j] = f32_to_bf16(a * sum[j] + b * bf16_to_f32(row[j]));
-        } else {
-            for (int64_t j = j0; j < j1; ++j) row[j] = f32_to_bf16(a * sum[j]);
-        }
-    }
+    round_sums_to_bf16(g.c + i0 * g.ldc + j0, g.ldc, g.c16 + i0 * g.ldc16 + j0, g.ldc16, i1 - i0, j1 - j0,
+                       g.c16_alpha, g.c16_beta);
 }
 
 // How a gemm is cut into blocks and shared out over the threads, decided from its sizes before any work.
@@ -723,6 +714,19 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
     sgemm_on(engine(), {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
+}
+
+void round_sums_to_bf16(const float* sums, int64_t ld_sums, uint16_t* c, int64_t ldc, int64_t rows, int64_t cols,
+                        float alpha, float beta) {
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* sum = sums + i * ld_sums;  // (cols)
+        uint16_t* row = c + i * ldc;            // (cols)
+        if (beta != 0.0f) {
+            for (int64_t j = 0; j < cols; ++j) row[j] = f32_to_bf16(alpha * sum[j] + beta * bf16_to_f32(row[j]));
+        } else {
+            for (int64_t j = 0; j < cols; ++j) row[j] = f32_to_bf16(alpha * sum[j]);
+        }
+    }
 }
 
 void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

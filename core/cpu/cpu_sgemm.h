@@ -20,6 +20,19 @@ void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                        float beta, float* c, int64_t ldc);
 
+// sgemm_native with bf16 A and B (bit patterns): the engine's packs widen them (exactly) as they copy
+// them into the f32 panels, so no f32 copy of A or B is made; the sums are f32 as in sgemm_native. C
+// is f32 (c_f32) or bf16: then alpha * sum + beta * C is rounded once, block by block as the sums
+// finish. Only where sgemm_engine_is_native(), and k > 0. (The bf16 gemm's portable engine.)
+void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
+                       int64_t ldc);
+
+// c[i][j] = bf16(alpha * sums[i][j] + beta * c[i][j]) for a (rows, cols) block, rounded once to nearest
+// even (f32_to_bf16); beta == 0 never reads c. How every bf16 gemm engine writes a bf16 C from its f32 sums.
+void round_sums_to_bf16(const float* sums, int64_t ld_sums, uint16_t* c, int64_t ldc, int64_t rows, int64_t cols,
+                        float alpha, float beta);
+
 // dst (cols, dst_cols), row stride dst_ld, gets src (rows, cols), row stride ld, transposed:
 // dst[q][i] = src[i][q] for i < rows and 0 for rows <= i < dst_cols (dst_cols >= rows). Runs the
 // engine's AVX-512 16 x 16 block transpose where the CPU has AVX-512, scalar moves elsewhere; never
