@@ -142,8 +142,9 @@ std::vector<std::string> engines_to_test() {
 
 #ifdef NL_TEST_SECCOMP
 // `normlab info` in a child process in which Linux answers EPERM to arch_prctl(ARCH_REQ_XCOMP_PERM, ...),
-// as a kernel that refuses AMX's tile data would (a seccomp filter, kept across exec); its output.
-std::string info_with_amx_refused() {
+// as a kernel that refuses AMX's tile data would (a seccomp filter, kept across exec), with
+// NORMLAB_GEMM_BF16 set to `engine` (or unset for nullptr); its exit status and output.
+nl_test::CliRun info_with_amx_refused(const char* engine) {
     int pipe_fds[2];
     REQUIRE(pipe(pipe_fds) == 0);
     const pid_t child = fork();
@@ -167,6 +168,8 @@ std::string info_with_amx_refused() {
         sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
             _exit(111);
+        if (engine != nullptr) setenv("NORMLAB_GEMM_BF16", engine, 1);
+        else unsetenv("NORMLAB_GEMM_BF16");
         execl(NORMLAB_BINARY, NORMLAB_BINARY, "info", static_cast<char*>(nullptr));
         _exit(112);
     }
@@ -180,8 +183,7 @@ std::string info_with_amx_refused() {
     REQUIRE(waitpid(child, &status, 0) == child);
     INFO(output);
     REQUIRE(WIFEXITED(status));
-    REQUIRE(WEXITSTATUS(status) == 0);
-    return output;
+    return {WEXITSTATUS(status), output};
 }
 #endif
 
@@ -289,10 +291,17 @@ TEST_CASE("bf16 gemm: where Linux refuses AMX's tile data, auto falls back to th
         WARN("skipped: the AMX refusal test (this CPU lacks AMX-BF16, so nothing is requested)");
         return;
     }
-    const std::string output = info_with_amx_refused();
-    INFO(output);
-    CHECK_THAT(output, Catch::Contains("Linux refused its tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") &&
-                           Catch::Contains("bf16 widened to f32, then "));
+    const nl_test::CliRun automatic = info_with_amx_refused(nullptr);
+    INFO(automatic.output);
+    CHECK(automatic.status == 0);
+    CHECK_THAT(automatic.output, Catch::Contains("Linux refused its tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") &&
+                                     Catch::Contains("bf16 widened to f32, then "));
+    // Asking for amx there is a user mistake: one line naming the variable and why, exit 2.
+    const nl_test::CliRun asked = info_with_amx_refused("amx");
+    INFO(asked.output);
+    CHECK(asked.status == 2);
+    CHECK_THAT(asked.output, Catch::Contains("NORMLAB_GEMM_BF16: normlab's amx bf16 gemm cannot run here: this CPU has "
+                                             "AMX-BF16 but Linux refused its tile data"));
 #else
     WARN("skipped: the AMX refusal test (needs Linux on x86-64)");
 #endif
