@@ -194,6 +194,38 @@ TEST_CASE("library: the installed package is found with find_package(normlab), i
 }
 #endif
 
+TEST_CASE("library: an OpenBLAS under CMAKE_PREFIX_PATH comes before the system's that pkg-config finds",
+          "[library][cmake]") {
+    // A GPU machine's image may have its own (pthreads) OpenBLAS, while the build is pointed at Debian's
+    // OpenMP build unpacked into a folder (tests/cuda/device_check.sh --deps): the folder named wins.
+    TempDir dir("library_openblas_prefix");
+    const std::string finder = std::string(NORMLAB_SOURCE_DIR) + "/cmake/normlab_openblas.cmake";
+    write_text(dir / "CMakeLists.txt",
+               "cmake_minimum_required(VERSION 3.25)\n"
+               "project(find_openblas C)\n"
+               "if(UNPACKED)\n"
+               "  set(unpacked \"${CMAKE_BINARY_DIR}/unpacked/usr\")\n"
+               "  file(WRITE \"${unpacked}/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp/cblas.h\" \"\")\n"
+               "  file(WRITE \"${unpacked}/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp/libopenblas.so\" \"\")\n"
+               "  list(APPEND CMAKE_PREFIX_PATH \"${unpacked}\")\n"
+               "endif()\n"
+               "include(\"" + finder + "\")\n"
+               "normlab_find_openblas()\n"
+               "message(STATUS \"where=${NORMLAB_OPENBLAS_WHERE}; openmp=${NORMLAB_OPENBLAS_OPENMP}\")\n");
+    const CliRun system = run_shell(dir, "cmake -S . -B system");
+    INFO(system.output);
+    REQUIRE(system.status == 0);
+    // The system's OpenBLAS is there (./setup.sh installs it, with pkg-config) and is not in the folder.
+    CHECK_THAT(system.output, Catch::Contains("(pkg-config)"));
+    CHECK_THAT(system.output, !Catch::Contains("/unpacked/"));
+    const CliRun unpacked = run_shell(dir, "cmake -S . -B unpacked_build -DUNPACKED=ON");
+    INFO(unpacked.output);
+    REQUIRE(unpacked.status == 0);
+    CHECK_THAT(unpacked.output, Catch::Contains("/unpacked/usr/lib/"));
+    CHECK_THAT(unpacked.output, Catch::Contains("/openblas-openmp/libopenblas.so, cblas.h in "));
+    CHECK_THAT(unpacked.output, Catch::Contains("(found as files under CMAKE_PREFIX_PATH); openmp=ON"));
+}
+
 TEST_CASE("library: only test targets compile anything from tests/ (the CUDA emulator included)", "[library][cmake]") {
     // CMake's record of every compile in this build (CMAKE_EXPORT_COMPILE_COMMANDS, on at top level).
     std::ifstream in(std::string(NORMLAB_BINARY_DIR) + "/compile_commands.json");

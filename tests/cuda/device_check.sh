@@ -4,6 +4,8 @@
 # with the 8192x4096 target shape in f32 and bf16, the default `normlab train` (f32 and bf16 autocast),
 # `normlab bench torch` (normlab vs PyTorch eager on the same GPU), the whole test suite and
 # `normlab stability`, all on the GPU, most telling first, so that a run cut short still reports them.
+# Where a Python test dies on a signal, the smallest Python program that did is run again under a
+# debugger and with single settings changed.
 #
 # A GPU machine may have a CUDA toolkit but no package registry: give it the Debian packages normlab
 # builds against as an archive made by tests/cuda/stage_deps.sh (--deps). The build and the runs live in
@@ -25,7 +27,7 @@ set -uo pipefail
 # is made or emptied.
 bad_argument() {
     echo "device_check.sh: $*" >&2
-    sed -n '14,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '/^#   usage:/,/^#   --work/p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -151,6 +153,21 @@ if grep -q "PyTorch side skipped" "$logs/bench_torch.log"; then
 fi
 # The whole suite (in a subshell for the cd; its exit code carries the failure out).
 (cd "$build" && step ctest 600 ctest --output-on-failure -j"$jobs" --timeout 300) || status=1
+# A Python test that died on a signal: the smallest program that showed it (examples/python/norm_autograd.py)
+# again under cuda-gdb, the GPU machine's one debugger (it debugs programs without GPU code too), for the
+# native stack and the libraries loaded; then with one setting changed at a time, to narrow the cause.
+if grep -q "python_test_.*(SEGFAULT)" "$logs/ctest.log" && [[ -d "$build/python/normlab" ]]; then
+    python="$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")"  # the one the package was built for
+    probe=("${python:-python3}" "$root/examples/python/norm_autograd.py" --out "$runs/python_probe" --epochs 5)
+    if command -v cuda-gdb >/dev/null; then
+        step python_crash_stack 180 env PYTHONPATH="$build/python" cuda-gdb -q -batch -ex run -ex bt \
+            -ex "info sharedlibrary" --args "${probe[@]}"
+    fi
+    step python_crash_one_thread 60 env PYTHONPATH="$build/python" OMP_NUM_THREADS=1 "${probe[@]}"
+    step python_crash_no_amx 60 env PYTHONPATH="$build/python" NORMLAB_GEMM_BF16=f32 "${probe[@]}"
+    step python_crash_no_cuda 60 env PYTHONPATH="$build/python" CUDA_VISIBLE_DEVICES= "${probe[@]}"
+    step python_crash_blas_kernel 60 env PYTHONPATH="$build/python" OPENBLAS_CORETYPE=SkylakeX "${probe[@]}"
+fi
 step stability 300 "$build/normlab" stability "$root/configs/stability.json" "${set_device[@]}" --out "$runs/stability" --force
 
 say "== done: overall status $status"
