@@ -57,6 +57,14 @@ Var autocast_lower(const Var& x) {
     return y;
 }
 
+std::vector<Var> autocast_lower_uses(const Var& x, int uses) {
+    NL_REQUIRE(uses >= 1, "autocast_lower_uses: expected at least 1 use, found ", uses);
+    std::vector<Var> inputs{autocast_lower(x)};
+    const bool cast = x.defined() && inputs[0].dtype() != x.dtype();
+    for (int i = 1; i < uses; ++i) inputs.push_back(cast ? cast_node(x, inputs[0].data()) : x);
+    return inputs;
+}
+
 Var autocast_f32(const Var& x) {
     if (!autocast_enabled || !x.defined() || !is_half(x.dtype())) return x;
     return to(x, DType::F32);

@@ -58,6 +58,11 @@ private:
 // on and x is a floating dtype other than f64 (torch.autocast leaves f64 alone); otherwise x itself.
 // A parameter's cast comes from the guard's cache where it has one.
 Var autocast_lower(const Var& x);
+// x as the input of `uses` lower-precision ops (attention's wq, wk and wv; SwiGLU's w1 and w3). Under
+// autocast x is cast once and each use gets its own cast node over that one copy, so the gradients
+// still come back to x's dtype one by one and are summed there: the bits of `uses` separate
+// autocast_lower calls, for one cast instead of `uses`. Otherwise `uses` times x itself.
+std::vector<Var> autocast_lower_uses(const Var& x, int uses);
 // The input of an f32 op (softmax, loss, norm statistics): bf16/f16 x cast to f32 when autocast is
 // on; otherwise x itself.
 Var autocast_f32(const Var& x);

@@ -65,7 +65,8 @@ Var swiglu(const Var& a, const Var& b, bool fused) {
 }
 
 Var FeedForward::forward(const Var& x) {
-    return w2_->forward(swiglu(w1_->forward(x), w3_->forward(x), options_.fused));
+    const std::vector<Var> in = autocast_lower_uses(x, 2);  // one bf16 copy of x under autocast
+    return w2_->forward(swiglu(w1_->forward(in[0]), w3_->forward(in[1]), options_.fused));
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -73,8 +74,9 @@ Var FeedForward::forward(const Var& x) {
 namespace {
 
 // One graph node for the whole rotation, one fused kernel each way (core/fused.h's rope_rotate, the
-// order of torch's complex product): the gradient is the inverse rotation. x (B, T, H, hd) in the
-// compute dtype; cos/sin (T, hd/2).
+// order of torch's complex product): the gradient is the inverse rotation. x (B, T, H, hd) in any
+// floating dtype (a half one is rotated in f32 and rounded once); cos/sin (T, hd/2) in x's compute
+// dtype.
 Var rotate_pairs(const Var& x, const Tensor& cos, const Tensor& sin, bool inverse) {
     return make_result(rope_rotate(x.data(), cos, sin, inverse), "rope", {x}, {},
                        [cos, sin, inverse](const Var& g, const std::vector<Var>&) -> std::vector<Var> {
@@ -123,15 +125,14 @@ Var apply_rope(const Var& x, const RopeTables& tables) {
                    tables.cos.size(0) >= T && tables.sin.shape() == tables.cos.shape(),
                "apply_rope: tables must be (>= ", T, ", ", hd / 2, ") for x ", shape_str(x.shape()), ", found cos ",
                tables.cos.defined() ? shape_str(tables.cos.shape()) : "undefined");
-    // Half inputs rotate in f32 and are cast back (LLaMA: xq.float() ... .type_as(xq)).
+    // Half inputs rotate in f32 and are rounded back (LLaMA: xq.float() ... .type_as(xq)). rope_rotate
+    // does both inside its kernel, each way, with the bits of the widen / rotate / round ops.
     const DType compute = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
     NL_REQUIRE(tables.cos.dtype() == compute, "apply_rope: x of dtype ", dtype_name(x.dtype()),
                " needs ", dtype_name(compute), " tables, found ", dtype_name(tables.cos.dtype()));
-    const Var xc = to(x, compute);
     const Tensor cos = tables.cos.narrow(0, 0, T).to(x.device());  // (T, hd/2)
     const Tensor sin = tables.sin.narrow(0, 0, T).to(x.device());
-    const Var out = rotate_pairs(xc, cos, sin, false);  // (B, T, H, hd)
-    return to(out, x.dtype());
+    return rotate_pairs(x, cos, sin, false);  // (B, T, H, hd) in x's dtype
 }
 
 // ---------------------------------------------------------------- attention
@@ -195,9 +196,10 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
     }
     const RopeTables all = rope(L, x.dtype());
     const RopeTables tables = {all.cos.narrow(0, start, T), all.sin.narrow(0, start, T)};  // positions start..L-1
-    const Var q = apply_rope(reshape(wq_->forward(x), {B, T, H, hd}), tables);   // (B, T, H, hd)
-    Var k = apply_rope(reshape(wk_->forward(x), {B, T, KV, hd}), tables);        // (B, T, KV, hd)
-    Var v = reshape(wv_->forward(x), {B, T, KV, hd});                            // (B, T, KV, hd)
+    const std::vector<Var> in = autocast_lower_uses(x, 3);  // one bf16 copy of x under autocast
+    const Var q = apply_rope(reshape(wq_->forward(in[0]), {B, T, H, hd}), tables);   // (B, T, H, hd)
+    Var k = apply_rope(reshape(wk_->forward(in[1]), {B, T, KV, hd}), tables);        // (B, T, KV, hd)
+    Var v = reshape(wv_->forward(in[2]), {B, T, KV, hd});                            // (B, T, KV, hd)
     if (slot) {
         // Append, then read back every position so far: (B, L, KV, hd) views of the buffers.
         slot->keys.narrow(1, start, T).copy_(k.data());

@@ -206,6 +206,84 @@ TEST_CASE("autocast: a cache casts each parameter once for several forwards, wit
     CHECK(cache.casts() == 0);
 }
 
+TEST_CASE("autocast: one cast of an input for several matmuls gives the bits of a cast per use", "[autocast]") {
+    // Attention's wq, wk, wv (and SwiGLU's w1, w3) read one bf16 copy of their input; each use has its
+    // own cast node, so the three bf16 gradients are widened and summed in f32 as three casts do.
+    Generator gen(11);
+    std::vector<std::shared_ptr<Linear>> projections;
+    for (int i = 0; i < 3; ++i) {
+        LinearOptions options;
+        options.in_features = 24;
+        options.out_features = 8 + 4 * i;
+        options.generator = &gen;
+        projections.push_back(std::make_shared<Linear>(options));
+    }
+    const Tensor x_data = randn({6, 24}, gen);
+    auto run = [&](bool shared) {
+        Var x(x_data, true);
+        Var h = x * 1.5;  // a non-leaf, as a norm's output is
+        std::vector<double> values;
+        Var loss;
+        {
+            AutocastGuard guard(DType::BF16);
+            const std::vector<Var> in = shared ? autocast_lower_uses(h, 3) : std::vector<Var>{h, h, h};
+            if (shared) {
+                CHECK(in[0].dtype() == DType::BF16);
+                CHECK(in[1].data().data_ptr() == in[0].data().data_ptr());  // one copy
+                CHECK(in[2].data().data_ptr() == in[0].data().data_ptr());
+                CHECK(in[1].grad_fn() != in[0].grad_fn());  // a node per use
+            }
+            for (int i = 0; i < 3; ++i) {
+                const Var y = projections[static_cast<size_t>(i)]->forward(in[static_cast<size_t>(i)]);
+                for (double v : y.data().to(DType::F32).to_vector()) values.push_back(v);
+                const Var term = sum(autocast_f32(y) * autocast_f32(y)) * (1.0 + i);
+                loss = loss.defined() ? loss + term : term;
+            }
+        }
+        for (auto& p : projections) p->zero_grad();
+        loss.backward();
+        std::vector<double> grads = x.grad().data().to_vector();
+        for (auto& p : projections)
+            for (double v : p->weight().grad().data().to_vector()) grads.push_back(v);
+        return std::make_pair(values, grads);
+    };
+    const auto per_use = run(false);
+    const auto shared = run(true);
+    CHECK(shared.first == per_use.first);
+    CHECK(shared.second == per_use.second);
+    // Outside autocast: the input itself, `uses` times; and at least one use is asked for.
+    Var x(x_data, true);
+    for (const Var& v : autocast_lower_uses(x, 2)) CHECK(v.impl() == x.impl());
+    {
+        AutocastGuard guard(DType::BF16);
+        REQUIRE_THROWS_WITH(autocast_lower_uses(x, 0), Catch::Contains("expected at least 1 use, found 0"));
+    }
+}
+
+TEST_CASE("autocast: RoPE on bf16 is one node with the bits of widening, rotating in f32 and rounding", "[autocast]") {
+    Generator gen(12);
+    const RopeTables tables = rope_tables(8, 5, 10000.0, DType::F32);
+    const Tensor x_data = randn({2, 5, 3, 8}, gen).to(DType::BF16);
+    const Tensor dy = randn({2, 5, 3, 8}, gen).to(DType::BF16);
+    auto run = [&](bool direct) {
+        Var x(x_data, true);
+        const Var y = direct ? apply_rope(x, tables) : to(apply_rope(to(x, DType::F32), tables), DType::BF16);
+        if (direct) {
+            CHECK(y.grad_fn()->name() == "rope");
+            REQUIRE(y.grad_fn()->inputs().size() == 1);
+            CHECK(y.grad_fn()->inputs()[0].leaf == x.impl());  // no cast node between
+        }
+        sum(to(y * Var(dy), DType::F32)).backward();
+        CHECK(y.dtype() == DType::BF16);
+        CHECK(x.grad().dtype() == DType::BF16);
+        return std::make_pair(y.data().to_vector(), x.grad().data().to_vector());
+    };
+    const auto composed = run(false);
+    const auto direct = run(true);
+    CHECK(direct.first == composed.first);
+    CHECK(direct.second == composed.second);
+}
+
 TEST_CASE("autocast: the transformer gives bf16 logits, f32 parameters and grads, a loss close to f32's",
           "[autocast]") {
     TransformerOptions options;
