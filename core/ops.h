@@ -43,6 +43,12 @@ Tensor lt(const Tensor& a, double b);
 // and device. a's own elements are written, so views of a see the sum.
 void add_(Tensor& a, const Tensor& b);
 
+// Autocast's mixed sums: f32 a plus a bf16 or f16 b, in f32, b widened (exactly) as it is read. The
+// bits of add(a, b.to(f32)) (torch's type promotion for f32 + bf16) in one pass instead of two.
+// Broadcasting as add's; add_widened_ writes into a as add_ does.
+Tensor add_widened(const Tensor& a, const Tensor& b);
+void add_widened_(Tensor& a, const Tensor& b);
+
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
 Tensor operator*(const Tensor& a, const Tensor& b);

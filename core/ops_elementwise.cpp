@@ -90,19 +90,34 @@ Tensor unary(UnaryOp op, const char* name, const Tensor& a) {
     return out.to(a.dtype());
 }
 
+// The shape of `a op= b`: b broadcast to a's shape, which is kept; a must not be a broadcast view.
+Shape in_place_shape(const Tensor& a, const Tensor& b, const char* op) {
+    const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
+    NL_REQUIRE(shape == a.shape(), op, ": cannot add ", shape_str(b.shape()), " into ", shape_str(a.shape()),
+               " in place (the sum would have shape ", shape_str(shape), ")");
+    for (int64_t d = 0; d < a.dim(); ++d)
+        NL_REQUIRE(a.size(d) <= 1 || a.strides()[static_cast<size_t>(d)] != 0, op,
+                   ": the tensor written is a broadcast view (stride 0 in dim ", d, " of ", shape_str(a.shape()),
+                   "): its elements share memory, so they cannot be summed in place");
+    return shape;
+}
+
+// add_widened's operands: defined, on one device, a f32 and b bf16 or f16.
+void require_widened_pair(const Tensor& a, const Tensor& b, const char* op) {
+    require_defined(a, op);
+    require_defined(b, op);
+    NL_REQUIRE(a.device() == b.device(), op, ": device mismatch: ", a.device().str(), " vs ", b.device().str());
+    NL_REQUIRE(a.dtype() == DType::F32 && is_half(b.dtype()), op, ": expected an f32 a and a bf16 or f16 b, found ",
+               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+}
+
 }  // namespace
 
 // ---- binary ----
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, "add", a, b); }
 void add_(Tensor& a, const Tensor& b) {
     require_same(a, b, "add_");
-    const Shape shape = broadcast_shapes(a.shape(), b.shape(), "add_");
-    NL_REQUIRE(shape == a.shape(), "add_: cannot add ", shape_str(b.shape()), " into ", shape_str(a.shape()),
-               " in place (the sum would have shape ", shape_str(shape), ")");
-    for (int64_t d = 0; d < a.dim(); ++d)
-        NL_REQUIRE(a.size(d) <= 1 || a.strides()[static_cast<size_t>(d)] != 0,
-                   "add_: the tensor written is a broadcast view (stride 0 in dim ", d, " of ", shape_str(a.shape()),
-                   "): its elements share memory, so they cannot be summed in place");
+    const Shape shape = in_place_shape(a, b, "add_");
     const DType ct = binary_compute_dtype(BinaryOp::Add, a.dtype(), "add_");
     if (ct != a.dtype()) {  // bf16/f16: summed in f32, rounded once into a
         a.copy_(add(a, b));
@@ -111,6 +126,20 @@ void add_(Tensor& a, const Tensor& b) {
     // Each element is read before it is written, at the same offset: out may be a itself.
     backend_for(a.device()).binary(BinaryOp::Add, shape, strided_arg(a, shape), strided_arg(a, shape),
                                    strided_arg(b, shape));
+}
+Tensor add_widened(const Tensor& a, const Tensor& b) {
+    require_widened_pair(a, b, "add_widened");
+    const Shape shape = broadcast_shapes(a.shape(), b.shape(), "add_widened");
+    Tensor out = Tensor::empty(shape, DType::F32, a.device());
+    backend_for(a.device())
+        .binary(BinaryOp::Add, shape, strided_arg(out, shape), strided_arg(a, shape), strided_arg(b, shape));
+    return out;
+}
+void add_widened_(Tensor& a, const Tensor& b) {
+    require_widened_pair(a, b, "add_widened_");
+    const Shape shape = in_place_shape(a, b, "add_widened_");
+    backend_for(a.device())
+        .binary(BinaryOp::Add, shape, strided_arg(a, shape), strided_arg(a, shape), strided_arg(b, shape));
 }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, "sub", a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, "mul", a, b); }

@@ -332,9 +332,17 @@ std::shared_ptr<UnaryModule> TransformerBlock::ffn_norm() const { return typed_c
 namespace {
 // x + branch. Under autocast the branch ends in a bf16 Linear while the residual stream keeps the
 // model's dtype: the sum is taken in x's dtype, as torch's type promotion does for f32 + bf16, so
-// the stream (and every norm's input) stays f32 and only the matmuls' activations are bf16.
+// the stream (and every norm's input) stays f32 and only the matmuls' activations are bf16. An f32
+// stream reads a half branch as it is (add_widened: the bits of widening it first, in one pass); the
+// branch's gradient is the stream's, rounded to the branch's dtype, as a cast node's backward gives.
 Var residual_add(const Var& x, const Var& branch) {
-    return x + (branch.dtype() == x.dtype() ? branch : nl::to(branch, x.dtype()));
+    if (branch.dtype() == x.dtype()) return x + branch;
+    if (x.dtype() != DType::F32 || !is_half(branch.dtype()) || x.shape() != branch.shape())
+        return x + nl::to(branch, x.dtype());
+    return make_result(add_widened(x.data(), branch.data()), "add", {x, branch}, {},
+                       [half = branch.dtype()](const Var& g, const std::vector<Var>&) -> std::vector<Var> {
+                           return {g, nl::to(g, half)};
+                       });
 }
 }  // namespace
 

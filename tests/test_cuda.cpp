@@ -317,6 +317,16 @@ TEST_CASE("cuda: binary ops with broadcasting and strided views match the CPU", 
         add_(view_gpu, bg);
         require_close(sum_cpu, sum_gpu, "add_ " + d);
     }
+    // Autocast's f32 + bf16/f16 sum, b widened as it is read, broadcast and strided, and in place.
+    for (DType half : {DType::BF16, DType::F16}) {
+        const Tensor a = random_normal({4, 5, 6}, 8, DType::F32), b = random_normal({6, 5}, 9, DType::F32).to(half).t();
+        const Tensor ag = gpu(a), bg = gpu(b);
+        require_close(add_widened(a, b), add_widened(ag, bg), std::string("add_widened ") + dtype_name(half));
+        Tensor in_cpu = a.clone(), in_gpu = gpu(a);
+        add_widened_(in_cpu, b);
+        add_widened_(in_gpu, bg);
+        require_close(in_cpu, in_gpu, std::string("add_widened_ ") + dtype_name(half));
+    }
     // NaN handling of maximum/minimum
     const Tensor n = from_vector(std::vector<double>{std::nan(""), 1.0, 2.0}, {3});
     const Tensor m = from_vector(std::vector<double>{0.0, std::nan(""), 3.0}, {3});

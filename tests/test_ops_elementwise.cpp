@@ -448,6 +448,39 @@ TEST_CASE("comparisons accept i64, other i64 math is an error", "[elementwise]")
     REQUIRE_THROWS_WITH(exp(ids), Catch::Contains("exp: expected a floating dtype, found i64"));
 }
 
+TEST_CASE("add_widened: f32 plus bf16/f16 has the bits of widening first, in one kernel", "[elementwise]") {
+    Generator gen(21);
+    for (DType half : {DType::BF16, DType::F16}) {
+        INFO(dtype_name(half));
+        const Tensor a = randn({3, 4, 40}, gen);
+        const Tensor b = randn({3, 4, 40}, gen).to(half);
+        const Tensor bt = randn({40, 4}, gen).to(half).t();  // (4, 40), strided, broadcast over dim 0
+        const Tensor sum = add_widened(a, b);
+        CHECK(sum.dtype() == DType::F32);
+        CHECK(sum.to_vector() == add(a, b.to(DType::F32)).to_vector());
+        CHECK(add_widened(a, bt).to_vector() == add(a, bt.to(DType::F32)).to_vector());
+        Tensor in_place = a.clone();
+        add_widened_(in_place, bt);
+        CHECK(in_place.to_vector() == add(a, bt.to(DType::F32)).to_vector());
+    }
+    // NaN and infinities pass through the widening.
+    const Tensor specials = from_vector(std::vector<double>{std::nan(""), INFINITY, -INFINITY, 1.0}, {4});
+    const std::vector<double> got = add_widened(zeros({4}), specials.to(DType::BF16)).to_vector();
+    CHECK(std::isnan(got[0]));
+    CHECK(got[1] == INFINITY);
+    CHECK(got[2] == -INFINITY);
+    CHECK(got[3] == 1.0);
+    REQUIRE_THROWS_WITH(add_widened(zeros({2}, DType::BF16), zeros({2})),
+                        Catch::Contains("add_widened: expected an f32 a and a bf16 or f16 b, found bf16 and f32"));
+    REQUIRE_THROWS_WITH(add_widened(zeros({2}), zeros({2}, DType::F64)),
+                        Catch::Contains("found f32 and f64"));
+    REQUIRE_THROWS_WITH(add_widened(zeros({2, 3}), zeros({4}, DType::BF16)),
+                        Catch::Contains("add_widened: cannot broadcast [2, 3] with [4]"));
+    Tensor small = zeros({3});
+    REQUIRE_THROWS_WITH(add_widened_(small, zeros({2, 3}, DType::BF16)),
+                        Catch::Contains("add_widened_: cannot add [2, 3] into [3] in place"));
+}
+
 TEST_CASE("binary op errors name the op, the shapes and the dtypes", "[elementwise]") {
     const Tensor a = zeros({2, 3}), b = zeros({4});
     REQUIRE_THROWS_WITH(add(a, b), Catch::Contains("add: cannot broadcast [2, 3] with [4]"));

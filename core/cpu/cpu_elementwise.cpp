@@ -139,6 +139,25 @@ void binary_loop(const Loop& loop, const StridedArg& out, const StridedArg& a, c
     });
 }
 
+// out = a + b for f32 out and a and a half b (bf16, or f16 when !bf16), widened as it is read.
+void add_half_b(const Loop& loop, const StridedArg& out, const StridedArg& a, const StridedArg& b, bool bf16) {
+    float* po = static_cast<float*>(out.data);
+    const float* pa = static_cast<const float*>(a.data);
+    const uint16_t* pb = static_cast<const uint16_t*>(b.data);
+    const int64_t so = loop.strides[0].back(), sa = loop.strides[1].back(), sb = loop.strides[2].back();
+    run_rows(loop, [=](int64_t len, const int64_t* off) {
+        float* o = po + off[0];
+        const float* x = pa + off[1];
+        const uint16_t* y = pb + off[2];
+        if (bf16 && so == 1 && sa == 1 && sb == 1) {  // autocast's case: its own loop, so it vectorizes
+            for (int64_t i = 0; i < len; ++i) o[i] = x[i] + bf16_to_f32(y[i]);
+        } else {
+            for (int64_t i = 0; i < len; ++i)
+                o[i * so] = x[i * sa] + (bf16 ? bf16_to_f32(y[i * sb]) : f16_to_f32(y[i * sb]));
+        }
+    });
+}
+
 using cpu_math::exp_of;
 using cpu_math::stable_sigmoid;
 
@@ -261,10 +280,12 @@ void where_typed(const Loop& loop, const StridedArg& out, const StridedArg& cond
 
 void CpuBackend::binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
                         const StridedArg& b) {
-    NL_CHECK(out.dtype == a.dtype && out.dtype == b.dtype, dtype_name(out.dtype), dtype_name(a.dtype),
+    const bool half_b = op == BinaryOp::Add && out.dtype == DType::F32 && a.dtype == DType::F32 && is_half(b.dtype);
+    NL_CHECK(out.dtype == a.dtype && (out.dtype == b.dtype || half_b), dtype_name(out.dtype), dtype_name(a.dtype),
              dtype_name(b.dtype));
     if (shape_numel(shape) == 0) return;
     const Loop loop = collapse(shape, {&out, &a, &b});
+    if (half_b) return add_half_b(loop, out, a, b, b.dtype == DType::BF16);
     if (out.dtype == DType::F32) return binary_typed<float>(op, loop, out, a, b);
     NL_CHECK(out.dtype == DType::F64, "binary kernels take f32 or f64, got ", dtype_name(out.dtype));
     binary_typed<double>(op, loop, out, a, b);

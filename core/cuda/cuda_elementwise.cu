@@ -144,6 +144,16 @@ __global__ void binary_kernel(BinaryOp op, StridedLoop loop, T* out, const T* a,
     }
 }
 
+// out = a + b for f32 out and a and a half b (bf16 when is_bf16, else f16), widened as it is read.
+__global__ void add_half_b_kernel(StridedLoop loop, float* out, const float* a, const uint16_t* b, bool is_bf16) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < loop.numel;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        int64_t off[3];
+        cuda::offsets_of<3>(loop, i, off);
+        out[off[0]] = a[off[1]] + cuda::half_bits_to_f32(b[off[2]], is_bf16);
+    }
+}
+
 template <typename T>
 __global__ void unary_kernel(UnaryOp op, StridedLoop loop, T* out, const T* in) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < loop.numel;
@@ -302,13 +312,19 @@ void CudaBackend::fill(const Shape& shape, const StridedArg& dst, double value) 
 
 void CudaBackend::binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
                          const StridedArg& b) {
-    NL_CHECK(out.dtype == a.dtype && out.dtype == b.dtype, dtype_name(out.dtype), dtype_name(a.dtype),
+    const bool half_b = op == BinaryOp::Add && out.dtype == DType::F32 && a.dtype == DType::F32 && is_half(b.dtype);
+    NL_CHECK(out.dtype == a.dtype && (out.dtype == b.dtype || half_b), dtype_name(out.dtype), dtype_name(a.dtype),
              dtype_name(b.dtype));
     const StridedLoop loop = cuda::collapse(shape, {&out, &a, &b});
     if (loop.numel == 0) return;
     cuda::DeviceGuard guard(index_);
     const unsigned blocks = cuda::blocks_for(loop.numel);
-    if (out.dtype == DType::F32) {
+    if (half_b) {
+        NL_LAUNCH(add_half_b_kernel, blocks, cuda::kThreads)(loop, static_cast<float*>(out.data),
+                                                              static_cast<const float*>(a.data),
+                                                              static_cast<const uint16_t*>(b.data),
+                                                              b.dtype == DType::BF16);
+    } else if (out.dtype == DType::F32) {
         NL_LAUNCH(binary_kernel<float>, blocks, cuda::kThreads)(op, loop, static_cast<float*>(out.data),
                                                          static_cast<const float*>(a.data),
                                                          static_cast<const float*>(b.data));
