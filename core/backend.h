@@ -218,7 +218,7 @@ public:
 
     // ---- elementwise (out, a, b share the dtype; comparisons write 1/0) ----
     // One exception: Add with f32 out and a takes b in bf16 or f16, widened (exactly) as it is read:
-    // autocast's f32 residual stream plus a half branch, and the sums of such gradients, in one pass.
+    // autocast's f32 residual stream plus a half branch, in one pass (core/ops.h: add_widened).
     virtual void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
                         const StridedArg& b) = 0;
     virtual void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) = 0;
