@@ -22,12 +22,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "core/cpu/cpu_sgemm.h"  // sgemm_bf16_with_kernel, sgemm_bf16_kernel
 #include "core/cpu_runtime.h"
 #include "core/dtype.h"
 #include "core/ops.h"
@@ -215,31 +217,52 @@ TEST_CASE("bf16 gemm: every engine this CPU runs is within the f32-sum bound of 
     }
 }
 
-TEST_CASE("bf16 gemm: the widened engine gives the f32 engine's bits on the widened operands", "[bgemm]") {
+TEST_CASE("bf16 gemm: the widened engine gives its f32 kernel's bits on the widened operands", "[bgemm]") {
     // Its packs widen A and B, and where the f32 plan reads B in place (a few rows: a weight
     // gradient, here with its k in two parts and a partial last panel) its kernel widens B's rows as
-    // it loads them: either way the f32 engine's sums, in its order.
-    for (const Case& t : {Case{false, false, 40, 50, 1100}, Case{true, false, 128, 64, 2048},
-                          Case{false, true, 70, 33, 300}, Case{false, false, 600, 64, 128}, Case{true, true, 17, 5, 9}}) {
-        for (const float beta : {0.0f, 0.5f}) {
-            INFO("trans " << t.trans_a << t.trans_b << ", m " << t.m << " n " << t.n << " k " << t.k << ", beta " << beta);
-            const Result r = run_case("f32", t, 1.5f, beta, true);
-            std::vector<float> a32(r.a.size()), b32(r.b.size());
-            for (size_t i = 0; i < r.a.size(); ++i) a32[i] = bf16_to_f32(r.a[i]);
-            for (size_t i = 0; i < r.b.size(); ++i) b32[i] = bf16_to_f32(r.b[i]);
-            std::vector<float> want = r.c0;
-            if (sgemm_engine_is_native()) {
-                sgemm_native(t.trans_a, t.trans_b, t.m, t.n, t.k, 1.5f, a32.data(), r.lda, b32.data(), r.ldb, beta,
-                             want.data(), r.ldc);
-            } else {
-                SUCCEED("the f32 engine is OpenBLAS here: compared with cblas_sgemm");
-                cblas_sgemm(CblasRowMajor, t.trans_a ? CblasTrans : CblasNoTrans, t.trans_b ? CblasTrans : CblasNoTrans,
-                            static_cast<int>(t.m), static_cast<int>(t.n), static_cast<int>(t.k), 1.5f, a32.data(),
-                            static_cast<int>(r.lda), b32.data(), static_cast<int>(r.ldb), beta, want.data(),
-                            static_cast<int>(r.ldc));
+    // it loads them: either way the f32 kernel's sums, in its order. Every normlab kernel this CPU
+    // runs, and the one the widened engine takes (on an AVX2-only CPU, AVX2's while f32 stays on OpenBLAS).
+    const char* chosen = sgemm_bf16_kernel();
+    if (sgemm_engine_is_native()) {
+        REQUIRE(chosen != nullptr);  // the f32 engine's own kernel
+        CHECK(std::string(sgemm_engine_name()).find(chosen) != std::string::npos);
+    } else if (std::getenv("NORMLAB_GEMM") == nullptr && !sgemm_kernels_this_cpu_runs().empty()) {
+        REQUIRE(chosen != nullptr);  // auto left f32 on OpenBLAS, but bf16 takes the best normlab kernel
+        CHECK(std::string(chosen) == sgemm_kernels_this_cpu_runs().front());
+    }
+    if (chosen == nullptr) WARN("no normlab kernel runs bf16 here: the widened engine copies for OpenBLAS");
+    for (const std::string& kernel : sgemm_kernels_this_cpu_runs()) {
+        for (const Case& t : {Case{false, false, 40, 50, 1100}, Case{true, false, 128, 64, 2048},
+                              Case{false, true, 70, 33, 300}, Case{false, false, 600, 64, 128},
+                              Case{true, true, 17, 5, 9}}) {
+            for (const float beta : {0.0f, 0.5f}) {
+                INFO("kernel " << kernel << ", trans " << t.trans_a << t.trans_b << ", m " << t.m << " n " << t.n
+                               << " k " << t.k << ", beta " << beta);
+                const Result r = run_case("f32", t, 1.5f, beta, true);
+                std::vector<float> a32(r.a.size()), b32(r.b.size());
+                for (size_t i = 0; i < r.a.size(); ++i) a32[i] = bf16_to_f32(r.a[i]);
+                for (size_t i = 0; i < r.b.size(); ++i) b32[i] = bf16_to_f32(r.b[i]);
+                std::vector<float> want = r.c0, got = r.c0;
+                sgemm_with_kernel(kernel, t.trans_a, t.trans_b, t.m, t.n, t.k, 1.5f, a32.data(), r.lda, b32.data(),
+                                  r.ldb, beta, want.data(), r.ldc);
+                sgemm_bf16_with_kernel(kernel, t.trans_a, t.trans_b, t.m, t.n, t.k, 1.5f, r.a.data(), r.lda,
+                                       r.b.data(), r.ldb, beta, got.data(), true, r.ldc);
+                CHECK(got == want);
+                if (chosen != nullptr && kernel == chosen) CHECK(r.c32 == want);  // the engine runs this kernel
             }
-            CHECK(r.c32 == want);
         }
+    }
+    if (chosen == nullptr) {  // widened copies for OpenBLAS: cblas_sgemm's bits
+        const Case t{false, true, 70, 33, 300};
+        const Result r = run_case("f32", t, 1.5f, 0.5f, true);
+        std::vector<float> a32(r.a.size()), b32(r.b.size());
+        for (size_t i = 0; i < r.a.size(); ++i) a32[i] = bf16_to_f32(r.a[i]);
+        for (size_t i = 0; i < r.b.size(); ++i) b32[i] = bf16_to_f32(r.b[i]);
+        std::vector<float> want = r.c0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t.m), static_cast<int>(t.n),
+                    static_cast<int>(t.k), 1.5f, a32.data(), static_cast<int>(r.lda), b32.data(),
+                    static_cast<int>(r.ldb), 0.5f, want.data(), static_cast<int>(r.ldc));
+        CHECK(r.c32 == want);
     }
 }
 
@@ -339,7 +362,15 @@ TEST_CASE("NORMLAB_GEMM_BF16 chooses the bf16 engine, info names it, and a bad v
     const std::vector<std::string> runs = bgemm_kernels_this_cpu_runs();
     const bool amx = std::find(runs.begin(), runs.end(), "amx") != runs.end();
     CHECK_THAT(plain.output, Catch::Contains("bf16 gemm") && Catch::Contains("auto: this CPU ") &&
-                                 Catch::Contains(amx ? "normlab amx 32x32" : "bf16 widened to f32, then "));
+                                 Catch::Contains(amx ? "normlab amx 32x32" : "bf16 widened to f32"));
+    // Without AMX, bf16 widens in the packs of a normlab kernel wherever one runs, even where auto
+    // leaves f32 on OpenBLAS; NORMLAB_GEMM=openblas keeps bf16 on OpenBLAS too, through widened copies.
+    if (!amx && !sgemm_kernels_this_cpu_runs().empty())
+        CHECK_THAT(plain.output, Catch::Contains("bf16 widened to f32 in the packs of normlab's " +
+                                                 sgemm_kernels_this_cpu_runs().front() + " kernel"));
+    const nl_test::CliRun copies = nl_test::run_normlab_env(dir, "NORMLAB_GEMM=openblas NORMLAB_GEMM_BF16=f32 ", "info");
+    INFO(copies.output);
+    CHECK_THAT(copies.output, Catch::Contains("bf16 widened to f32 copies, then openblas"));
     // Training under bf16 autocast on every engine this CPU runs ends near the f32 run's loss.
     const std::string cfg = "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
                             " --set train.steps=30 --set optim.warmup_steps=5 --set train.eval_every=0";

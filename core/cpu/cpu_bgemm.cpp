@@ -615,11 +615,12 @@ void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* d
         for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = bf16_to_f32(src[i * ld + j]);
 }
 
-// The portable engine: A and B widened to f32 (exact) by the f32 engine's packs, which also round a
-// bf16 C block by block (sgemm_native_bf16); for OpenBLAS, widened copies, one f32 gemm, then C
-// rounded once in a pass of its own.
+// The portable engine: A and B widened to f32 (exact) by the packs of normlab's f32 kernel, which also
+// round a bf16 C block by block (sgemm_native_bf16: on an AVX2-only CPU too, where f32 gemms stay on
+// OpenBLAS); where no normlab kernel runs (or NORMLAB_GEMM=openblas), widened copies, one OpenBLAS
+// gemm, then C rounded once in a pass of its own.
 void bgemm_widened(const BGemmArgs& g) {
-    if (sgemm_engine_is_native()) {
+    if (sgemm_bf16_kernel() != nullptr) {
         sgemm_native_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.c_f32,
                           g.ldc);
         return;
@@ -760,7 +761,9 @@ const char* bgemm_engine_name() {
         const std::string key = chosen().engine->key;
         if (key == "amx") return std::string("normlab amx 32x32 (tdpbf16ps tiles)");
         if (key == "avx512bf16") return std::string("normlab avx512-bf16 16x16 (vdpbf16ps)");
-        return std::string("bf16 widened to f32, then ") + sgemm_engine_name();
+        if (const char* kernel = sgemm_bf16_kernel(); kernel != nullptr)
+            return std::string("bf16 widened to f32 in the packs of normlab's ") + kernel + " kernel";
+        return std::string("bf16 widened to f32 copies, then ") + sgemm_engine_name();
     }();
     return name.c_str();
 }

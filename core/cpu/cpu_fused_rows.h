@@ -60,6 +60,21 @@ void store(DType dtype, void* base, int64_t row, int64_t n, const T* values) {
     }
 }
 
+// One stored element as its math type and back, for kernels that fuse the conversion into their one
+// pass instead of converting rows through scratch: f32 and f64 as they are, bf16 (its bits, uint16_t)
+// widened exactly and rounded to nearest even (f32_to_bf16). Written inline so the loops vectorize.
+inline float math_value(float v) { return v; }
+inline double math_value(double v) { return v; }
+inline float math_value(uint16_t bf16) { return bf16_to_f32(bf16); }
+template <typename S, typename T>
+inline S stored_value(T v) {
+    if constexpr (std::is_same_v<S, uint16_t>) {
+        return f32_to_bf16(static_cast<float>(v));
+    } else {
+        return static_cast<S>(v);
+    }
+}
+
 // True when an output of `bytes` should be written with non-temporal (streaming) stores: it is larger
 // than the last-level cache, so its lines would be evicted before anyone reads them, and a plain store
 // would first read each line in (read-for-ownership), moving every output byte twice. glibc's memcpy

@@ -134,19 +134,29 @@ __attribute__((target("avx512f"))) void kernel_avx512_16x16_bf16_b(int64_t kc, c
 #pragma GCC diagnostic pop
 #endif
 
+// 8 values of a row as f32: f32 loaded, bf16 widened (its bits are an f32's high half).
+__attribute__((target("avx2"))) inline __m256 load_row8(const float* b) { return _mm256_loadu_ps(b); }
+__attribute__((target("avx2"))) inline __m256 load_row8(const uint16_t* b) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
 // 6 x 16 on AVX2 + FMA: 12 accumulators, two B vectors, one broadcast: 15 of 16 registers.
-__attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_rs,
-                                                          int64_t a_cs, const float* b, int64_t b_step,
-                                                          float* c, int64_t ldc, float alpha, float beta,
-                                                          bool read_c) {
+template <typename BValue>
+__attribute__((target("avx2,fma"))) void kernel_avx2_6x16_of(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs,
+                                                             const BValue* b, int64_t b_step, float* c, int64_t ldc,
+                                                             float alpha, float beta, bool read_c) {
     const float* a0 = a;  // rows 0-3 as in the AVX-512 kernel; rows 4-5 from a second base
     const float* a4 = a + 4 * a_rs;
     const int64_t rs1 = a_rs, rs3 = 3 * a_rs;
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < 6; ++i)  // the C tile is read only at the end: fetch it while the FMAs run
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4  // four k steps per trip: fewer loop branches between the FMAs
     for (int64_t p = 0; p < kc; ++p) {
-        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        const __m256 b0 = load_row8(b), b1 = load_row8(b + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < 6; ++i) {
             const float* base = i < 4 ? a0 : a4;
@@ -173,6 +183,68 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const floa
             _mm256_storeu_ps(row + 8, _mm256_mul_ps(acc[i][1], va));
         }
     }
+}
+
+__attribute__((target("avx2,fma"))) void kernel_avx2_6x16(int64_t kc, const float* a, int64_t a_rs, int64_t a_cs,
+                                                          const float* b, int64_t b_step, float* c, int64_t ldc,
+                                                          float alpha, float beta, bool read_c) {
+    kernel_avx2_6x16_of(kc, a, a_rs, a_cs, b, b_step, c, ldc, alpha, beta, read_c);
+}
+
+__attribute__((target("avx2,fma"))) void kernel_avx2_6x16_bf16_b(int64_t kc, const float* a, int64_t a_rs,
+                                                                 int64_t a_cs, const uint16_t* b, int64_t b_step,
+                                                                 float* c, int64_t ldc, float alpha, float beta,
+                                                                 bool read_c) {
+    kernel_avx2_6x16_of(kc, a, a_rs, a_cs, b, b_step, c, ldc, alpha, beta, read_c);
+}
+
+// The first `lanes` (<= 8) values of v to dst. Whole vectors and the A panels' 6 lanes get plain
+// stores: AMD's masked stores are microcoded, slower than the scalar moves they would replace.
+__attribute__((target("avx2"))) inline void store_lanes8(float* dst, __m256 v, int lanes) {
+    if (lanes == 8) {
+        _mm256_storeu_ps(dst, v);
+    } else if (lanes == 6) {
+        _mm_storeu_ps(dst, _mm256_castps256_ps128(v));
+        _mm_storel_pi(reinterpret_cast<__m64*>(dst + 4), _mm256_extractf128_ps(v, 1));
+    } else {
+        alignas(32) float all[8];
+        _mm256_store_ps(all, v);
+        for (int j = 0; j < lanes; ++j) dst[j] = all[j];
+    }
+}
+
+// Rows [0, rows) of an (8, 8) block at src (row stride ld), rows past `rows` taken as zero, written
+// transposed: dst row q (stride dst_ld) gets column q, its first `lanes` values. The AVX2 packs'
+// inner step, in three rounds of shuffles (unpack, shuffle, permute2f128) instead of 64 scalar moves.
+template <typename Source>
+__attribute__((target("avx2"))) void transpose_8x8_avx2_of(const Source* src, int64_t ld, int rows, float* dst,
+                                                           int64_t dst_ld, int lanes) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = i < rows ? load_row8(src + i * ld) : _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {  // pairs of rows interleaved, within each 128-bit half
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {  // r[4i + c]: column c and c + 4 of rows 4i..4i+3 (one per half)
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; ++c) {  // the halves joined: column c from the low halves, c + 4 from the high
+        store_lanes8(dst + c * dst_ld, _mm256_permute2f128_ps(r[c], r[c + 4], 0x20), lanes);
+        store_lanes8(dst + (c + 4) * dst_ld, _mm256_permute2f128_ps(r[c], r[c + 4], 0x31), lanes);
+    }
+}
+
+__attribute__((target("avx2"))) void transpose_8x8_avx2(const float* src, int64_t ld, int rows, float* dst,
+                                                        int64_t dst_ld, int lanes) {
+    transpose_8x8_avx2_of(src, ld, rows, dst, dst_ld, lanes);
+}
+
+__attribute__((target("avx2"))) void transpose_8x8_avx2_bf16(const uint16_t* src, int64_t ld, int rows, float* dst,
+                                                             int64_t dst_ld, int lanes) {
+    transpose_8x8_avx2_of(src, ld, rows, dst, dst_ld, lanes);
 }
 
 // Rows [0, rows) of a (16, 16) block at src (row stride ld), rows past `rows` taken as zero, written
@@ -248,7 +320,9 @@ const KernelEntry kKernels[] = {
     {{"avx512", "normlab avx512 16x16", 16, 16, 256, 480, true, kernel_avx512_16x16, transpose_16x16_avx512, 16,
       kernel_avx512_16x16_bf16_b, transpose_16x16_avx512_bf16},
      cpu_has_avx512, true},
-    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, true, kernel_avx2_6x16, nullptr, 0}, cpu_has_avx2, false},
+    {{"avx2", "normlab avx2 6x16", 6, 16, 256, 240, true, kernel_avx2_6x16, transpose_8x8_avx2, 8,
+      kernel_avx2_6x16_bf16_b, transpose_8x8_avx2_bf16},
+     cpu_has_avx2, false},
 };
 #else
 const KernelEntry* const kKernels = nullptr;
@@ -291,6 +365,22 @@ const Engine& choose_engine() {
 
 const Engine& engine() {
     static const Engine& chosen = choose_engine();
+    return chosen;
+}
+
+// The kernel bf16 gemms widen into, chosen once: the f32 engine's where it is normlab's; where auto
+// left f32 on OpenBLAS, the best kernel this CPU runs, marked for auto or not (on an AVX2-only CPU,
+// packs that widen bf16 as they copy it beat widened copies handed to OpenBLAS: docs/benchmarks.md);
+// nullptr where NORMLAB_GEMM=openblas asks for OpenBLAS or no normlab kernel runs here.
+const Engine* bf16_engine() {
+    static const Engine* chosen = []() -> const Engine* {
+        if (engine().kernel != nullptr) return &engine();
+        const char* env = std::getenv("NORMLAB_GEMM");
+        if (env != nullptr && std::string(env) == "openblas") return nullptr;
+        for (const KernelEntry* k : all_kernels())
+            if (k->cpu_runs()) return &k->engine;
+        return nullptr;
+    }();
     return chosen;
 }
 
@@ -341,8 +431,19 @@ inline void copy_padded(float* dst, const float* src, int count, int width) {
 }
 
 // count bf16 values from src widened into dst, then zeros up to width.
-inline void copy_padded(float* dst, const uint16_t* src, int count, int width) {
+inline void widen_n(float* dst, const uint16_t* src, int count) {
     for (int j = 0; j < count; ++j) dst[j] = bf16_to_f32(src[j]);
+}
+inline void copy_padded(float* dst, const uint16_t* src, int count, int width) {
+    if (count == width) {  // the tile widths' whole rows with a trip count known to the vectorizer
+        switch (width) {
+            case 6: widen_n(dst, src, 6); return;
+            case 16: widen_n(dst, src, 16); return;
+            case 32: widen_n(dst, src, 32); return;
+            default: break;
+        }
+    }
+    widen_n(dst, src, count);
     for (int j = count; j < width; ++j) dst[j] = 0.0f;
 }
 
@@ -423,12 +524,15 @@ void run_tile(const Engine& e, Kernel kernel, int64_t kc, const float* a_panel, 
 // Below this many multiply-adds a gemm runs on the calling thread: waking the team costs more.
 constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;
 constexpr int64_t kNcMax = 4096;  // the packed B block: kc_max x 4096 floats = 4 MiB at most
-constexpr int64_t kDirectBMaxRows = 256;  // up to this m, a non-transposed B is read in place
-// Up to this m, B is read in place too when its rows are not a multiple of 1 KiB apart: then a
-// panel's rows fall in 8 or more L1 sets. At a weight gradient dW = dY^T X of up to 512 rows so
-// spread, reading B in place is faster than packing it; beyond 512 rows, or with B's rows 4 KiB
+// Up to this many A panels (m / mr: 256 rows for the AVX-512 kernel, 96 for AVX2's), a
+// non-transposed B is read in place: each B panel serves that many A panels, too few for a pack to
+// pay for itself.
+constexpr int64_t kDirectBMaxPanels = 16;
+// Up to this many A panels, B is read in place too when its rows are not a multiple of 1 KiB apart:
+// then a panel's rows fall in 8 or more L1 sets. At a weight gradient dW = dY^T X of up to 32 A
+// panels so spread, reading B in place is faster than packing it; beyond, or with B's rows 4 KiB
 // apart (all in one set), packing is the faster (docs/benchmarks.md).
-constexpr int64_t kDirectBMaxRowsSpread = 512;
+constexpr int64_t kDirectBMaxPanelsSpread = 32;
 constexpr int64_t kSplitMaxOutputs = int64_t(1) << 19;  // C of up to 2 MiB is summed in two parts (below)
 
 }  // namespace
@@ -436,6 +540,8 @@ constexpr int64_t kSplitMaxOutputs = int64_t(1) << 19;  // C of up to 2 MiB is s
 const char* sgemm_engine_name() { return engine().name; }
 
 bool sgemm_engine_is_native() { return engine().kernel != nullptr; }
+
+const char* sgemm_bf16_kernel() { return bf16_engine() == nullptr ? nullptr : bf16_engine()->key; }
 
 std::vector<std::string> sgemm_kernels_this_cpu_runs() {
     std::vector<std::string> out;
@@ -502,10 +608,11 @@ GemmPlan plan_gemm(const Engine& e, const GemmArgs& g) {
     // is shared, and each thread runs a fixed run of tasks with the k blocks outermost and no
     // barrier. In place, a B panel's rows are ldb apart, which for wide layers (ldb of 1024 floats,
     // 4 KiB) maps them all to the same L1 sets: that is why larger gemms pack, and why gemms of up
-    // to kDirectBMaxRowsSpread rows read B in place only where its rows spread over the sets.
+    // to kDirectBMaxPanelsSpread A panels read B in place only where its rows spread over the sets.
     const bool b_rows_spread = (g.ldb * static_cast<int64_t>(sizeof(float))) % 1024 != 0;
+    const int64_t a_panels = (g.m + e.mr - 1) / e.mr;
     plan.direct_b = (g.b16 == nullptr || e.kernel_bf16_b != nullptr) && !g.trans_b &&
-                    (g.m <= kDirectBMaxRows || (g.m <= kDirectBMaxRowsSpread && b_rows_spread));
+                    (a_panels <= kDirectBMaxPanels || (a_panels <= kDirectBMaxPanelsSpread && b_rows_spread));
     plan.threads = omp_in_parallel() || g.m * g.n * g.k < kThreadedMinWork ? 1 : omp_get_max_threads();
     // Row blocks: whole MR panels, at most mc_max rows, and at least 4 per thread where m allows:
     // with packed B they are handed out dynamically, so a thread slowed by another process on its
@@ -514,6 +621,10 @@ GemmPlan plan_gemm(const Engine& e, const GemmArgs& g) {
     const int64_t max_panels = e.mc_max / e.mr;
     plan.want_tasks = plan.threads > 1 ? 4 * plan.threads : 1;
     plan.m_blocks = std::max((m_panels + max_panels - 1) / max_panels, std::min(m_panels, plan.want_tasks));
+    // A whole number of blocks per thread: 9 equal blocks on 2 threads leave one thread idle for a
+    // ninth of the gemm; 10 slightly smaller ones keep both busy to the end.
+    if (plan.threads > 1)
+        plan.m_blocks = std::min(m_panels, (plan.m_blocks + plan.threads - 1) / plan.threads * plan.threads);
     plan.mc_step = (m_panels + plan.m_blocks - 1) / plan.m_blocks * e.mr;
     plan.m_blocks = (g.m + plan.mc_step - 1) / plan.mc_step;
     // A long sum into a small C with B read in place (a weight gradient dW = dY^T X, k the batch's
@@ -729,9 +840,11 @@ void round_sums_to_bf16(const float* sums, int64_t ld_sums, uint16_t* c, int64_t
     }
 }
 
-void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
-                       int64_t ldc) {
+namespace {
+// sgemm_native_bf16 on kernel e.
+void sgemm_bf16_on(const Engine& e, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
+                   int64_t ldc) {
     GemmArgs g{trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, nullptr, ldc};
     g.a16 = a;
     g.b16 = b;
@@ -748,7 +861,22 @@ void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
         g.c16_alpha = alpha;
         g.c16_beta = beta;
     }
-    sgemm_on(engine(), g);
+    sgemm_on(e, g);
+}
+}  // namespace
+
+void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
+                       int64_t ldc) {
+    NL_CHECK(bf16_engine() != nullptr, "sgemm_native_bf16: no normlab kernel for bf16 here (sgemm_bf16_kernel())");
+    sgemm_bf16_on(*bf16_engine(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, c_f32, ldc);
+}
+
+void sgemm_bf16_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                            void* c, bool c_f32, int64_t ldc) {
+    sgemm_bf16_on(kernel_named(kernel, "sgemm_bf16_with_kernel"), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                  beta, c, c_f32, ldc);
 }
 
 void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n,

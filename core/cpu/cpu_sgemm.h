@@ -20,13 +20,23 @@ void sgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                        float beta, float* c, int64_t ldc);
 
-// sgemm_native with bf16 A and B (bit patterns): the engine's packs widen them (exactly) as they copy
+// sgemm_native with bf16 A and B (bit patterns): the kernel's packs widen them (exactly) as they copy
 // them into the f32 panels, so no f32 copy of A or B is made; the sums are f32 as in sgemm_native. C
 // is f32 (c_f32) or bf16: then alpha * sum + beta * C is rounded once, block by block as the sums
-// finish. Only where sgemm_engine_is_native(), and k > 0. (The bf16 gemm's portable engine.)
+// finish. Runs on sgemm_bf16_kernel(), which must not be nullptr, and k > 0. (The bf16 gemm's
+// portable engine.)
 void sgemm_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, bool c_f32,
                        int64_t ldc);
+// The same on the named kernel ("avx512", "avx2"; tests compare them).
+void sgemm_bf16_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                            void* c, bool c_f32, int64_t ldc);
+// The kernel sgemm_native_bf16 runs on ("avx512", "avx2"): the f32 engine's where that is normlab's;
+// where auto leaves f32 on OpenBLAS (an AVX2-only CPU), the best normlab kernel this CPU runs, whose
+// widening packs beat widened copies handed to OpenBLAS; nullptr where NORMLAB_GEMM=openblas asks
+// for OpenBLAS or no normlab kernel runs here (bf16 gemms then widen copies for OpenBLAS).
+const char* sgemm_bf16_kernel();
 
 // c[i][j] = bf16(alpha * sums[i][j] + beta * c[i][j]) for a (rows, cols) block, rounded once to nearest
 // even (f32_to_bf16); beta == 0 never reads c. How every bf16 gemm engine writes a bf16 C from its f32 sums.
