@@ -44,7 +44,9 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 
 // ---- normlab's bf16 gemm (core/cpu/cpu_bgemm.cpp): bf16 A and B, f32 sums, C in f32 or bf16 ----
 // The bf16 gemm engine the CPU backend uses: "normlab amx 32x32 (tdpbf16ps tiles)", "normlab
-// avx512-bf16 16x16 (vdpbf16ps)" or "bf16 widened to f32, then <the f32 engine>", and why it was chosen
+// avx512-bf16 16x16 (vdpbf16ps)", "bf16 widened to f32 in the packs of normlab's <avx512|avx2> kernel"
+// (AVX2's on an AVX2-only CPU, where f32 stays on OpenBLAS) or "bf16 widened to f32 copies, then
+// openblas" (NORMLAB_GEMM=openblas, or no normlab kernel runs here), and why it was chosen
 // (NORMLAB_GEMM_BF16, the CPU's features, Linux's answer to the AMX tile-data request). Chosen once
 // from NORMLAB_GEMM_BF16: auto (the default) takes amx where the CPU has AMX-BF16 and Linux grants its
 // tile data, else the widened engine; amx, avx512bf16 and f32 ask for one. Another value, or an engine

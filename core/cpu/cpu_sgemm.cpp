@@ -305,7 +305,8 @@ __attribute__((target("avx512f"))) void transpose_16x16_avx512_bf16(const uint16
 // Every kernel normlab has, best first. "auto" takes the first this CPU runs among those marked
 // for it; the AVX2 kernel is not. On an AVX2 CPU (AMD EPYC) it matches OpenBLAS's Zen kernels at a
 // nanoGPT-sized step's GEMM shapes, but whole training steps on it are no faster
-// (docs/benchmarks.md). So on an AVX2-only CPU auto keeps OpenBLAS and NORMLAB_GEMM=avx2 asks for it.
+// (docs/benchmarks.md). So on an AVX2-only CPU auto keeps OpenBLAS for f32 and NORMLAB_GEMM=avx2 asks
+// for it; bf16 gemms take it there all the same (bf16_engine below), as its packs widen bf16.
 struct KernelEntry {
     Engine engine;
     bool (*cpu_runs)();

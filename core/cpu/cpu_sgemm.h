@@ -1,6 +1,7 @@
 // normlab's own f32 gemm engine: BLIS-style blocking and packing around an AVX-512 (16 x 16) or AVX2
 // (6 x 16) register-tile micro-kernel, chosen at run time. The CPU backend runs f32 gemms on it where
-// the CPU has AVX-512 (or where NORMLAB_GEMM asks for it); elsewhere, and for f64, on OpenBLAS.
+// the CPU has AVX-512 (or where NORMLAB_GEMM asks for it); elsewhere, and for f64, on OpenBLAS. The
+// bf16 gemm's portable engine widens bf16 in its packs wherever one of its kernels runs (AVX2's too).
 #pragma once
 
 #include <cstdint>
