@@ -239,9 +239,11 @@ public:
                                   int64_t cols, bool log) = 0;
 
     // ---- matrix multiply, row-major, batched by element strides (stride 0 broadcasts) ----
-    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n). f32 and f64
-    // everywhere; bf16 on the CPU (ops/matmul sends bf16 elsewhere through f32).
-    virtual void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n); A and B in
+    // dtype, C in c_dtype. f32 and f64 everywhere, c_dtype == dtype; bf16 on the CPU, with C in bf16
+    // (the f32 sums rounded once) or f32 (the sums as they are: autocast's gradients). ops/matmul sends
+    // bf16 elsewhere through f32.
+    virtual void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
                       int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
                       int64_t stride_c, int64_t batch) = 0;

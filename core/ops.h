@@ -102,6 +102,10 @@ Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim);
 // PyTorch semantics: 1-D and 2-D operands, and batched (>= 3-D) with broadcast batch dims.
 // Transposed views go to BLAS as transpose flags, not copies.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// matmul with the result in out_dtype: a's dtype (plain matmul), or f32 for bf16/f16 operands, whose
+// f32 sums are then returned as they are instead of rounded to the operands' dtype (autocast's
+// gradients: layers/autocast.h). Other pairs are an nl::Error naming both dtypes.
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
 
 // ---- indexing ----
 // index: 1-D i64. Out-of-range indices are errors naming the index and the size.

@@ -80,7 +80,9 @@ GemmOperand make_operand(const Tensor& t) {
     return op;
 }
 
-Tensor matmul_compute(const Tensor& a, const Tensor& b) {
+// The product in out_dtype: a's dtype, or f32 for bf16 operands on the CPU (the backend's gemm
+// writes the f32 sums as they are).
+Tensor matmul_compute(const Tensor& a, const Tensor& b, DType out_dtype) {
     // torch.matmul: a 1-D left operand is a row vector (prepend 1), a 1-D right operand a column
     // vector (append 1); both extra dims are removed from the result.
     const bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
@@ -105,7 +107,7 @@ Tensor matmul_compute(const Tensor& a, const Tensor& b) {
     Shape out_shape = batch;  // (batch..., m, n)
     out_shape.push_back(m);
     out_shape.push_back(n);
-    Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+    Tensor out = Tensor::empty(out_shape, out_dtype, a.device());
     Shape result_shape = batch;  // the 1-D operands' extra dims removed
     if (!a_vec) result_shape.push_back(m);
     if (!b_vec) result_shape.push_back(n);
@@ -128,10 +130,10 @@ Tensor matmul_compute(const Tensor& a, const Tensor& b) {
     // B small ones.
     const bool fold = nbatch > 1 && opb.batch_stride == 0 && !opa.trans && opa.batch_stride == m * opa.ld;
     if (fold) {
-        be.gemm(a.dtype(), false, opb.trans, nbatch * m, n, k, 1.0, opa.data, opa.ld, 0, opb.data, opb.ld, 0,
+        be.gemm(a.dtype(), out_dtype, false, opb.trans, nbatch * m, n, k, 1.0, opa.data, opa.ld, 0, opb.data, opb.ld, 0,
                 0.0, out.data_ptr(), n, 0, 1);
     } else {
-        be.gemm(a.dtype(), opa.trans, opb.trans, m, n, k, 1.0, opa.data, opa.ld, opa.batch_stride, opb.data,
+        be.gemm(a.dtype(), out_dtype, opa.trans, opb.trans, m, n, k, 1.0, opa.data, opa.ld, opa.batch_stride, opb.data,
                 opb.ld, opb.batch_stride, 0.0, out.data_ptr(), n, m * n, nbatch);
     }
     return out.view(result_shape);
@@ -139,7 +141,8 @@ Tensor matmul_compute(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+namespace {
+void check_operands(const Tensor& a, const Tensor& b) {
     NL_REQUIRE(a.defined() && b.defined(), "matmul: operand is an undefined tensor");
     NL_REQUIRE(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, found ",
                shape_str(a.shape()), " and ", shape_str(b.shape()));
@@ -148,13 +151,27 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     NL_REQUIRE(is_floating(a.dtype()), "matmul: expected a floating dtype, found ", dtype_name(a.dtype()));
     NL_REQUIRE(a.device() == b.device(), "matmul: operands must be on one device, found ",
                a.device().str(), " and ", b.device().str());
-    // bf16 on the CPU runs on the bf16 gemm (bf16 operands read as they are, f32 sums, rounded once).
-    // f16, and bf16 on CUDA, are multiplied in f32 and rounded once at the end: the same result up to
-    // the order of the f32 sums.
-    if (is_half(a.dtype()) && !(a.dtype() == DType::BF16 && a.device().is_cpu())) {
-        return matmul_compute(a.to(DType::F32), b.to(DType::F32)).to(a.dtype());
-    }
-    return matmul_compute(a, b);
+}
+// Whether the backend's gemm takes these operands as they are: bf16 on the CPU (the bf16 gemm: bf16
+// operands read as they are, f32 sums); f16, and bf16 on CUDA, are multiplied in f32.
+bool gemm_reads(const Tensor& a) { return !is_half(a.dtype()) || (a.dtype() == DType::BF16 && a.device().is_cpu()); }
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+    check_operands(a, b);
+    // Where the gemm does not read half operands they are multiplied in f32 and rounded once at the
+    // end: the same result up to the order of the f32 sums.
+    if (!gemm_reads(a)) return matmul_compute(a.to(DType::F32), b.to(DType::F32), DType::F32).to(a.dtype());
+    return matmul_compute(a, b, a.dtype());
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype) {
+    check_operands(a, b);
+    if (out_dtype == a.dtype()) return matmul(a, b);
+    NL_REQUIRE(is_half(a.dtype()) && out_dtype == DType::F32, "matmul: a result in ", dtype_name(out_dtype),
+               " for ", dtype_name(a.dtype()), " operands: expected the operands' dtype, or f32 for bf16/f16");
+    if (!gemm_reads(a)) return matmul_compute(a.to(DType::F32), b.to(DType::F32), DType::F32);
+    return matmul_compute(a, b, DType::F32);
 }
 
 }  // namespace nl

@@ -132,13 +132,13 @@ public:
         timed(log ? "log_softmax_backward" : "softmax_backward", 0, 3 * bytes_of(dtype, rows * cols),
               [&] { inner_.softmax_backward(dtype, y, dy, dx, rows, cols, log); });
     }
-    void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+    void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
               int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
               int64_t ldc, int64_t stride_c, int64_t batch) override {
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
                              static_cast<double>(batch);
         timed("matmul", flops, 0, [&] {
-            inner_.gemm(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+            inner_.gemm(dtype, c_dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                         stride_c, batch);
         });
     }

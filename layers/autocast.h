@@ -28,7 +28,7 @@ public:
     int64_t reuses() const { return reuses_; }  // uses served from the cache
 
 private:
-    friend Var autocast_lower(const Var& x);
+    friend Tensor autocast_lower_data(const Var& x);
     struct Entry {
         std::shared_ptr<VarImpl> param;  // kept, so its address is not reused while cached
         const void* source;              // the parameter's data when cast: a replaced tensor misses
@@ -58,11 +58,19 @@ private:
 // on and x is a floating dtype other than f64 (torch.autocast leaves f64 alone); otherwise x itself.
 // A parameter's cast comes from the guard's cache where it has one.
 Var autocast_lower(const Var& x);
-// x as the input of `uses` lower-precision ops (attention's wq, wk and wv; SwiGLU's w1 and w3). Under
-// autocast x is cast once and each use gets its own cast node over that one copy, so the gradients
-// still come back to x's dtype one by one and are summed there: the bits of `uses` separate
-// autocast_lower calls, for one cast instead of `uses`. Otherwise `uses` times x itself.
-std::vector<Var> autocast_lower_uses(const Var& x, int uses);
+// autocast_lower's copy of x as data, with no node recorded: x's data cast to the autocast dtype (a
+// parameter's from the guard's cache), or an undefined Tensor where autocast_lower returns x itself
+// (autocast off; x not floating, f64, or already in the autocast dtype).
+Tensor autocast_lower_data(const Var& x);
+// A Linear's product x @ weight^T, (..., in) @ (out, in)^T. Where autocast casts x (x_low, from
+// autocast_lower_data(x), defined) it runs on x_low and the weight's autocast copy and returns the
+// autocast dtype, as linear(autocast_lower(x), autocast_lower(weight)) does, as one node whose inputs
+// are x and weight themselves: its backward writes dX and dW in their own dtype straight from the
+// gemms' f32 sums (matmul's out_dtype), where a cast node per input would round each to bf16 and widen
+// it back (torch.autocast's way: the same products with one rounding less per gradient, and no
+// widening pass). One x_low serves every Linear that reads x (attention's wq, wk, wv; SwiGLU's w1, w3),
+// so x is cast once. Otherwise linear(autocast_lower(x), autocast_lower(weight)).
+Var autocast_linear(const Var& x, const Tensor& x_low, const Var& weight);
 // The input of an f32 op (softmax, loss, norm statistics): bf16/f16 x cast to f32 when autocast is
 // on; otherwise x itself.
 Var autocast_f32(const Var& x);

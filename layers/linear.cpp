@@ -48,17 +48,25 @@ std::string Linear::extra_repr() const {
 }
 
 Var Linear::forward(const Var& x) {
+    NL_REQUIRE(x.defined(), "Linear: expected input (..., ", options_.in_features, "), found an undefined Var");
+    return forward_cast(x, autocast_lower_data(x));
+}
+
+Var Linear::forward_cast(const Var& x, const Tensor& x_low) {
     NL_REQUIRE(x.defined() && x.dim() >= 1 && x.size(-1) == options_.in_features,
                "Linear: expected input (..., ", options_.in_features, "), found ",
                x.defined() ? shape_str(x.shape()) : std::string("an undefined Var"));
-    // Under autocast (layers/autocast.h) the product runs on bf16 copies of x, W and b; W and b
-    // stay f32 and receive f32 gradients through the cast nodes. Off, these are x, W and b.
-    const Var xc = autocast_lower(x);
-    const Var w = autocast_lower(weight());
-    NL_REQUIRE(xc.dtype() == w.dtype(), "Linear: expected input of dtype ", dtype_name(w.dtype()),
+    // Under autocast (layers/autocast.h) the product runs on bf16 copies of x, W and b and returns
+    // bf16; W and b stay f32, and x, W and b receive gradients in their own dtypes (autocast_linear's
+    // node for x and W, a cast node for b). Off, these are x, W and b.
+    auto computed_in = [](DType d) {  // the dtype autocast_lower gives a tensor of dtype d
+        return is_autocast_enabled() && is_floating(d) && d != DType::F64 ? autocast_dtype() : d;
+    };
+    const DType w_compute = computed_in(weight().dtype());
+    NL_REQUIRE(computed_in(x.dtype()) == w_compute, "Linear: expected input of dtype ", dtype_name(w_compute),
                is_autocast_enabled() ? " (the autocast dtype)" : " (the weight's)", ", found ",
                dtype_name(x.dtype()));
-    Var y = linear(xc, w);  // (..., out)
+    Var y = autocast_linear(x, x_low, weight());  // (..., out)
     if (options_.bias) y = y + autocast_lower(bias());
     return y;
 }

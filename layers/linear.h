@@ -35,6 +35,9 @@ public:
 
     // x (..., in_features) -> (..., out_features)
     Var forward(const Var& x) override;
+    // forward with x's autocast copy already made (x_low = autocast_lower_data(x), layers/autocast.h),
+    // so that several Linears reading one x cast it once (attention's wq, wk, wv; SwiGLU's w1, w3).
+    Var forward_cast(const Var& x, const Tensor& x_low);
     // Redraws weight and bias in place (the Vars keep their identity).
     void reset_parameters(Generator& generator);
 

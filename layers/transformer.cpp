@@ -65,8 +65,8 @@ Var swiglu(const Var& a, const Var& b, bool fused) {
 }
 
 Var FeedForward::forward(const Var& x) {
-    const std::vector<Var> in = autocast_lower_uses(x, 2);  // one bf16 copy of x under autocast
-    return w2_->forward(swiglu(w1_->forward(in[0]), w3_->forward(in[1]), options_.fused));
+    const Tensor x_low = autocast_lower_data(x);  // one bf16 copy of x under autocast (else undefined)
+    return w2_->forward(swiglu(w1_->forward_cast(x, x_low), w3_->forward_cast(x, x_low), options_.fused));
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -196,10 +196,10 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
     }
     const RopeTables all = rope(L, x.dtype());
     const RopeTables tables = {all.cos.narrow(0, start, T), all.sin.narrow(0, start, T)};  // positions start..L-1
-    const std::vector<Var> in = autocast_lower_uses(x, 3);  // one bf16 copy of x under autocast
-    const Var q = apply_rope(reshape(wq_->forward(in[0]), {B, T, H, hd}), tables);   // (B, T, H, hd)
-    Var k = apply_rope(reshape(wk_->forward(in[1]), {B, T, KV, hd}), tables);        // (B, T, KV, hd)
-    Var v = reshape(wv_->forward(in[2]), {B, T, KV, hd});                            // (B, T, KV, hd)
+    const Tensor x_low = autocast_lower_data(x);  // one bf16 copy of x under autocast (else undefined)
+    const Var q = apply_rope(reshape(wq_->forward_cast(x, x_low), {B, T, H, hd}), tables);  // (B, T, H, hd)
+    Var k = apply_rope(reshape(wk_->forward_cast(x, x_low), {B, T, KV, hd}), tables);       // (B, T, KV, hd)
+    Var v = reshape(wv_->forward_cast(x, x_low), {B, T, KV, hd});                           // (B, T, KV, hd)
     if (slot) {
         // Append, then read back every position so far: (B, L, KV, hd) views of the buffers.
         slot->keys.narrow(1, start, T).copy_(k.data());

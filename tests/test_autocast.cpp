@@ -206,9 +206,9 @@ TEST_CASE("autocast: a cache casts each parameter once for several forwards, wit
     CHECK(cache.casts() == 0);
 }
 
-TEST_CASE("autocast: one cast of an input for several matmuls gives the bits of a cast per use", "[autocast]") {
-    // Attention's wq, wk, wv (and SwiGLU's w1, w3) read one bf16 copy of their input; each use has its
-    // own cast node, so the three bf16 gradients are widened and summed in f32 as three casts do.
+TEST_CASE("autocast: one cast of an input for several Linears gives the bits of a cast per Linear", "[autocast]") {
+    // Attention's wq, wk, wv (and SwiGLU's w1, w3) read one bf16 copy of their input (forward_cast);
+    // each Linear's node sends its gradient back to the f32 input, where the three are summed.
     Generator gen(11);
     std::vector<std::shared_ptr<Linear>> projections;
     for (int i = 0; i < 3; ++i) {
@@ -226,15 +226,15 @@ TEST_CASE("autocast: one cast of an input for several matmuls gives the bits of 
         Var loss;
         {
             AutocastGuard guard(DType::BF16);
-            const std::vector<Var> in = shared ? autocast_lower_uses(h, 3) : std::vector<Var>{h, h, h};
+            const Tensor h_low = autocast_lower_data(h);
             if (shared) {
-                CHECK(in[0].dtype() == DType::BF16);
-                CHECK(in[1].data().data_ptr() == in[0].data().data_ptr());  // one copy
-                CHECK(in[2].data().data_ptr() == in[0].data().data_ptr());
-                CHECK(in[1].grad_fn() != in[0].grad_fn());  // a node per use
+                REQUIRE(h_low.defined());
+                CHECK(h_low.dtype() == DType::BF16);
             }
             for (int i = 0; i < 3; ++i) {
-                const Var y = projections[static_cast<size_t>(i)]->forward(in[static_cast<size_t>(i)]);
+                Linear& lin = *projections[static_cast<size_t>(i)];
+                const Var y = shared ? lin.forward_cast(h, h_low) : lin.forward(h);
+                CHECK(y.dtype() == DType::BF16);
                 for (double v : y.data().to(DType::F32).to_vector()) values.push_back(v);
                 const Var term = sum(autocast_f32(y) * autocast_f32(y)) * (1.0 + i);
                 loss = loss.defined() ? loss + term : term;
@@ -251,13 +251,113 @@ TEST_CASE("autocast: one cast of an input for several matmuls gives the bits of 
     const auto shared = run(true);
     CHECK(shared.first == per_use.first);
     CHECK(shared.second == per_use.second);
-    // Outside autocast: the input itself, `uses` times; and at least one use is asked for.
+    // Outside autocast there is no copy, and forward_cast is forward.
     Var x(x_data, true);
-    for (const Var& v : autocast_lower_uses(x, 2)) CHECK(v.impl() == x.impl());
+    CHECK_FALSE(autocast_lower_data(x).defined());
+    CHECK(projections[0]->forward_cast(x, Tensor()).dtype() == DType::F32);
+}
+
+TEST_CASE("autocast: a Linear's gradients are the gemms' f32 sums, not bf16 widened back", "[autocast]") {
+    // autocast_linear is one node over the f32 input and weight. Its dX = dY W_low and dW = dY^T X_low
+    // come straight from f32 sums of bf16 products: compared with an f64 sum of the same bf16 values
+    // within the f32 bound (k * 2^-24 * sum|terms|), and not rounded to bf16 (most elements carry more
+    // than bf16's 8 significant bits).
+    Generator gen(5);
+    LinearOptions options;
+    options.in_features = 40;
+    options.out_features = 24;
+    options.bias = false;
+    options.generator = &gen;
+    Linear lin(options);
+    const Tensor x_data = randn({3, 7, 40}, gen);
+    const Tensor dy = randn({3, 7, 24}, gen);
+    Var x(x_data, true);
+    Var h = x * 1.0;  // a non-leaf input
+    Var y;
     {
         AutocastGuard guard(DType::BF16);
-        REQUIRE_THROWS_WITH(autocast_lower_uses(x, 0), Catch::Contains("expected at least 1 use, found 0"));
+        y = lin.forward(h);
     }
+    REQUIRE(y.grad_fn() != nullptr);
+    CHECK(y.grad_fn()->name() == "autocast_linear");
+    CHECK(y.dtype() == DType::BF16);
+    sum(to(y, DType::F32) * Var(dy)).backward();
+    const Tensor dx = x.grad().data(), dw = lin.weight().grad().data();
+    REQUIRE(dx.dtype() == DType::F32);
+    REQUIRE(dw.dtype() == DType::F32);
+    // The bf16 values the products read: dY rounded (y is bf16, so its gradient is), W and x rounded.
+    const std::vector<double> g = dy.to(DType::BF16).to_vector(), w = lin.weight().data().to(DType::BF16).to_vector(),
+                              xs = x_data.to(DType::BF16).to_vector();
+    const int64_t rows = 21, in = 40, out = 24;
+    int64_t not_bf16 = 0;
+    auto check_sum = [&](double got, const std::vector<double>& terms) {
+        double exact = 0.0, magnitude = 0.0;
+        for (double t : terms) {
+            exact += t;
+            magnitude += std::fabs(t);
+        }
+        CHECK(std::fabs(got - exact) <= static_cast<double>(terms.size()) * std::ldexp(1.0, -24) * magnitude + 1e-30);
+        if (static_cast<double>(bf16_to_f32(f32_to_bf16(static_cast<float>(got)))) != got) ++not_bf16;
+    };
+    const std::vector<double> dx_got = dx.to_vector(), dw_got = dw.to_vector();
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i) {
+            std::vector<double> terms;
+            for (int64_t o = 0; o < out; ++o) terms.push_back(g[r * out + o] * w[o * in + i]);
+            check_sum(dx_got[r * in + i], terms);
+        }
+    for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+            std::vector<double> terms;
+            for (int64_t r = 0; r < rows; ++r) terms.push_back(g[r * out + o] * xs[r * in + i]);
+            check_sum(dw_got[o * in + i], terms);
+        }
+    CHECK(not_bf16 > (rows * in + out * in) / 2);
+}
+
+TEST_CASE("autocast: matmul with an f32 result keeps bf16 operands' f32 sums, and other pairs are errors",
+          "[autocast]") {
+    Generator gen(3);
+    const Tensor a = randn({9, 33}, gen).to(DType::BF16), b = randn({33, 17}, gen).to(DType::BF16);
+    const Tensor c = matmul(a, b, DType::F32);
+    REQUIRE(c.dtype() == DType::F32);
+    CHECK(c.shape() == Shape{9, 17});
+    // The same sums rounded once give the bf16 matmul's bits.
+    CHECK(c.to(DType::BF16).to_vector() == matmul(a, b).to_vector());
+    // A transposed operand and a batch, as autograd hands them.
+    const Tensor at = randn({33, 9}, gen).to(DType::BF16);
+    CHECK(matmul(at.t(), b, DType::F32).to(DType::BF16).to_vector() == matmul(at.t(), b).to_vector());
+    // The operands' own dtype is plain matmul; anything but f32 for half operands is an error.
+    CHECK(matmul(a, b, DType::BF16).to_vector() == matmul(a, b).to_vector());
+    const Tensor f = randn({4, 4}, gen);
+    CHECK_THROWS_WITH(matmul(f, f, DType::BF16),
+                      Catch::Contains("a result in bf16 for f32 operands: expected the operands' dtype, or f32"));
+    CHECK_THROWS_WITH(matmul(f.to(DType::F64), f.to(DType::F64), DType::F32), Catch::Contains("for f64 operands"));
+}
+
+TEST_CASE("autocast: a second-order backward through an autocast Linear runs on differentiable ops",
+          "[autocast]") {
+    Generator gen(9);
+    LinearOptions options;
+    options.in_features = 12;
+    options.out_features = 5;
+    options.generator = &gen;
+    Linear lin(options);
+    Var x(randn({4, 12}, gen), true);
+    Var y;
+    {
+        AutocastGuard guard(DType::BF16);
+        y = lin.forward(x * 2.0);
+    }
+    const Var loss = sum(to(y, DType::F32) * to(y, DType::F32));
+    const std::vector<Var> first = gradients(loss, {x}, Var(), true, true);
+    REQUIRE(first[0].defined());
+    CHECK(first[0].dtype() == DType::F32);
+    CHECK(first[0].grad_fn() != nullptr);  // recorded: it can be differentiated again
+    const std::vector<Var> second = gradients(sum(first[0] * first[0]), {x});
+    REQUIRE(second[0].defined());
+    CHECK(second[0].dtype() == DType::F32);
+    CHECK(max_abs(second[0].data()) > 0.0);
 }
 
 TEST_CASE("autocast: RoPE on bf16 is one node with the bits of widening, rotating in f32 and rounding", "[autocast]") {

@@ -32,7 +32,7 @@ public:
                           int64_t cols, bool log) override;
 
     // cpu_blas.cpp
-    void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+    void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
               int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
               int64_t batch) override;

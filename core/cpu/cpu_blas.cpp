@@ -1,6 +1,6 @@
 // CPU gemm: row-major batched matrix multiply, f32 on normlab's own engine (core/cpu/cpu_sgemm.h)
 // where the CPU has AVX-512 (or NORMLAB_GEMM asks for it), else on OpenBLAS (cblas_sgemm); f64 on
-// OpenBLAS; bf16 (f32 sums, rounded once) on normlab's bf16 engine (core/cpu/cpu_bgemm.cpp).
+// OpenBLAS; bf16 (f32 sums; C rounded once to bf16, or kept in f32) on normlab's bf16 engine (core/cpu/cpu_bgemm.cpp).
 #include <cblas.h>
 
 #include <algorithm>
@@ -79,13 +79,16 @@ void gemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
     }
 }
 
-// bf16 A, B and C on the bf16 engine, which threads inside each gemm as the f32 engine does.
+// bf16 A and B on the bf16 engine, C in bf16 or (c_f32) f32; it threads inside each gemm as the f32
+// engine does.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const uint16_t* a,
-               int64_t lda, int64_t stride_a, const uint16_t* b, int64_t ldb, int64_t stride_b, double beta,
-               uint16_t* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+               int64_t lda, int64_t stride_a, const uint16_t* b, int64_t ldb, int64_t stride_b, double beta, void* c,
+               bool c_f32, int64_t ldc, int64_t stride_c, int64_t batch) {
     auto one = [&](int64_t p) {
+        void* c_at = c_f32 ? static_cast<void*>(static_cast<float*>(c) + p * stride_c)
+                           : static_cast<void*>(static_cast<uint16_t*>(c) + p * stride_c);
         bgemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a + p * stride_a, lda, b + p * stride_b, ldb,
-              static_cast<float>(beta), c + p * stride_c, false, ldc);
+              static_cast<float>(beta), c_at, c_f32, ldc);
     };
     if (batch > 1 && m * n * k < 64 * 64 * 64) {
 #pragma omp parallel for schedule(static)
@@ -130,10 +133,12 @@ void gemm_typed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, dou
 
 }  // namespace
 
-void CpuBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+void CpuBackend::gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
                       int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
                       int64_t stride_c, int64_t batch) {
+    NL_CHECK(c_dtype == dtype || (dtype == DType::BF16 && c_dtype == DType::F32), "gemm: C in ",
+             dtype_name(c_dtype), " for ", dtype_name(dtype), " operands");
     switch (dtype) {
         case DType::F32:
             if (m != 0 && n != 0 && batch != 0 && k != 0 && sgemm_engine_is_native()) {
@@ -153,7 +158,7 @@ void CpuBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_
             return;
         case DType::BF16:
             gemm_bf16(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a), lda, stride_a,
-                      static_cast<const uint16_t*>(b), ldb, stride_b, beta, static_cast<uint16_t*>(c), ldc, stride_c,
+                      static_cast<const uint16_t*>(b), ldb, stride_b, beta, c, c_dtype == DType::F32, ldc, stride_c,
                       batch);
             return;
         default:

@@ -108,9 +108,11 @@ cublasHandle_t CudaBackend::cublas() {
     return cublas_;
 }
 
-void CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                       const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+void CudaBackend::gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
                        int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+    NL_CHECK(c_dtype == dtype, "gemm: C in ", dtype_name(c_dtype), " for ", dtype_name(dtype),
+             " operands: CUDA's gemm writes C in its operands' dtype (ops multiply bf16 in f32 here)");
     cuda::DeviceGuard guard(index_);
     cublasHandle_t handle = cublas();
     switch (dtype) {
