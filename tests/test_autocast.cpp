@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,6 +57,16 @@ void check_bf16_close(const Tensor& actual, const Tensor& expected, const std::s
     CHECK(worst <= kBf16Tolerance * scale);
 }
 
+// A Linear (in -> out) drawn from gen.
+std::shared_ptr<Linear> make_linear(int64_t in, int64_t out, Generator& gen, bool bias = true) {
+    LinearOptions options;
+    options.in_features = in;
+    options.out_features = out;
+    options.bias = bias;
+    options.generator = &gen;
+    return std::make_shared<Linear>(options);
+}
+
 struct LinearGrads {
     Tensor y, dx, dw, db;
 };
@@ -79,11 +90,8 @@ LinearGrads run_linear(Linear& lin, const Tensor& x_data, const Tensor& dy, bool
 TEST_CASE("autocast: a Linear under the guard returns bf16, keeps f32 weights with f32 grads close to f32's",
           "[autocast]") {
     Generator gen(7);
-    LinearOptions options;
-    options.in_features = 48;
-    options.out_features = 20;
-    options.generator = &gen;
-    Linear lin(options);
+    const std::shared_ptr<Linear> linear = make_linear(48, 20, gen);
+    Linear& lin = *linear;
 
     SECTION("contiguous input (B, T, in)") {
         const Tensor x = randn({3, 5, 48}, gen);
@@ -119,11 +127,8 @@ TEST_CASE("autocast: a Linear under the guard returns bf16, keeps f32 weights wi
 
 TEST_CASE("autocast: outside the guard nothing changes, and guards nest and restore", "[autocast]") {
     Generator gen(3);
-    LinearOptions options;
-    options.in_features = 16;
-    options.out_features = 8;
-    options.generator = &gen;
-    Linear lin(options);
+    const std::shared_ptr<Linear> linear = make_linear(16, 8, gen);
+    Linear& lin = *linear;
     const Tensor x = randn({4, 16}, gen);
 
     CHECK_FALSE(is_autocast_enabled());
@@ -151,7 +156,7 @@ TEST_CASE("autocast: outside the guard nothing changes, and guards nest and rest
     CHECK(autocast_f32(Var(x.to(DType::BF16))).dtype() == DType::BF16);
 
     // f64 is left alone (as torch.autocast does), so gradient checks under a guard stay in f64.
-    LinearOptions f64 = options;
+    LinearOptions f64 = lin.options();
     f64.dtype = DType::F64;
     Linear lin64(f64);
     {
@@ -169,11 +174,8 @@ TEST_CASE("autocast: a cache casts each parameter once for several forwards, wit
     // weight and bias are cast once and reused, and the outputs and gradients are the bits of two
     // uncached forwards.
     Generator gen(4);
-    LinearOptions options;
-    options.in_features = 24;
-    options.out_features = 10;
-    options.generator = &gen;
-    Linear lin(options);
+    const std::shared_ptr<Linear> linear = make_linear(24, 10, gen);
+    Linear& lin = *linear;
     const Tensor x1 = randn({5, 24}, gen), x2 = randn({5, 24}, gen);
     auto two_shards = [&](AutocastCache* cache) {
         lin.zero_grad();
@@ -211,13 +213,7 @@ TEST_CASE("autocast: one cast of an input for several Linears gives the bits of 
     // each Linear's node sends its gradient back to the f32 input, where the three are summed.
     Generator gen(11);
     std::vector<std::shared_ptr<Linear>> projections;
-    for (int i = 0; i < 3; ++i) {
-        LinearOptions options;
-        options.in_features = 24;
-        options.out_features = 8 + 4 * i;
-        options.generator = &gen;
-        projections.push_back(std::make_shared<Linear>(options));
-    }
+    for (int i = 0; i < 3; ++i) projections.push_back(make_linear(24, 8 + 4 * i, gen));
     const Tensor x_data = randn({6, 24}, gen);
     auto run = [&](bool shared) {
         Var x(x_data, true);
@@ -263,12 +259,8 @@ TEST_CASE("autocast: a Linear's gradients are the gemms' f32 sums, not bf16 wide
     // within the f32 bound (k * 2^-24 * sum|terms|), and not rounded to bf16 (most elements carry more
     // than bf16's 8 significant bits).
     Generator gen(5);
-    LinearOptions options;
-    options.in_features = 40;
-    options.out_features = 24;
-    options.bias = false;
-    options.generator = &gen;
-    Linear lin(options);
+    const std::shared_ptr<Linear> linear = make_linear(40, 24, gen, false);
+    Linear& lin = *linear;
     const Tensor x_data = randn({3, 7, 40}, gen);
     const Tensor dy = randn({3, 7, 24}, gen);
     Var x(x_data, true);
@@ -338,11 +330,8 @@ TEST_CASE("autocast: matmul with an f32 result keeps bf16 operands' f32 sums, an
 TEST_CASE("autocast: a second-order backward through an autocast Linear runs on differentiable ops",
           "[autocast]") {
     Generator gen(9);
-    LinearOptions options;
-    options.in_features = 12;
-    options.out_features = 5;
-    options.generator = &gen;
-    Linear lin(options);
+    const std::shared_ptr<Linear> linear = make_linear(12, 5, gen);
+    Linear& lin = *linear;
     Var x(randn({4, 12}, gen), true);
     Var y;
     {
