@@ -38,10 +38,12 @@ AutocastGuard::~AutocastGuard() {
     autocast_cache = previous_cache_;
 }
 
+DType autocast_compute_dtype(DType d) {
+    return autocast_enabled && is_floating(d) && d != DType::F64 ? autocast_type : d;
+}
+
 Tensor autocast_lower_data(const Var& x) {
-    if (!autocast_enabled || !x.defined()) return Tensor();
-    const DType dtype = x.dtype();
-    if (!is_floating(dtype) || dtype == DType::F64 || dtype == autocast_type) return Tensor();
+    if (!x.defined() || autocast_compute_dtype(x.dtype()) == x.dtype()) return Tensor();
     AutocastCache* cache = autocast_cache;
     if (cache == nullptr || !x.is_leaf() || !x.requires_grad()) return x.data().to(autocast_type);
     for (const AutocastCache::Entry& e : cache->entries_) {

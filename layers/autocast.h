@@ -58,6 +58,9 @@ private:
 // on and x is a floating dtype other than f64 (torch.autocast leaves f64 alone); otherwise x itself.
 // A parameter's cast comes from the guard's cache where it has one.
 Var autocast_lower(const Var& x);
+// The dtype autocast_lower gives a tensor of dtype d: the autocast dtype when autocast is on and d is
+// a floating dtype other than f64; otherwise d.
+DType autocast_compute_dtype(DType d);
 // autocast_lower's copy of x as data, with no node recorded: x's data cast to the autocast dtype (a
 // parameter's from the guard's cache), or an undefined Tensor where autocast_lower returns x itself
 // (autocast off; x not floating, f64, or already in the autocast dtype).

@@ -47,10 +47,7 @@ std::string Linear::extra_repr() const {
                           ", bias=", options_.bias ? "true" : "false");
 }
 
-Var Linear::forward(const Var& x) {
-    NL_REQUIRE(x.defined(), "Linear: expected input (..., ", options_.in_features, "), found an undefined Var");
-    return forward_cast(x, autocast_lower_data(x));
-}
+Var Linear::forward(const Var& x) { return forward_cast(x, autocast_lower_data(x)); }
 
 Var Linear::forward_cast(const Var& x, const Tensor& x_low) {
     NL_REQUIRE(x.defined() && x.dim() >= 1 && x.size(-1) == options_.in_features,
@@ -59,11 +56,8 @@ Var Linear::forward_cast(const Var& x, const Tensor& x_low) {
     // Under autocast (layers/autocast.h) the product runs on bf16 copies of x, W and b and returns
     // bf16; W and b stay f32, and x, W and b receive gradients in their own dtypes (autocast_linear's
     // node for x and W, a cast node for b). Off, these are x, W and b.
-    auto computed_in = [](DType d) {  // the dtype autocast_lower gives a tensor of dtype d
-        return is_autocast_enabled() && is_floating(d) && d != DType::F64 ? autocast_dtype() : d;
-    };
-    const DType w_compute = computed_in(weight().dtype());
-    NL_REQUIRE(computed_in(x.dtype()) == w_compute, "Linear: expected input of dtype ", dtype_name(w_compute),
+    const DType w_compute = autocast_compute_dtype(weight().dtype());
+    NL_REQUIRE(autocast_compute_dtype(x.dtype()) == w_compute, "Linear: expected input of dtype ", dtype_name(w_compute),
                is_autocast_enabled() ? " (the autocast dtype)" : " (the weight's)", ", found ",
                dtype_name(x.dtype()));
     Var y = autocast_linear(x, x_low, weight());  // (..., out)

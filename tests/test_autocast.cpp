@@ -251,6 +251,12 @@ TEST_CASE("autocast: one cast of an input for several Linears gives the bits of 
     Var x(x_data, true);
     CHECK_FALSE(autocast_lower_data(x).defined());
     CHECK(projections[0]->forward_cast(x, Tensor()).dtype() == DType::F32);
+    // A copy that is not x's autocast copy is refused, naming what was expected and found.
+    AutocastGuard guard(DType::BF16);
+    CHECK_THROWS_WITH(projections[0]->forward_cast(x, randn({5, 24}, gen).to(DType::BF16)),
+                      Catch::Contains("autocast_linear: expected x's autocast copy ([6, 24], bf16), found ([5, 24], bf16)"));
+    CHECK_THROWS_WITH(projections[0]->forward_cast(x, x_data.to(DType::F16)),
+                      Catch::Contains("expected x's autocast copy ([6, 24], bf16), found ([6, 24], f16)"));
 }
 
 TEST_CASE("autocast: a Linear's gradients are the gemms' f32 sums, not bf16 widened back", "[autocast]") {

@@ -158,6 +158,9 @@ TEST_CASE("sgemm engine: an unknown kernel name is refused by name", "[sgemm]") 
     float c = 0.0f;
     CHECK_THROWS_WITH(sgemm_with_kernel("avx1024", false, false, 1, 1, 1, 1.0f, &c, 1, &c, 1, 0.0f, &c, 1),
                       Catch::Contains("expected auto, ") && Catch::Contains("found 'avx1024'"));
+    uint16_t h = 0;
+    CHECK_THROWS_WITH(sgemm_bf16_with_kernel("avx1024", false, false, 1, 1, 1, 1.0f, &h, 1, &h, 1, 0.0f, &c, true, 1),
+                      Catch::Contains("sgemm_bf16_with_kernel: expected auto, ") && Catch::Contains("found 'avx1024'"));
 }
 
 TEST_CASE("sgemm engine: k == 0 scales C by beta, and beta == 0 writes zeros without reading C", "[sgemm]") {
