@@ -4,10 +4,15 @@
 // rtol 1e-4, unless a case says why it needs more.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/safetensors.h"
 #include "layers/activation.h"
+#include "layers/autocast.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/norms.h"
@@ -159,6 +164,68 @@ TEST_CASE("reference: pre-norm LLaMA block matches LLaMA's TransformerBlock", "[
     TransformerBlock block(o);
     REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
     check_layer_fixture(block, f);
+}
+
+// The root-mean-square error of `got` against the exact answer, relative to the answer's own
+// root mean square: ||got - exact|| / ||exact||, summed in f64.
+double relative_rms_error(const Tensor& got, const Tensor& exact) {
+    REQUIRE(got.shape() == exact.shape());
+    const Tensor a = got.to(DType::F64).contiguous(), b = exact.to(DType::F64).contiguous();
+    const double* pa = a.data<double>();
+    const double* pb = b.data<double>();
+    double error = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+        error += (pa[i] - pb[i]) * (pa[i] - pb[i]);
+        norm += pb[i] * pb[i];
+    }
+    return std::sqrt(error / norm);
+}
+
+TEST_CASE("reference: a LLaMA block under bf16 autocast is as close to float64 as PyTorch's autocast",
+          "[transformer][reference][autocast]") {
+    // The fixture holds PyTorch's bf16-autocast output and gradients and the float64 answer for the
+    // same weights and input. PyTorch rounds the attention scores and probabilities to bf16, and
+    // each Linear's dX and dW; normlab's fused attention keeps scores and probabilities in f32, and
+    // autocast_linear returns dX and dW as f32 sums. So on every tensor normlab's error may not
+    // exceed PyTorch's (it measured 0.84-0.94 of it), and it must be a bf16-sized error, far above
+    // f32's 1e-7, or autocast did not run. (Rounding attention's output toward zero instead of to
+    // nearest raised four of these errors above PyTorch's.)
+    const SafeTensorsFile f = fixture("llama_block_autocast_bf16.safetensors");
+    REQUIRE(f.metadata.at("autocast") == "bf16");
+    const bool fused = GENERATE(true, false);
+    INFO("fused norms: " << fused);
+    TransformerBlockOptions o;
+    o.dim = std::stoll(f.metadata.at("dim"));
+    o.n_heads = std::stoll(f.metadata.at("n_heads"));
+    o.n_kv_heads = std::stoll(f.metadata.at("n_kv_heads"));
+    o.ffn_hidden_dim = std::stoll(f.metadata.at("ffn_hidden_dim_arg"));
+    o.multiple_of = std::stoll(f.metadata.at("multiple_of"));
+    o.rope_theta = std::stod(f.metadata.at("rope_theta"));
+    o.norm.type = "rmsnorm";
+    o.norm.eps = std::stod(f.metadata.at("norm_eps"));
+    o.norm.fused = fused;
+    o.pre_norm = true;
+    TransformerBlock block(o);
+    REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
+    load_params(block, f);
+    Var x(f.at("input").clone(), true);
+    Var out;
+    {
+        AutocastGuard autocast(DType::BF16);
+        out = block.forward(x);
+    }
+    REQUIRE(out.dtype() == DType::F32);
+    out.backward(Var(f.at("grad_output")));
+
+    std::vector<std::pair<std::string, Tensor>> results = {{"output", out.data()}, {"grad_input", x.grad().data()}};
+    for (const auto& [name, param] : block.named_parameters()) results.emplace_back("grad." + name, param.grad().data());
+    for (const auto& [name, got] : results) {
+        const double ours = relative_rms_error(got, f.at("f64." + name));
+        const double torch = relative_rms_error(f.at(name), f.at("f64." + name));
+        INFO(name << ": normlab autocast " << ours << ", PyTorch autocast " << torch << " (||error|| / ||f64||)");
+        CHECK(ours <= torch);
+        CHECK(ours > 1e-5);
+    }
 }
 
 TEST_CASE("reference: 10 Adam steps match torch.optim.Adam", "[optim][reference]") {

@@ -100,8 +100,9 @@ def precompute_freqs_cis(head_dim, seq_len, theta=10000.0):
 
 def apply_rotary_emb(xq, xk, freqs_cis):
     """Rotates interleaved pairs (x[..., 2k], x[..., 2k+1]) as complex numbers by freqs_cis[t, k]."""
-    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
-    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    compute = torch.promote_types(xq.dtype, torch.float32)  # LLaMA's .float(); f64 stays f64
+    xq_ = torch.view_as_complex(xq.to(compute).reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.to(compute).reshape(*xk.shape[:-1], -1, 2))
     freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])  # (1, T, 1, head_dim/2)
     xq_out = torch.view_as_real(xq_ * freqs).flatten(3)
     xk_out = torch.view_as_real(xk_ * freqs).flatten(3)
@@ -147,7 +148,8 @@ class Attention(nn.Module):
         xq = xq.transpose(1, 2)                               # (B, H, T, hd)
         scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
         scores = scores + mask
-        probs = F.softmax(scores.float(), dim=-1).type_as(xq)  # (B, H, T, T)
+        compute = torch.promote_types(scores.dtype, torch.float32)  # LLaMA's .float(); f64 stays f64
+        probs = F.softmax(scores.to(compute), dim=-1).type_as(xq)  # (B, H, T, T)
         self.debug["probs"] = probs
         output = torch.matmul(probs, values).transpose(1, 2).contiguous().view(bsz, seqlen, -1)
         return self.wo(output)
@@ -375,6 +377,54 @@ def fixture_llama_block():
     add_rope(fx, freqs_cis)
     return fx
 
+
+
+def fixture_llama_block_autocast_bf16():
+    """One LLaMA block run three ways on the same weights and input: in f64 (the exact answer), in f32
+    under torch.autocast("cpu", dtype=torch.bfloat16) (what PyTorch's mixed precision gives), so the
+    C++ test can hold normlab's autocast to PyTorch's error, tensor by tensor."""
+    torch.manual_seed(11)
+    dim, n_heads, n_kv_heads, hidden_arg, multiple_of, eps, B, T = 64, 4, 2, 256, 32, 1e-6, 2, 32
+    hidden = swiglu_hidden_dim(hidden_arg, multiple_of)
+    fx = Fixture("llama_block_autocast_bf16.safetensors",
+                 f"The LLaMA `TransformerBlock` of llama_block.safetensors at dim={dim}, n_heads={n_heads}, "
+                 f"n_kv_heads={n_kv_heads}, FFN hidden_dim arg {hidden_arg} with multiple_of {multiple_of} -> hidden "
+                 f"{hidden}, RMSNorm eps {eps} with weights 1 + 0.5 N(0,1), input (B={B}, T={T}, dim), run twice on "
+                 "the same f32 parameters and input: under `torch.autocast(\"cpu\", dtype=torch.bfloat16)` "
+                 "(`output`, `grad_input`, `grad.*`: PyTorch's mixed precision; every Linear and both attention "
+                 "matmuls in bf16, softmax and the norms in f32, the residual stream f32) and as a float64 copy of "
+                 "the block (`f64.*`: the exact answer to compare both against).",
+                 dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=dim // n_heads, ffn_hidden_dim_arg=hidden_arg,
+                 multiple_of=multiple_of, hidden=hidden, norm_eps=eps, rope_theta=10000.0, causal=True,
+                 autocast="bf16")
+    block = TransformerBlock(dim, n_heads, n_kv_heads, hidden_arg, multiple_of, eps)
+    with torch.no_grad():
+        block.attention_norm.weight.copy_(1 + 0.5 * torch.randn(dim))
+        block.ffn_norm.weight.copy_(1 + 0.5 * torch.randn(dim))
+    exact = copy.deepcopy(block).double()
+    freqs_cis = precompute_freqs_cis(dim // n_heads, T, 10000.0)
+    mask = causal_mask(T)
+    x = torch.randn(B, T, dim).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = block(x, freqs_cis, mask)
+    assert out.dtype == torch.float32  # the residual stream: f32 input plus bf16 branches
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    fx.add("input", x, "block input (f32)")
+    add_param_grads(fx, block, " (f32)")
+    fx.add("output", out, "block output under bf16 autocast (f32: the residual stream)")
+    fx.add("grad_output", grad_output, "upstream gradient fed to backward (random)")
+    fx.add("grad_input", x.grad, "d(sum(output * grad_output)) / d(input) under bf16 autocast")
+    # The exact answer: the same parameters, input and upstream gradient in float64. RoPE's table is
+    # widened from LLaMA's complex64 one, so both runs rotate by the same angles.
+    x64 = x.detach().double().requires_grad_(True)
+    out64 = exact(x64, freqs_cis.to(torch.complex128), mask.double())
+    out64.backward(grad_output.double())
+    fx.add("f64.output", out64, "the block's output in float64 (F64)")
+    fx.add("f64.grad_input", x64.grad, "d(sum(output * grad_output)) / d(input) in float64 (F64)")
+    for name, p in exact.named_parameters():
+        fx.add(f"f64.grad.{name}", p.grad, f"d(sum(output * grad_output)) / d({name}) in float64 (F64)")
+    return fx
 
 def fixture_cross_entropy():
     torch.manual_seed(8)
@@ -721,7 +771,8 @@ def main():
     os.makedirs(FIXTURES, exist_ok=True)
     write_python_sample()
     fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_swiglu(),
-                fixture_attention(), fixture_llama_block(), fixture_cross_entropy(), fixture_mse(),
+                fixture_attention(), fixture_llama_block(), fixture_llama_block_autocast_bf16(),
+                fixture_cross_entropy(), fixture_mse(),
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
                 fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
