@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/cuda/nl_cuda_api.h"
+#include "test_util.h"
 
 namespace nl_test {
 
@@ -33,11 +34,12 @@ struct CliRun {
     std::string output;  // stdout and stderr together
 };
 
-// A new empty directory /tmp/normlab-<tag>-XXXXXX (left behind on purpose: a failed test's run
-// directory is worth reading).
+// A new empty directory /tmp/normlab-<tag>-XXXXXX, removed when the test case passes and kept when
+// it fails (a failed test's run directory is worth reading; tests/main.cpp prints its path).
 inline std::string make_temp_dir(const std::string& tag) {
     std::string pattern = "/tmp/normlab-" + tag + "-XXXXXX";
     REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    remove_unless_test_fails(pattern);
     return pattern;
 }
 

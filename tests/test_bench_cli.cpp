@@ -57,6 +57,7 @@ BenchRun run_bench(const std::string& args) {
 std::filesystem::path fresh_dir(const std::string& name) {
     auto dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
+    nl_test::remove_unless_test_fails(dir);
     return dir;
 }
 

@@ -1,4 +1,5 @@
-// Shared test helpers that need nothing from normlab: a scratch directory that cleans up after itself.
+// Shared test helpers that need nothing from normlab: a scratch directory that cleans up after itself,
+// and run folders kept only when their test case fails.
 #pragma once
 
 #include <unistd.h>
@@ -6,6 +7,7 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace nl_test {
 
@@ -32,5 +34,15 @@ struct TempDir {
     std::string file(const std::string& name) const { return (path / name).string(); }
     std::string operator/(const std::string& name) const { return file(name); }
 };
+
+// Folders the running test case wrote for CLI runs: tests/main.cpp's listener removes them when the
+// test case passes and names them, kept for reading, when it fails.
+inline std::vector<std::filesystem::path>& run_folders_of_this_test() {
+    static std::vector<std::filesystem::path> folders;
+    return folders;
+}
+inline void remove_unless_test_fails(const std::filesystem::path& folder) {
+    run_folders_of_this_test().push_back(folder);
+}
 
 }  // namespace nl_test
