@@ -176,13 +176,19 @@ int64_t check_cross_entropy(const char* op, const Tensor& logits, const Tensor& 
 }  // namespace
 
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                          Reduction reduction) {
+                                          Reduction reduction, std::optional<DType> loss_dtype) {
     const char* op = "cross_entropy";
     CrossEntropyForward out;
     out.count = check_cross_entropy(op, logits, targets, ignore_index);
     const int64_t classes = logits.size(-1);
     const int64_t rows = targets.numel();
     const DType stat_dtype = compute_dtype(logits.dtype());
+    // The rows' losses are computed in stat_dtype whatever the logits' dtype: an f32 loss of half
+    // logits is those sums as they are, where the logits' dtype rounds them.
+    const DType out_dtype = loss_dtype.value_or(logits.dtype());
+    NL_REQUIRE(out_dtype == logits.dtype() || (is_half(logits.dtype()) && out_dtype == DType::F32), op,
+               ": a loss in ", dtype_name(out_dtype), " for ", dtype_name(logits.dtype()),
+               " logits: expected the logits' dtype, or f32 for bf16/f16 logits");
     const Tensor lc = logits.contiguous();   // (rows, classes)
     const Tensor tc = targets.contiguous();  // (rows)
     Tensor per_row = Tensor::empty(targets.shape(), stat_dtype, logits.device());  // (rows)
@@ -195,7 +201,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
                                     .classes = classes, .ignore_index = ignore_index});
     }
     if (reduction == Reduction::None) {
-        out.loss = per_row.to(logits.dtype());
+        out.loss = per_row.to(out_dtype);
         return out;
     }
     // Summed in row order in double: deterministic, and exact enough for any batch.
@@ -203,7 +209,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
     for (double v : per_row.to_vector()) total += v;
     // Mean over zero rows is 0/0 = NaN, as PyTorch's cross_entropy gives.
     const double value = reduction == Reduction::Mean ? total / static_cast<double>(out.count) : total;
-    out.loss = scalar_tensor(value, logits.dtype(), logits.device());
+    out.loss = scalar_tensor(value, out_dtype, logits.device());
     return out;
 }
 

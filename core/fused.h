@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "core/tensor.h"
 
@@ -45,7 +46,7 @@ NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weig
 enum class Reduction { None, Mean, Sum };
 
 struct CrossEntropyForward {
-    Tensor loss;    // [] for Mean/Sum, targets' shape for None; logits' dtype
+    Tensor loss;    // [] for Mean/Sum, targets' shape for None; logits' dtype, or the loss_dtype asked for
     Tensor lse;     // targets' shape, logsumexp of each row (saved for backward); f64 for f64 else f32
     int64_t count;  // rows whose target != ignore_index: Mean's divisor
 };
@@ -53,8 +54,11 @@ struct CrossEntropyForward {
 // the class dim is the last one. Ignored rows contribute 0 loss and 0 gradient; Mean divides by the
 // non-ignored count, so when every row is ignored the mean is 0/0 = NaN, as in PyTorch (and the
 // gradient is all zeros, as in PyTorch). Targets outside [0, C) other than ignore_index are errors.
+// loss_dtype: the loss's dtype, the logits' by default; f32 for bf16/f16 logits gives the loss of
+// their f32 widening (exact, so the same bits) without making the f32 copy: autocast's f32 loss.
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                          int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+                                          int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
+                                          std::optional<DType> loss_dtype = std::nullopt);
 // dloss: [] (or any one-element tensor) for Mean/Sum, targets' shape for None. Returns dlogits with
 // logits' shape and dtype.
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,

@@ -51,13 +51,20 @@ namespace nl {
 
 namespace {
 
-// Logits (B, T, V) in f32 for the loss. With autocast the forward runs under an AutocastGuard
-// (bf16 matmuls, f32 weights and norms) and its bf16 logits are cast to f32 here, inside the
-// recorded graph, so the loss and its softmax are computed in f32 as torch.autocast does.
-// `cache`, where given, holds the step's parameter casts, so the step's shards cast each weight once.
+// Logits (B, T, V): f32, or bf16 under autocast, where the forward runs under an AutocastGuard (bf16
+// matmuls, f32 weights and norms). `cache`, where given, holds the step's parameter casts, so the
+// step's shards cast each weight once.
 Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast, AutocastCache* cache = nullptr) {
     AutocastGuard guard(DType::BF16, autocast, cache);
-    return autocast_f32(model.forward(inputs));
+    return model.forward(inputs);
+}
+
+// The loss of logits from forward_logits, under the same autocast, so it is computed in f32 as
+// torch.autocast computes it: the fused cross-entropy reads bf16 logits as they are and returns an
+// f32 loss (layers/loss.h), with no f32 copy of the (B, T, V) logits.
+Var loss_of(CrossEntropyLoss& criterion, const Var& logits, const Tensor& targets, bool autocast) {
+    AutocastGuard guard(DType::BF16, autocast);
+    return criterion.forward(logits, targets);
 }
 
 // The batch on `device` (a no-op on the CPU): the data pipeline always makes batches on the host,
@@ -81,8 +88,9 @@ EvalResult evaluate_on(Transformer& model, const std::vector<Batch>& batches, bo
     for (size_t index = static_cast<size_t>(dist::rank()); index < batches.size();
          index += static_cast<size_t>(dist::world_size())) {
         const Batch& batch = batches[index];
-        Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V) f32
-        batch_loss[index] = cross_entropy_loss(logits, batch.targets, kIgnoreIndex, Reduction::Sum).item();
+        Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V), bf16 under autocast
+        CrossEntropyLoss summed{CrossEntropyOptions{.ignore_index = kIgnoreIndex, .reduction = Reduction::Sum}};
+        batch_loss[index] = loss_of(summed, logits, batch.targets, autocast).item();
         // Counted on the host (the batches may live on a GPU).
         Tensor predicted = argmax(logits.data(), -1).to(Device::cpu()).contiguous();  // (B, T) i64
         Tensor targets = batch.targets.to(Device::cpu()).contiguous();
@@ -398,8 +406,8 @@ double forward_backward(State& s, int64_t step) {
             const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
                                           batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
                                          s.config.device);
-            Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V) f32
-            loss = s.criterion.forward(logits, shard.targets);               // mean over the shard's targets
+            Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V)
+            loss = loss_of(s.criterion, logits, shard.targets, s.autocast);  // f32: mean over the shard's targets
             if (plan.shards > 1) {
                 // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.
                 const int64_t shard_scored = scored_targets(batch.targets, first, plan.shard_rows);

@@ -100,8 +100,10 @@ Var autocast_linear(const Var& x, const Tensor& x_low, const Var& weight) {
         });
 }
 
+bool autocast_widens(DType dtype) { return autocast_enabled && is_half(dtype); }
+
 Var autocast_f32(const Var& x) {
-    if (!autocast_enabled || !x.defined() || !is_half(x.dtype())) return x;
+    if (!x.defined() || !autocast_widens(x.dtype())) return x;
     return to(x, DType::F32);
 }
 

@@ -74,8 +74,11 @@ Tensor autocast_lower_data(const Var& x);
 // widening pass). One x_low serves every Linear that reads x (attention's wq, wk, wv; SwiGLU's w1, w3),
 // so x is cast once. Otherwise linear(autocast_lower(x), autocast_lower(weight)).
 Var autocast_linear(const Var& x, const Tensor& x_low, const Var& weight);
-// The input of an f32 op (softmax, loss, norm statistics): bf16/f16 x cast to f32 when autocast is
-// on; otherwise x itself.
+// True when autocast is on and `dtype` is bf16 or f16: an f32 op (softmax, loss, norm statistics)
+// then computes such an input in f32, as torch.autocast's fp32 list does.
+bool autocast_widens(DType dtype);
+// The input of an f32 op: bf16/f16 x cast to f32 when autocast_widens its dtype; otherwise x itself.
+// (The fused cross-entropy reads half logits as they are instead: cross_entropy_loss, layers/loss.h.)
 Var autocast_f32(const Var& x);
 // matmul(a, b) with both inputs through autocast_lower: plain matmul when autocast is off.
 Var autocast_matmul(const Var& a, const Var& b);

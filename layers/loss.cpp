@@ -1,6 +1,10 @@
 // Losses: MSE, and cross-entropy fused (one node over the core kernels) and composed (autograd ops).
 #include "layers/loss.h"
 
+#include <optional>
+
+#include "layers/autocast.h"
+
 namespace nl {
 
 Var mse_loss(const Var& input, const Var& target) {
@@ -34,7 +38,12 @@ void check_cross_entropy_args(const char* op, const Var& logits, const Tensor& t
 
 Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
     check_cross_entropy_args("cross_entropy", logits, targets);
-    CrossEntropyForward f = cross_entropy_forward(logits.data(), targets, ignore_index, reduction);
+    // Under autocast the loss is computed in f32 (torch.autocast's fp32 list): the kernel reads half
+    // logits as they are, widening each row exactly, so the f32 loss is that of an f32 copy without
+    // the copy, and the backward rounds dlogits to the logits' dtype once, as the copy's cast would.
+    const std::optional<DType> loss_dtype =
+        autocast_widens(logits.dtype()) ? std::optional<DType>(DType::F32) : std::nullopt;
+    CrossEntropyForward f = cross_entropy_forward(logits.data(), targets, ignore_index, reduction, loss_dtype);
     // Saves the logits, each row's logsumexp and the targets: the backward recomputes
     // softmax = exp(logit - lse) instead of keeping a (..., C) probability tensor.
     return make_result(
@@ -49,9 +58,10 @@ Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_
         });
 }
 
-Var cross_entropy_loss_composed(const Var& logits, const Tensor& targets, int64_t ignore_index,
+Var cross_entropy_loss_composed(const Var& logits_in, const Tensor& targets, int64_t ignore_index,
                                 Reduction reduction) {
-    check_cross_entropy_args("cross_entropy_composed", logits, targets);
+    check_cross_entropy_args("cross_entropy_composed", logits_in, targets);
+    const Var logits = autocast_f32(logits_in);  // under autocast, log_softmax runs in f32
     const int64_t classes = logits.size(-1);
     // Host-side mask: ignored rows gather class 0 (any valid index) and are multiplied by 0.
     std::vector<int64_t> ids = targets.to_vector_as<int64_t>();

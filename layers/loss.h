@@ -18,6 +18,8 @@ Var mse_loss(const Var& input, const Var& target);
 // target == ignore_index contribute nothing; Mean divides by the non-ignored count (NaN when all
 // rows are ignored, as PyTorch). The fused node's backward is first-order only: it runs a kernel,
 // so backward(create_graph=true) through it throws; use the composed form for double backward.
+// Under autocast (layers/autocast.h) bf16/f16 logits give an f32 loss, as torch.autocast's
+// cross_entropy does: the fused kernel reads them as they are, without an f32 copy.
 Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_index = -100,
                        Reduction reduction = Reduction::Mean);
 // The same loss from autograd ops: -gather(log_softmax(logits), target), masked, reduced.

@@ -259,6 +259,57 @@ TEST_CASE("autocast: one cast of an input for several Linears gives the bits of 
                       Catch::Contains("expected x's autocast copy ([6, 24], bf16), found ([6, 24], f16)"));
 }
 
+TEST_CASE("autocast: cross-entropy of bf16 logits is an f32 loss with the bits of an f32 copy's, without the copy",
+          "[autocast]") {
+    // torch.autocast computes cross_entropy in f32: a cast of the logits to f32, then the loss. The
+    // fused loss reads the bf16 logits as they are; widening is exact, so its loss and its dlogits
+    // (rounded to bf16 once, as the cast's backward rounds them) are those of the cast path, bit for bit.
+    Generator gen(17);
+    const int64_t B = 3, T = 5, V = 37;
+    const Tensor logits_low = (randn({B, T, V}, gen) * 3.0).to(DType::BF16);  // (B, T, V) bf16
+    std::vector<int64_t> ids(static_cast<size_t>(B * T));
+    for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(V)));
+    ids[4] = -100;  // an ignored row
+    const Tensor targets = from_vector(ids, {B, T});
+    const Tensor upstream = randn({B, T}, gen);  // for Reduction::None
+    for (Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+        INFO("reduction " << static_cast<int>(reduction));
+        auto run = [&](bool copy) {
+            Var logits(logits_low, true);
+            Var loss;
+            {
+                AutocastGuard guard(DType::BF16);
+                loss = cross_entropy_loss(copy ? autocast_f32(logits) : logits, targets, -100, reduction);
+            }
+            CHECK(loss.dtype() == DType::F32);
+            if (reduction == Reduction::None) sum(loss * Var(upstream)).backward();
+            else loss.backward();
+            CHECK(logits.grad().dtype() == DType::BF16);
+            return std::make_pair(loss.data().to_vector(), logits.grad().data().to_vector());
+        };
+        const auto direct = run(false);
+        const auto copied = run(true);
+        CHECK(direct.first == copied.first);
+        CHECK(direct.second == copied.second);
+        // The composed loss under autocast runs its log_softmax in f32 too: close to the fused one.
+        Var logits(logits_low, true);
+        AutocastGuard guard(DType::BF16);
+        const Var composed = cross_entropy_loss_composed(logits, targets, -100, reduction);
+        CHECK(composed.dtype() == DType::F32);
+        const std::vector<double> composed_values = composed.data().to_vector();
+        REQUIRE(composed_values.size() == direct.first.size());
+        for (size_t i = 0; i < composed_values.size(); ++i) CHECK(composed_values[i] == Approx(direct.first[i]).epsilon(1e-5));
+    }
+    // Outside autocast bf16 logits give a bf16 loss, as PyTorch's F.cross_entropy does.
+    CHECK(cross_entropy_loss(Var(logits_low), targets).dtype() == DType::BF16);
+    // The kernel's loss dtype is the logits' or, for half logits, f32; other pairs are errors.
+    CHECK(cross_entropy_forward(logits_low, targets, -100, Reduction::Mean, DType::F32).loss.dtype() == DType::F32);
+    CHECK_THROWS_WITH(cross_entropy_forward(logits_low.to(DType::F32), targets, -100, Reduction::Mean, DType::BF16),
+                      Catch::Contains("a loss in bf16 for f32 logits: expected the logits' dtype, or f32 for bf16/f16 logits"));
+    CHECK_THROWS_WITH(cross_entropy_forward(logits_low.to(DType::F64), targets, -100, Reduction::Mean, DType::F32),
+                      Catch::Contains("a loss in f32 for f64 logits"));
+}
+
 TEST_CASE("autocast: a Linear's gradients are the gemms' f32 sums, not bf16 widened back", "[autocast]") {
     // autocast_linear is one node over the f32 input and weight. Its dX = dY W_low and dW = dY^T X_low
     // come straight from f32 sums of bf16 products: compared with an f64 sum of the same bf16 values

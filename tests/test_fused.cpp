@@ -412,7 +412,10 @@ RefCrossEntropy ref_cross_entropy(const std::vector<double>& z, const std::vecto
 }  // namespace
 
 TEST_CASE("cross_entropy matches the reference with ignore_index and every reduction", "[fused]") {
-    const int64_t rows = 6, classes = 5;  // logits (2, 3, 5), targets (2, 3)
+    // Rows shorter than the kernel's 16 lanes, a whole number of them, and lanes plus a tail.
+    const int64_t classes = GENERATE(5, 16, 37, 1000);
+    INFO("classes " << classes);
+    const int64_t rows = 6;  // logits (2, 3, classes), targets (2, 3)
     const auto zv = random_values(rows * classes, 21, 0.0, 3.0);
     const std::vector<int64_t> tv = {4, -100, 0, 2, -100, 1};
     const Tensor targets = from_vector(tv, {2, 3});

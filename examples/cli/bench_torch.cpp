@@ -152,11 +152,12 @@ Stats time_stability(const std::string& norm, bool fused, int64_t epochs, int64_
     return summarize(times);
 }
 
-// The logits (B, T, V) in f32, as train computes them: under bf16 autocast the forward runs under an
-// AutocastGuard and the logits are cast back to f32 for the loss.
-Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast) {
+// The mean loss of a batch, as train computes it: under bf16 autocast the forward and the loss run
+// under an AutocastGuard, and the fused cross-entropy reads the bf16 logits as they are for its f32
+// loss.
+Var batch_loss(Transformer& model, const Tensor& inputs, const Tensor& targets, bool autocast) {
     AutocastGuard guard(DType::BF16, autocast);
-    return autocast_f32(model.forward(inputs));
+    return cross_entropy_loss(model.forward(inputs), targets);
 }
 
 // Seconds per transformer training step on random tokens (the batch is drawn and moved to `device`
@@ -189,7 +190,7 @@ Stats time_transformer(const ToySpec& spec, int64_t steps, int64_t warmup, Devic
             Var loss;
             {
                 profiler::PhaseGuard forward(profiler::Phase::Forward);
-                loss = cross_entropy_loss(forward_logits(model, inputs, spec.autocast), targets);
+                loss = batch_loss(model, inputs, targets, spec.autocast);
             }
             loss.backward();
             profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
@@ -292,7 +293,7 @@ int64_t peak_step_bytes(ToySpec spec, bool fused_attention, Device device, int s
         Tensor targets = seq.narrow(1, 1, spec.seq_len).contiguous().to(device);
         reset_peak(device);
         opt.zero_grad();
-        cross_entropy_loss(forward_logits(model, inputs, spec.autocast), targets).backward();
+        batch_loss(model, inputs, targets, spec.autocast).backward();
         if (spec.grad_clip > 0) clip_grad_norm_(model.named_parameters(), spec.grad_clip);
         opt.step();
         peak = memory_stats(device).peak_bytes;
