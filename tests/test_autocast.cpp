@@ -24,6 +24,7 @@
 
 #include "autograd/autograd.h"
 #include "cli_test_util.h"
+#include "core/allocator.h"
 #include "core/safetensors.h"
 #include "layers/autocast.h"
 #include "layers/linear.h"
@@ -299,6 +300,31 @@ TEST_CASE("autocast: cross-entropy of bf16 logits is an f32 loss with the bits o
         const std::vector<double> composed_values = composed.data().to_vector();
         REQUIRE(composed_values.size() == direct.first.size());
         for (size_t i = 0; i < composed_values.size(); ++i) CHECK(composed_values[i] == Approx(direct.first[i]).epsilon(1e-5));
+    }
+    // Without the copy the loss's peak memory is the bf16 gradient's; the copy path adds an f32 copy
+    // of the logits and an f32 gradient, five times as many bytes (normlab's counting allocator).
+    {
+        const Tensor wide = randn({64, 4096}, gen).to(DType::BF16);  // (rows, vocab) bf16, 512 KiB
+        const Tensor wide_targets = zeros({64}, DType::I64);
+        auto peak_of = [&](bool copy) {
+            reset_peak(Device::cpu());
+            const int64_t before = memory_stats(Device::cpu()).current_bytes;
+            {
+                Var logits(wide, true);
+                Var loss;
+                {
+                    AutocastGuard guard(DType::BF16);
+                    loss = cross_entropy_loss(copy ? autocast_f32(logits) : logits, wide_targets);
+                }
+                loss.backward();
+            }
+            return memory_stats(Device::cpu()).peak_bytes - before;
+        };
+        const int64_t direct = peak_of(false), copied = peak_of(true);
+        INFO("peak bytes: read as bf16 " << direct << ", through an f32 copy " << copied);
+        CHECK(direct >= wide.nbytes());  // the bf16 gradient
+        CHECK(direct < wide.nbytes() + wide.nbytes() / 4);
+        CHECK(copied >= 4 * wide.nbytes());  // an f32 copy and an f32 gradient at least
     }
     // Outside autocast bf16 logits give a bf16 loss, as PyTorch's F.cross_entropy does.
     CHECK(cross_entropy_loss(Var(logits_low), targets).dtype() == DType::BF16);

@@ -76,7 +76,8 @@ TEST_CASE("normlab bench core --quick prints both tables (no timing assertions)"
     REQUIRE(run.status == 0);
     for (const char* part : {"square 256", "1000x100 @ 100x256", "1000x256 @ 256x10", "(1000x100)^T @ 1000x256",
                              "cblas_sgemm", "add", "mul", "relu", "memcpy", "target >= 0.95", "target >= 0.7",
-                             "arithmetic peak of one core"}) {
+                             "arithmetic peak of one core", "cross-entropy, 256 x 50304 logits", "f32 fused",
+                             "bf16 autocast, logits read as bf16", "bf16 autocast, through an f32 copy"}) {
         CHECK_THAT(run.output, Catch::Contains(part));
     }
 #if defined(__x86_64__)

@@ -2,6 +2,7 @@
 // matmul through nl::matmul vs a direct cblas_sgemm on the same buffers (target ratio >= 0.95), and
 // large elementwise ops (add, mul, relu) in GB/s vs std::memcpy of the same size (target >= 0.7).
 // Ours and the reference alternate per repetition (A B A B ...) so drift on a shared machine hits both.
+// The fused cross-entropy at a GPT-2-sized vocabulary, in f32 vs memcpy and under bf16 autocast.
 // Then the arithmetic peaks of one core: f32 FMA against AVX512-BF16's vdpbf16ps, which decide the
 // bf16 gemm's engine (core/cpu/cpu_bgemm.cpp).
 #include "examples/cli/commands.h"
@@ -25,11 +26,16 @@
 #define NL_BENCH_X86 1
 #endif
 
+#include "autograd/autograd.h"
+#include "core/allocator.h"
 #include "core/cpu_runtime.h"
+#include "core/fused.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "examples/cli/bench_util.h"
+#include "layers/autocast.h"
+#include "layers/loss.h"
 
 namespace nl::cli {
 
@@ -155,6 +161,60 @@ void bench_elementwise(const BenchOptions& opt, double min_sample_s) {
                t_mapped.min * 1e3, t_mapped.max * 1e3);
 }
 
+// The loss of a language model's logits (rows x vocab), forward and backward, at GPT-2's padded
+// vocabulary: in f32 against a memcpy of the logits (the kernels read each logit twice and write
+// its gradient once), and under bf16 autocast read as bf16 against a cast to f32 first (what
+// torch.autocast does), with each one's peak memory.
+void bench_cross_entropy(const BenchOptions& opt, double min_sample_s) {
+    const int64_t rows = opt.quick ? 256 : 2048, vocab = 50304;
+    Generator gen(7);
+    const Tensor logits = randn({rows, vocab}, gen) * 2.0;  // (rows, vocab) f32
+    const Tensor logits_low = logits.to(DType::BF16);       // (rows, vocab) bf16
+    std::vector<int64_t> ids(static_cast<size_t>(rows));
+    for (int64_t& id : ids) id = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(vocab)));
+    const Tensor targets = from_vector(ids, {rows});  // (rows) i64
+    const Tensor one = scalar_tensor(1.0, DType::F32);
+    Tensor dst = Tensor::empty({rows, vocab});
+    const double nbytes = static_cast<double>(logits.nbytes());
+
+    fmt::print("cross-entropy, {} x {} logits (rows x vocab), forward + backward (ms, median [min, max])\n", rows, vocab);
+    auto run_f32 = [&] {
+        const CrossEntropyForward f = cross_entropy_forward(logits, targets);
+        cross_entropy_backward(one, logits, targets, f.lse);
+    };
+    auto run_copy = [&] { std::memcpy(dst.data_ptr(), logits.data_ptr(), static_cast<size_t>(logits.nbytes())); };
+    auto [t_f32, t_memcpy] = time_interleaved(run_f32, run_copy, opt.reps, min_sample_s);
+    const double gbs_f32 = 3 * nbytes / t_f32.median * 1e-9, gbs_copy = 2 * nbytes / t_memcpy.median * 1e-9;
+    fmt::print("  f32 fused         {:<26} {:8.2f} GB/s   memcpy {:<26} {:8.2f} GB/s   ratio {:.3f}\n", ms_cell(t_f32),
+               gbs_f32, ms_cell(t_memcpy), gbs_copy, gbs_f32 / gbs_copy);
+
+    // Under autocast, as `train` computes the loss: a node over the logits, backward to them.
+    auto autocast_loss = [&](bool through_copy) {
+        Var z(logits_low, true);
+        Var loss;
+        {
+            AutocastGuard autocast(DType::BF16);
+            loss = cross_entropy_loss(through_copy ? autocast_f32(z) : z, targets);
+        }
+        loss.backward();
+    };
+    auto peak_of = [](const std::function<void()>& fn) {
+        reset_peak(Device::cpu());
+        const int64_t before = memory_stats(Device::cpu()).current_bytes;
+        fn();
+        return static_cast<double>(memory_stats(Device::cpu()).peak_bytes - before);
+    };
+    auto run_direct = [&] { autocast_loss(false); };
+    auto run_through_copy = [&] { autocast_loss(true); };
+    auto [t_direct, t_through] = time_interleaved(run_direct, run_through_copy, opt.reps, min_sample_s);
+    fmt::print("  bf16 autocast, logits read as bf16 {:<26} peak {:>10}\n", ms_cell(t_direct),
+               format_bytes(peak_of(run_direct)));
+    fmt::print("  bf16 autocast, through an f32 copy {:<26} peak {:>10}   time / read as bf16 {:.3f}\n",
+               ms_cell(t_through), format_bytes(peak_of(run_through_copy)), t_through.median / t_direct.median);
+    fmt::print("  ratio = fused GB/s (logits read twice, gradient written once) / memcpy GB/s; train reads bf16 logits "
+               "as they are\n\n");
+}
+
 #ifdef NL_BENCH_X86
 // Register-only loops: 16 independent accumulators, so each instruction's throughput, not its
 // latency, sets the pace. The operands are an identity-like product that keeps the sums finite.
@@ -247,6 +307,7 @@ void run_bench_core(const BenchOptions& opt) {
     const double min_sample_s = opt.quick ? 0.005 : 0.02;
     bench_matmul(opt, min_sample_s);
     bench_elementwise(opt, min_sample_s);
+    bench_cross_entropy(opt, min_sample_s);
     bench_instruction_peaks(opt);
 }
 
