@@ -146,10 +146,8 @@ TEST_CASE("reference: attention with RoPE and grouped-query heads matches LLaMA'
     check_close(apply_rope(reshape(wk, {B, T, 2, 4}), tables), f.at("debug.k_rope"), kAtol, kRtol, "k_rope");
 }
 
-TEST_CASE("reference: pre-norm LLaMA block matches LLaMA's TransformerBlock", "[transformer][reference]") {
-    const SafeTensorsFile f = fixture("llama_block.safetensors");
-    const bool fused = GENERATE(true, false);
-    INFO("fused norms: " << fused);
+// The pre-norm LLaMA block a block fixture describes (its metadata), with fused or composed norms.
+static TransformerBlockOptions block_options(const SafeTensorsFile& f, bool fused) {
     TransformerBlockOptions o;
     o.dim = std::stoll(f.metadata.at("dim"));
     o.n_heads = std::stoll(f.metadata.at("n_heads"));
@@ -161,7 +159,14 @@ TEST_CASE("reference: pre-norm LLaMA block matches LLaMA's TransformerBlock", "[
     o.norm.eps = std::stod(f.metadata.at("norm_eps"));
     o.norm.fused = fused;
     o.pre_norm = true;
-    TransformerBlock block(o);
+    return o;
+}
+
+TEST_CASE("reference: pre-norm LLaMA block matches LLaMA's TransformerBlock", "[transformer][reference]") {
+    const SafeTensorsFile f = fixture("llama_block.safetensors");
+    const bool fused = GENERATE(true, false);
+    INFO("fused norms: " << fused);
+    TransformerBlock block(block_options(f, fused));
     REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
     check_layer_fixture(block, f);
 }
@@ -194,18 +199,7 @@ TEST_CASE("reference: a LLaMA block under bf16 autocast is as close to float64 a
     REQUIRE(f.metadata.at("autocast") == "bf16");
     const bool fused = GENERATE(true, false);
     INFO("fused norms: " << fused);
-    TransformerBlockOptions o;
-    o.dim = std::stoll(f.metadata.at("dim"));
-    o.n_heads = std::stoll(f.metadata.at("n_heads"));
-    o.n_kv_heads = std::stoll(f.metadata.at("n_kv_heads"));
-    o.ffn_hidden_dim = std::stoll(f.metadata.at("ffn_hidden_dim_arg"));
-    o.multiple_of = std::stoll(f.metadata.at("multiple_of"));
-    o.rope_theta = std::stod(f.metadata.at("rope_theta"));
-    o.norm.type = "rmsnorm";
-    o.norm.eps = std::stod(f.metadata.at("norm_eps"));
-    o.norm.fused = fused;
-    o.pre_norm = true;
-    TransformerBlock block(o);
+    TransformerBlock block(block_options(f, fused));
     REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
     load_params(block, f);
     Var x(f.at("input").clone(), true);
