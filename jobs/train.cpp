@@ -85,11 +85,11 @@ EvalResult evaluate_on(Transformer& model, const std::vector<Batch>& batches, bo
     int64_t& correct_tokens = counts[1];
     int64_t& correct_sequences = counts[2];
     int64_t& sequences = counts[3];
+    CrossEntropyLoss summed{CrossEntropyOptions{.ignore_index = kIgnoreIndex, .reduction = Reduction::Sum}};
     for (size_t index = static_cast<size_t>(dist::rank()); index < batches.size();
          index += static_cast<size_t>(dist::world_size())) {
         const Batch& batch = batches[index];
         Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V), bf16 under autocast
-        CrossEntropyLoss summed{CrossEntropyOptions{.ignore_index = kIgnoreIndex, .reduction = Reduction::Sum}};
         batch_loss[index] = loss_of(summed, logits, batch.targets, autocast).item();
         // Counted on the host (the batches may live on a GPU).
         Tensor predicted = argmax(logits.data(), -1).to(Device::cpu()).contiguous();  // (B, T) i64
