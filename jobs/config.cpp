@@ -11,7 +11,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
+
+#include <fmt/core.h>
 
 #include "core/error.h"
 #include "core/json_parse.h"
@@ -60,6 +63,19 @@ void apply_override(json& root, const std::string& assignment) {
     while (std::getline(parts, part, '.')) {
         NL_REQUIRE(!part.empty(), "--set: empty key in '", key_path, "'");
         keys.push_back(part);
+    }
+    NL_REQUIRE(!keys.empty() && key_path.back() != '.', "--set: empty key in '", key_path, "'");
+    if (value.is_null()) {
+        // Remove the key: the job then reads its default (or its absence). Objects on the way that
+        // do not exist mean the key is absent already.
+        for (size_t i = 0; i + 1 < keys.size(); ++i) {
+            auto next = node->find(keys[i]);
+            if (next == node->end()) return;
+            NL_REQUIRE(next->is_object(), "--set ", key_path, ": '", keys[i], "' is not an object");
+            node = &*next;
+        }
+        node->erase(keys.back());
+        return;
     }
     for (size_t i = 0; i + 1 < keys.size(); ++i) {
         json& next = (*node)[keys[i]];
@@ -124,8 +140,11 @@ int64_t edit_distance(const std::string& a, const std::string& b) {
     return row[b.size()];
 }
 
-ConfigReader::ConfigReader(const json& object, std::string file, std::string path)
-    : object_(object), file_(std::move(file)), path_(std::move(path)),
+ConfigReader::ConfigReader(const json& object, std::string file, const ConfigSchema& schema)
+    : ConfigReader(object, std::move(file), "", schema) {}
+
+ConfigReader::ConfigReader(const json& object, std::string file, std::string path, const ConfigSchema& schema)
+    : object_(object), file_(std::move(file)), path_(std::move(path)), schema_(&schema),
       resolved_(std::make_shared<json>(json::object())) {
     // A config that is just `null` (or an empty --set target) is a mistake, not "all defaults".
     NL_REQUIRE(object_.is_object(), file_, ": ", path_.empty() ? "/" : path_,
@@ -140,6 +159,16 @@ void ConfigReader::fail(const std::string& key, const std::string& message) cons
 
 bool ConfigReader::has(const std::string& key) const { return object_.contains(key); }
 
+const ConfigKey& ConfigReader::spec(const std::string& key, std::initializer_list<ConfigType> types) const {
+    std::string dotted = path_.empty() ? key : path_.substr(1) + "/" + key;
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    const ConfigKey& k = schema_->key(dotted);
+    // A getter of the wrong type for the declared key is a mistake in the reader, caught by its tests.
+    NL_REQUIRE(std::find(types.begin(), types.end(), k.type) != types.end(), "the ", schema_->job,
+               " config schema declares '", dotted, "' with another type than its reader reads");
+    return k;
+}
+
 const json* ConfigReader::value_at(const std::string& key) {
     known_.insert(key);
     auto it = object_.find(key);
@@ -150,55 +179,99 @@ json& ConfigReader::resolved_here() {
     return (*resolved_)[json::json_pointer(path_)];
 }
 
-int64_t ConfigReader::get_int(const std::string& key, int64_t fallback, int64_t min_value,
-                              int64_t max_value) {
+void ConfigReader::check_number(const ConfigKey& k, double x, const std::string& what, const std::string& shown) const {
+    if (k.in_range(x)) return;
+    fail(k.name(), what + " " + k.range_text() + ", got " + shown);
+}
+
+namespace {
+
+// The integer a JSON value holds, or none (a float with a fraction, an unsigned above INT64_MAX, ...).
+std::optional<int64_t> integer_of(const json& value) {
+    if (value.is_number_unsigned()) {
+        // Above INT64_MAX it would wrap in get<int64_t>() and be reported as a negative.
+        if (value.get<uint64_t>() > uint64_t(INT64_MAX)) return std::nullopt;
+        return static_cast<int64_t>(value.get<uint64_t>());
+    }
+    if (value.is_number_integer()) return value.get<int64_t>();
+    if (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>() &&
+        std::abs(value.get<double>()) < 9e15)
+        return static_cast<int64_t>(value.get<double>());
+    return std::nullopt;
+}
+
+std::string join_choices(const std::vector<std::string>& choices) {
+    std::string out;
+    for (const std::string& choice : choices) out += (out.empty() ? "" : ", ") + choice;
+    return out;
+}
+
+// A value's JSON default as the getter's type (the schema's literals are checked by the tests).
+const json& default_of(const ConfigKey& k) {
+    NL_REQUIRE(!k.default_value.is_null(), "the config schema gives '", k.path,
+               "' no default, so its reader must pass one");
+    return k.default_value;
+}
+
+}  // namespace
+
+int64_t ConfigReader::get_int(const std::string& key) {
+    return get_int(key, default_of(spec(key, {ConfigType::Integer})).get<int64_t>());
+}
+
+int64_t ConfigReader::get_int(const std::string& key, int64_t fallback) {
+    const ConfigKey& k = spec(key, {ConfigType::Integer});
     const json* value = value_at(key);
     int64_t result = fallback;
     if (value) {
-        bool integral = value->is_number_integer() ||
-                        (value->is_number_float() && std::floor(value->get<double>()) == value->get<double>() &&
-                         std::abs(value->get<double>()) < 9e15);
-        // An unsigned above INT64_MAX would wrap in get<int64_t>() and be reported as a negative.
-        if (value->is_number_unsigned() && value->get<uint64_t>() > uint64_t(INT64_MAX)) integral = false;
-        if (!integral) fail(key, "expected an integer, got " + brief_json(*value));
-        result = value->is_number_integer() ? value->get<int64_t>()
-                                            : static_cast<int64_t>(value->get<double>());
+        const std::optional<int64_t> integer = integer_of(*value);
+        if (!integer) fail(key, "expected an integer, got " + brief_json(*value));
+        result = *integer;
     }
-    if (result < min_value || result > max_value) {
-        std::string range = max_value == INT64_MAX ? ">= " + std::to_string(min_value)
-                                                   : "in [" + std::to_string(min_value) + ", " +
-                                                         std::to_string(max_value) + "]";
-        fail(key, "expected an integer " + range + ", got " + std::to_string(result));
-    }
+    check_number(k, static_cast<double>(result), "expected an integer", std::to_string(result));
     resolved_here()[key] = result;
     return result;
 }
 
-int64_t ConfigReader::require_int(const std::string& key, int64_t min_value, int64_t max_value) {
-    if (!has(key)) fail(key, "missing required integer");
-    return get_int(key, 0, min_value, max_value);
+std::optional<int64_t> ConfigReader::get_optional_int(const std::string& key) {
+    spec(key, {ConfigType::Integer});
+    if (!has(key)) {
+        value_at(key);  // known, for "did you mean"
+        return std::nullopt;
+    }
+    return get_int(key, 0);
 }
 
-double ConfigReader::get_double(const std::string& key, double fallback, double min_value,
-                                double max_value) {
+double ConfigReader::get_double(const std::string& key) {
+    return get_double(key, default_of(spec(key, {ConfigType::Number})).get<double>());
+}
+
+double ConfigReader::get_double(const std::string& key, double fallback) {
+    const ConfigKey& k = spec(key, {ConfigType::Number});
     const json* value = value_at(key);
     double result = fallback;
     if (value) {
         if (!value->is_number()) fail(key, "expected a number, got " + brief_json(*value));
         result = value->get<double>();
     }
-    if (!(result >= min_value && result <= max_value)) {
-        std::ostringstream msg;
-        msg << "expected a number in [" << min_value << ", " << max_value << "], got " << result;
-        fail(key, msg.str());
-    }
+    check_number(k, result, "expected a number", fmt::format("{}", result));
     resolved_here()[key] = result;
     return result;
 }
 
-bool ConfigReader::get_bool(const std::string& key, bool fallback) {
+std::optional<double> ConfigReader::get_optional_double(const std::string& key) {
+    spec(key, {ConfigType::Number});
+    if (!has(key)) {
+        value_at(key);
+        return std::nullopt;
+    }
+    return get_double(key, 0.0);
+}
+
+bool ConfigReader::get_bool(const std::string& key) {
+    const ConfigKey& k = spec(key, {ConfigType::Boolean});
     const json* value = value_at(key);
-    bool result = fallback;
+    bool result = default_of(k).get<bool>();
     if (value) {
         if (!value->is_boolean()) fail(key, "expected true or false, got " + brief_json(*value));
         result = value->get<bool>();
@@ -207,35 +280,29 @@ bool ConfigReader::get_bool(const std::string& key, bool fallback) {
     return result;
 }
 
-static std::string join_choices(const std::vector<std::string>& choices) {
-    std::string out;
-    for (const std::string& choice : choices) out += (out.empty() ? "" : ", ") + choice;
-    return out;
+std::string ConfigReader::get_string(const std::string& key) {
+    return get_string(key, default_of(spec(key, {ConfigType::String, ConfigType::Path, ConfigType::Device}))
+                               .get<std::string>());
 }
 
-static void check_choice(const ConfigReader& reader, const std::string& key, const std::string& value,
-                         const std::vector<std::string>& choices) {
-    if (choices.empty() || std::find(choices.begin(), choices.end(), value) != choices.end()) return;
-    reader.fail(key, "expected one of " + join_choices(choices) + ", got \"" + value + "\"");
-}
-
-std::string ConfigReader::get_string(const std::string& key, const std::string& fallback,
-                                     const std::vector<std::string>& choices) {
+std::string ConfigReader::get_string(const std::string& key, const std::string& fallback) {
+    const ConfigKey& k = spec(key, {ConfigType::String, ConfigType::Path, ConfigType::Device});
     const json* value = value_at(key);
     std::string result = fallback;
     if (value) {
         if (!value->is_string()) fail(key, "expected a string, got " + brief_json(*value));
         result = value->get<std::string>();
     }
-    check_choice(*this, key, result, choices);
+    if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), result) == k.choices.end())
+        fail(key, "expected one of " + join_choices(k.choices) + ", got \"" + result + "\"");
     resolved_here()[key] = result;
     return result;
 }
 
-std::vector<double> ConfigReader::get_double_list(const std::string& key, const std::vector<double>& fallback,
-                                                  double min_value, double max_value) {
+std::vector<double> ConfigReader::get_double_list(const std::string& key) {
+    const ConfigKey& k = spec(key, {ConfigType::NumberList});
     const json* value = value_at(key);
-    std::vector<double> result = fallback;
+    std::vector<double> result = default_of(k).get<std::vector<double>>();
     if (value) {
         // A single number is accepted as a one-element list.
         json list = value->is_array() ? *value : json::array({*value});
@@ -243,13 +310,8 @@ std::vector<double> ConfigReader::get_double_list(const std::string& key, const 
         for (size_t i = 0; i < list.size(); ++i) {
             if (!list[i].is_number())
                 fail(key, "expected a number or a list of numbers, got " + brief_json(*value));
-            double x = list[i].get<double>();
-            if (!(x >= min_value && x <= max_value)) {
-                std::ostringstream msg;
-                msg << "element " << i << ": expected a number in [" << min_value << ", " << max_value
-                    << "], got " << x;
-                fail(key, msg.str());
-            }
+            const double x = list[i].get<double>();
+            check_number(k, x, "element " + std::to_string(i) + ": expected a number", fmt::format("{}", x));
             result.push_back(x);
         }
         if (result.empty()) fail(key, "expected a non-empty list");
@@ -258,23 +320,19 @@ std::vector<double> ConfigReader::get_double_list(const std::string& key, const 
     return result;
 }
 
-std::vector<int64_t> ConfigReader::get_int_list(const std::string& key, const std::vector<int64_t>& fallback,
-                                                int64_t min_value, int64_t max_value) {
+std::vector<int64_t> ConfigReader::get_int_list(const std::string& key) {
+    const ConfigKey& k = spec(key, {ConfigType::IntegerList});
     const json* value = value_at(key);
-    std::vector<int64_t> result = fallback;
+    std::vector<int64_t> result = default_of(k).get<std::vector<int64_t>>();
     if (value) {
         json list = value->is_array() ? *value : json::array({*value});
         result.clear();
         for (size_t i = 0; i < list.size(); ++i) {
-            if (!list[i].is_number_integer() ||
-                (list[i].is_number_unsigned() && list[i].get<uint64_t>() > uint64_t(INT64_MAX)))
-                fail(key, "expected an integer or a list of integers, got " + brief_json(*value));
-            int64_t x = list[i].get<int64_t>();
-            if (x < min_value || x > max_value)
-                fail(key, "element " + std::to_string(i) + ": expected an integer in [" +
-                              std::to_string(min_value) + ", " + std::to_string(max_value) + "], got " +
-                              std::to_string(x));
-            result.push_back(x);
+            const std::optional<int64_t> x = list[i].is_number_integer() ? integer_of(list[i]) : std::nullopt;
+            if (!x) fail(key, "expected an integer or a list of integers, got " + brief_json(*value));
+            check_number(k, static_cast<double>(*x), "element " + std::to_string(i) + ": expected an integer",
+                         std::to_string(*x));
+            result.push_back(*x);
         }
         if (result.empty()) fail(key, "expected a non-empty list");
     }
@@ -282,18 +340,18 @@ std::vector<int64_t> ConfigReader::get_int_list(const std::string& key, const st
     return result;
 }
 
-std::vector<std::string> ConfigReader::get_string_list(const std::string& key,
-                                                       const std::vector<std::string>& fallback,
-                                                       const std::vector<std::string>& choices) {
+std::vector<std::string> ConfigReader::get_string_list(const std::string& key) {
+    const ConfigKey& k = spec(key, {ConfigType::StringList});
     const json* value = value_at(key);
-    std::vector<std::string> result = fallback;
+    std::vector<std::string> result = default_of(k).get<std::vector<std::string>>();
     if (value) {
         json list = value->is_array() ? *value : json::array({*value});
         result.clear();
         for (const json& item : list) {
             if (!item.is_string()) fail(key, "expected a string or a list of strings, got " + brief_json(*value));
             result.push_back(item.get<std::string>());
-            check_choice(*this, key, result.back(), choices);
+            if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), result.back()) == k.choices.end())
+                fail(key, "expected one of " + join_choices(k.choices) + ", got \"" + result.back() + "\"");
         }
         if (result.empty()) fail(key, "expected a non-empty list");
     }
@@ -301,13 +359,84 @@ std::vector<std::string> ConfigReader::get_string_list(const std::string& key,
     return result;
 }
 
+ConfigReader ConfigReader::child(const std::string& key) {
+    const json* value = value_at(key);
+    if (value && !value->is_object()) fail(key, "expected an object, got " + brief_json(*value));
+    ConfigReader reader(value ? *value : json::object(), file_, path_ + "/" + key, *schema_);
+    reader.resolved_ = resolved_;
+    reader.resolved_here() = json::object();
+    return reader;
+}
+
+void ConfigReader::finish() const {
+    const std::string prefix = path_.empty() ? "" : [&] {
+        std::string dotted = path_.substr(1) + ".";
+        std::replace(dotted.begin(), dotted.end(), '/', '.');
+        return dotted;
+    }();
+    // A key of another case (data.val_fraction in a tokens config) is a likelier mistake than a typo,
+    // so it gets its own message before the unknown keys.
+    const json& resolved = (*resolved_)[json::json_pointer(path_)];
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+        const ConfigKey* k = schema_->find(prefix + it.key());
+        if (k == nullptr || k->when_key.empty()) continue;
+        const json& when = resolved.contains(k->when_key) ? resolved[k->when_key] : default_of(schema_->key(prefix + k->when_key));
+        const std::string actual = when.is_string() ? when.get<std::string>() : when.dump();
+        if (std::find(k->when_values.begin(), k->when_values.end(), actual) != k->when_values.end()) continue;
+        std::string names = "\"" + k->when_values[0] + "\"";
+        for (size_t i = 1; i < k->when_values.size(); ++i)
+            names += (i + 1 == k->when_values.size() ? " and \"" : ", \"") + k->when_values[i] + "\"";
+        fail(it.key(), "applies to " + k->when_key + (k->when_values.size() > 1 ? "s " : " ") + names +
+                           " only (this config's " + k->when_key + " is \"" + actual + "\")");
+    }
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+        if (known_.count(it.key())) continue;
+        if (path_.empty() && it.key() == "$schema") {
+            // The JSON Schema an editor checks this file with (docs/configs.md); not normlab's to read.
+            if (!it.value().is_string()) fail(it.key(), "expected a string (the JSON Schema this file follows), got " + brief_json(it.value()));
+            continue;
+        }
+        std::string nearest;
+        int64_t best = INT64_MAX;
+        for (const std::string& name : known_) {
+            int64_t distance = edit_distance(it.key(), name);
+            if (distance < best) best = distance, nearest = name;
+        }
+        std::string hint = nearest.empty() ? "" : " (did you mean '" + nearest + "'?)";
+        std::vector<std::string> names(known_.begin(), known_.end());
+        fail(it.key(), "unknown key" + hint + "; known keys: " + join_choices(names));
+    }
+}
+
 Device read_device(ConfigReader& reader, const std::string& key) {
-    const std::string name = reader.get_string(key, "cpu");
+    const std::string name = reader.get_string(key);
     try {
         return device_from_name(name);
     } catch (const Error&) {
         reader.fail(key, "expected \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index), got \"" + name + "\"");
     }
+}
+
+NormOptions read_norm_options(ConfigReader reader, bool with_type) {
+    NormOptions norm;
+    if (with_type) {
+        norm.type = reader.get_string("type");
+        NormOptions type_defaults;
+        type_defaults.type = norm.type;
+        norm.eps = reader.get_double("eps", type_defaults.resolved_eps());
+    } else {
+        if (reader.has("type"))
+            reader.fail("type", "the norm types of this job are the list /norms (each run builds one of them); "
+                                "/norm holds the options they share");
+        norm.eps = reader.get_optional_double("eps");
+    }
+    norm.fused = reader.get_bool("fused");
+    norm.elementwise_affine = reader.get_bool("elementwise_affine");
+    norm.bias = reader.get_bool("bias");
+    norm.p = reader.get_double("p");
+    norm.alpha = reader.get_double("alpha");
+    reader.finish();
+    return norm;
 }
 
 void require_device_available(Device device, const std::string& where) {
@@ -323,30 +452,6 @@ void require_device_available(Device device, const std::string& where) {
     throw Error(detail::concat(where, ": ", name, " asks for a GPU, but this normlab was built without the CUDA ",
                                "backend (rebuild where the CUDA toolkit is found, or with -DNORMLAB_CUDA=ON); use \"cpu\""));
 #endif
-}
-
-ConfigReader ConfigReader::child(const std::string& key) {
-    const json* value = value_at(key);
-    if (value && !value->is_object()) fail(key, "expected an object, got " + brief_json(*value));
-    ConfigReader reader(value ? *value : json::object(), file_, path_ + "/" + key);
-    reader.resolved_ = resolved_;
-    reader.resolved_here() = json::object();
-    return reader;
-}
-
-void ConfigReader::finish() const {
-    for (auto it = object_.begin(); it != object_.end(); ++it) {
-        if (known_.count(it.key())) continue;
-        std::string nearest;
-        int64_t best = INT64_MAX;
-        for (const std::string& name : known_) {
-            int64_t distance = edit_distance(it.key(), name);
-            if (distance < best) best = distance, nearest = name;
-        }
-        std::string hint = nearest.empty() ? "" : " (did you mean '" + nearest + "'?)";
-        std::vector<std::string> names(known_.begin(), known_.end());
-        fail(it.key(), "unknown key" + hint + "; known keys: " + join_choices(names));
-    }
 }
 
 }  // namespace nl

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "jobs/config_schema.h"
+#include "layers/norms.h"
 
 namespace nl {
 
@@ -27,6 +30,8 @@ json load_json_file(const std::string& path);
 
 // Applies one "a.b.c=value" override to `root`; the value is parsed as JSON when it parses
 // (numbers, true/false, [..]) and taken as a string otherwise. Intermediate objects are created.
+// "a.b.c=null" removes the key (nothing when it is absent), so the job reads its default: the key
+// is restored to its default, or absent where that is its default.
 // Nesting deeper than kMaxJsonDepth or a number out of range (1e400) is an nl::Error.
 void apply_override(json& root, const std::string& assignment);
 
@@ -39,34 +44,39 @@ void apply_override(json& root, const std::string& assignment);
 void resolve_paths_beside_config(json& root, const std::string& config_file,
                                  const std::vector<std::string>& pointers);
 
-// One JSON object being read. Child readers share the file name and the set of resolved values.
+// One JSON object of a config being read against the job's schema (jobs/config_schema.h): each
+// getter names a key of this object, whose type, bounds, choices and default the schema declares.
+// Child readers share the file name, the schema and the set of resolved values.
 class ConfigReader {
 public:
-    ConfigReader(const json& object, std::string file, std::string path = "");
+    // The reader of the whole config `object` (read from `file`) of the job `schema` describes.
+    ConfigReader(const json& object, std::string file, const ConfigSchema& schema);
 
-    // Each getter: the value at key (or `fallback` when absent), type- and range-checked.
-    int64_t get_int(const std::string& key, int64_t fallback, int64_t min_value = INT64_MIN,
-                    int64_t max_value = INT64_MAX);
-    int64_t require_int(const std::string& key, int64_t min_value = INT64_MIN,
-                        int64_t max_value = INT64_MAX);
-    double get_double(const std::string& key, double fallback, double min_value = -1e308,
-                      double max_value = 1e308);
-    bool get_bool(const std::string& key, bool fallback);
-    std::string get_string(const std::string& key, const std::string& fallback,
-                           const std::vector<std::string>& choices = {});
-    std::vector<double> get_double_list(const std::string& key, const std::vector<double>& fallback,
-                                        double min_value = -1e308, double max_value = 1e308);
-    std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& fallback,
-                                      int64_t min_value = INT64_MIN, int64_t max_value = INT64_MAX);
-    std::vector<std::string> get_string_list(const std::string& key,
-                                             const std::vector<std::string>& fallback,
-                                             const std::vector<std::string>& choices = {});
+    // Each getter: the value at key, or the schema's default when absent, type- and range-checked
+    // against the schema. The overloads with `fallback` are for keys whose default is computed from
+    // other keys (the schema's default is null there: /model/n_kv_heads defaults to n_heads).
+    int64_t get_int(const std::string& key);
+    int64_t get_int(const std::string& key, int64_t fallback);
+    double get_double(const std::string& key);
+    double get_double(const std::string& key, double fallback);
+    bool get_bool(const std::string& key);
+    std::string get_string(const std::string& key);
+    std::string get_string(const std::string& key, const std::string& fallback);
+    std::vector<double> get_double_list(const std::string& key);
+    std::vector<int64_t> get_int_list(const std::string& key);
+    std::vector<std::string> get_string_list(const std::string& key);
+    // A key with no default: its value when present (checked, and recorded as resolved), else none.
+    std::optional<int64_t> get_optional_int(const std::string& key);
+    std::optional<double> get_optional_double(const std::string& key);
     // A nested object (an empty one when absent); its keys are checked by its own finish().
     ConfigReader child(const std::string& key);
     bool has(const std::string& key) const;
 
-    // Throws for the first key that no getter read: "<file>: <path>/<key>: unknown key (did you
-    // mean '<nearest>'?; known keys: ...)". Call after reading every key of this object.
+    // Throws for the first key given where it does not apply ("<file>: <path>/<key>: applies to
+    // source \"text\" only (this config's source is \"tokens\")"), then for the first key that no getter
+    // read: "<file>: <path>/<key>: unknown key (did you mean '<nearest>'?; known keys: ...)". Call after
+    // reading every key of this object. The root object may also hold "$schema" (a string naming
+    // the JSON Schema an editor checks the file with), which is not read.
     void finish() const;
 
     // An error about `key` in this object: "<file>: <path>/<key>: <message>".
@@ -77,15 +87,25 @@ public:
     const json& resolved() const { return *resolved_; }
 
 private:
+    ConfigReader(const json& object, std::string file, std::string path, const ConfigSchema& schema);
+    const ConfigKey& spec(const std::string& key, std::initializer_list<ConfigType> types) const;
     const json* value_at(const std::string& key);  // marks the key known; null when absent
     json& resolved_here();
+    void check_number(const ConfigKey& spec, double x, const std::string& what, const std::string& shown) const;
 
     json object_;
     std::string file_;
     std::string path_;  // JSON pointer of this object, "" for the root
+    const ConfigSchema* schema_;
     std::shared_ptr<json> resolved_;
     std::set<std::string> known_;
 };
+
+// The norm object that train's /model/norm and stability's /norm share (jobs/config_schema.cpp):
+// `with_type` (train) reads /type too, and an absent eps is the type's default, recorded as resolved;
+// without it (stability, which sweeps the types of its /norms list) a /type is an error naming
+// /norms, and an absent eps stays unset (each type's own default).
+NormOptions read_norm_options(ConfigReader reader, bool with_type);
 
 // The device named by `key`: "cpu" (the default), "cuda" (GPU 0) or "cuda:N"; anything else is an
 // nl::Error "<file>: <path>/<key>: expected ..., got ...". Only the form is checked here (a

@@ -43,23 +43,23 @@ namespace {
 // config
 // ---------------------------------------------------------------------------------------------
 
+// Every field is read from the config; the defaults are the schema's (jobs/config_schema.cpp).
 struct StabilityConfig {
     std::string file;
     std::vector<std::string> norms;
     std::vector<int64_t> depths;  // hidden Linear+norm+ReLU blocks; 2 is the article's model
     std::vector<double> lrs;
     std::vector<int64_t> seeds;
-    int64_t epochs = 100;
-    int64_t samples = 1000;
-    int64_t in_features = 100;
-    int64_t hidden = 256;
-    int64_t out_features = 10;
+    int64_t epochs = 0;
+    int64_t samples = 0;
+    int64_t in_features = 0;
+    int64_t hidden = 0;
+    int64_t out_features = 0;
     DType dtype = DType::F32;
     Device device;                   // where the data, models and Adam state live
-    bool fused = true;
-    std::optional<double> norm_eps;  // unset: each norm type's default (layers/norms.h)
-    double diverge_factor = 10.0;    // diverged: loss not finite or > factor * epoch-1 loss
-    double perturb = 1e-6;           // 0: no sensitivity copy
+    NormOptions norm;                // every norm's options but its type (and dim); eps unset: each type's default
+    double diverge_factor = 0.0;     // diverged: loss not finite or > factor * epoch-1 loss
+    double perturb = 0.0;            // 0: no sensitivity copy
     std::string init_from;           // may contain {norm} and {depth}
     std::string data_from;
     bool plots = true;
@@ -82,38 +82,39 @@ StabilityConfig read_config(const StabilityJob& job) {
     }
     for (const std::string& assignment : job.overrides) apply_override(root, assignment);
     NL_REQUIRE(root.is_object(), path, ": expected a JSON object at the top level, got ", root.type_name());
-    ConfigReader r(root, path);
+    // Keys that moved into the /norm object train's /model/norm shares: refused with the new name,
+    // so an old config does not silently run with other settings.
+    ConfigReader r(root, path, config_schema("stability"));
+    if (r.has("fused")) r.fail("fused", "moved: set /norm/fused (--set norm.fused=...), as train's /model/norm/fused");
+    if (r.has("norm_eps"))
+        r.fail("norm_eps", "moved: set /norm/eps (--set norm.eps=...), or leave it out for each type's own default, "
+                           "as train's /model/norm/eps");
     StabilityConfig c;
     c.file = path;
-    c.norms = r.get_string_list("norms", {"rmsnorm", "layernorm"}, norm_types());
-    c.depths = r.get_int_list("depths", {2}, 1, 64);
-    c.lrs = r.get_double_list("lrs", {1e-3}, 0.0, 1e6);
-    c.seeds = r.get_int_list("seeds", {42}, 0);
+    c.norms = r.get_string_list("norms");
+    c.depths = r.get_int_list("depths");
+    c.lrs = r.get_double_list("lrs");
+    c.seeds = r.get_int_list("seeds");
     require_distinct(r, "norms", c.norms);
     require_distinct(r, "depths", c.depths);
     require_distinct(r, "lrs", c.lrs);
     require_distinct(r, "seeds", c.seeds);
-    c.epochs = r.get_int("epochs", 100, 1, 10000000);
-    // Upper bounds keep every size product far from overflow; the memory the sizes need is checked
-    // against the machine below.
-    c.samples = r.get_int("samples", 1000, 1, 1 << 24);
-    c.in_features = r.get_int("in_features", 100, 1, 1 << 16);
-    c.hidden = r.get_int("hidden", 256, 1, 1 << 16);
-    c.out_features = r.get_int("out_features", 10, 1, 1 << 16);
-    c.dtype = r.get_string("dtype", "f32", {"f32", "f64"}) == "f64" ? DType::F64 : DType::F32;
+    c.epochs = r.get_int("epochs");
+    // Upper bounds (the schema's) keep every size product far from overflow; the memory the sizes
+    // need is checked against the machine below.
+    c.samples = r.get_int("samples");
+    c.in_features = r.get_int("in_features");
+    c.hidden = r.get_int("hidden");
+    c.out_features = r.get_int("out_features");
+    c.dtype = r.get_string("dtype") == "f64" ? DType::F64 : DType::F32;
     c.device = read_device(r);
     require_device_available(c.device, r.where("device"));
-    c.fused = r.get_bool("fused", true);
-    // A number, or "default" for each norm type's own default (the registry's: 1e-5, the article's).
-    if (root.contains("norm_eps") && root["norm_eps"].is_number())
-        c.norm_eps = r.get_double("norm_eps", 0.0, 0.0, 1.0);
-    else
-        r.get_string("norm_eps", "default", {"default"});
-    c.diverge_factor = r.get_double("diverge_factor", 10.0, 1.0);
-    c.perturb = r.get_double("perturb", 1e-6, 0.0, 1.0);
-    c.init_from = r.get_string("init_from", "");
-    c.data_from = r.get_string("data_from", "");
-    c.plots = r.get_bool("plots", true);
+    c.norm = read_norm_options(r.child("norm"), false);
+    c.diverge_factor = r.get_double("diverge_factor");
+    c.perturb = r.get_double("perturb");
+    c.init_from = r.get_string("init_from");
+    c.data_from = r.get_string("data_from");
+    c.plots = r.get_bool("plots");
     r.finish();
     c.resolved = r.resolved();
     // A lower bound of what the deepest run holds at once: the data, the model and its copy with
@@ -182,11 +183,9 @@ public:
             linear.generator = &gen;
             fcs_.push_back(register_module("fc" + std::to_string(i), std::make_shared<Linear>(linear)));
             if (i == depth + 1) break;
-            NormOptions options;
+            NormOptions options = c.norm;
             options.type = norm;
             options.dim = c.hidden;
-            options.eps = c.norm_eps;
-            options.fused = c.fused;
             norms_.push_back(register_module("norm" + std::to_string(i), make_norm(options)));
         }
     }

@@ -17,24 +17,13 @@ namespace fs = std::filesystem;
 
 namespace nl {
 
-// ---- the config schema ----
+// ---- the config reader (its keys: jobs/config_schema.cpp) ----
 
 int64_t data_seq_len(const DataOptions& data) {
     if (data.source == "text" || data.source == "tokens") return data.seq_len;
     // prompt + answer tokens, minus one: the last token is only ever a target (see data.h)
     int64_t sequence = data.task == "add" ? 3 * data.length + 3 : 2 * data.length + 1;
     return sequence - 1;
-}
-
-// The sources that read each source-specific key of /data: a key of another source is a likelier
-// mistake than a typo, so it gets its own message instead of "unknown key".
-static const std::vector<std::pair<std::string, std::vector<std::string>>>& source_keys() {
-    static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = {
-        {"task", {"synthetic"}},        {"length", {"synthetic"}},       {"symbols", {"synthetic"}},
-        {"path", {"text", "tokens"}},   {"seq_len", {"text", "tokens"}}, {"val_fraction", {"text"}},
-        {"dtype", {"tokens"}},          {"vocab_size", {"tokens"}},
-    };
-    return keys;
 }
 
 // data.vocab_size is required for token files; nanoGPT keeps it in meta.pkl (a Python pickle, which
@@ -55,82 +44,60 @@ static const std::vector<std::pair<std::string, std::vector<std::string>>>& sour
 
 static DataOptions read_data(ConfigReader reader, uint64_t seed) {
     DataOptions data;
-    data.source = reader.get_string("source", "synthetic", {"synthetic", "text", "tokens"});
+    data.source = reader.get_string("source");
     if (data.source == "synthetic") {
-        data.task = reader.get_string("task", "reverse", {"copy", "reverse", "sort", "add"});
-        data.length = reader.get_int("length", 8, 1, 4096);
-        data.symbols = reader.get_int("symbols", 10, 2, 1000000);
+        data.task = reader.get_string("task");
+        data.length = reader.get_int("length");
+        data.symbols = reader.get_int("symbols");
     } else if (data.source == "text") {
         data.path = reader.get_string("path", "");
         if (data.path.empty()) reader.fail("path", "a text file is required for source \"text\"");
-        data.val_fraction = reader.get_double("val_fraction", 0.1, 1e-6, 0.999999);
-        data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
+        data.val_fraction = reader.get_double("val_fraction");
+        data.seq_len = reader.get_int("seq_len");
     } else {
         data.path = reader.get_string("path", "");
         if (data.path.empty())
             reader.fail("path", "a directory holding train.bin and val.bin (nanoGPT's data/<name>/) is required for "
                                 "source \"tokens\"");
-        data.dtype = reader.get_string("dtype", "uint16", {"uint16", "uint32"});
-        // Required, but read as optional here so that a misspelt key is reported as one (below).
-        data.vocab_size = reader.get_int("vocab_size", 0, reader.has("vocab_size") ? 1 : 0, kMaxTokenVocab);
-        data.seq_len = reader.get_int("seq_len", 64, 1, 1 << 20);
+        data.dtype = reader.get_string("dtype");
+        // Required, but read as optional here so that a misspelt key is reported as one (finish, below).
+        data.vocab_size = reader.get_optional_int("vocab_size").value_or(0);
+        data.seq_len = reader.get_int("seq_len");
     }
-    data.eval_sequences = reader.get_int("eval_sequences", 256, 1, 1 << 20);
-    data.seed = static_cast<uint64_t>(reader.get_int("seed", static_cast<int64_t>(seed), 0));
-    for (const auto& [key, sources] : source_keys()) {
-        if (!reader.has(key) || std::find(sources.begin(), sources.end(), data.source) != sources.end()) continue;
-        std::string names = "\"" + sources[0] + "\"";
-        for (size_t i = 1; i < sources.size(); ++i) names += (i + 1 == sources.size() ? " and \"" : ", \"") + sources[i] + "\"";
-        reader.fail(key, "applies to source" + std::string(sources.size() > 1 ? "s " : " ") + names +
-                             " only (this config's source is \"" + data.source + "\")");
-    }
+    data.eval_sequences = reader.get_int("eval_sequences");
+    data.seed = static_cast<uint64_t>(reader.get_int("seed", static_cast<int64_t>(seed)));
     reader.finish();
     if (data.source == "tokens" && data.vocab_size == 0) fail_missing_vocab_size(reader, data.path);
     return data;
 }
 
-static NormOptions read_norm(ConfigReader reader) {
-    NormOptions norm;
-    norm.type = reader.get_string("type", "rmsnorm", norm_types());
-    NormOptions type_defaults;
-    type_defaults.type = norm.type;
-    norm.eps = reader.get_double("eps", type_defaults.resolved_eps(), 0.0, 1.0);
-    norm.fused = reader.get_bool("fused", true);
-    norm.elementwise_affine = reader.get_bool("elementwise_affine", true);
-    norm.bias = reader.get_bool("bias", true);
-    norm.p = reader.get_double("p", 0.0625, 1e-9, 1.0);
-    norm.alpha = reader.get_double("alpha", 0.5, 0.0, 1.0);
-    reader.finish();
-    return norm;
-}
-
 static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainConfig& config) {
     TransformerOptions model;
     // A transformers directory or GGUF file to start from (jobs/interop.h); the train job reads it.
-    config.init_from = reader.get_string("init_from", "");
-    config.model_vocab_size = reader.get_int("vocab_size", 0, 0, kMaxTokenVocab);
-    // Upper bounds: far above a toy model, low enough that no size product below can overflow
-    // (the memory a config needs is checked against the machine before training, see run_train).
-    model.dim = reader.get_int("dim", 64, 2, kMaxModelDim);
-    model.n_layers = reader.get_int("n_layers", 2, 0, kMaxLayers);
-    model.n_heads = reader.get_int("n_heads", 4, 1, kMaxModelDim);
+    config.init_from = reader.get_string("init_from");
+    config.model_vocab_size = reader.get_int("vocab_size");
+    // Upper bounds (the schema's): far above a toy model, low enough that no size product below can
+    // overflow (the memory a config needs is checked against the machine before training, see run_train).
+    model.dim = reader.get_int("dim");
+    model.n_layers = reader.get_int("n_layers");
+    model.n_heads = reader.get_int("n_heads");
     if (model.dim % model.n_heads != 0)
         reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={}, got {}", model.dim, model.n_heads));
     if ((model.dim / model.n_heads) % 2 != 0)
         reader.fail("n_heads", fmt::format("expected an even head size (RoPE rotates pairs), got dim / n_heads = {} / {} = {}",
                                            model.dim, model.n_heads, model.dim / model.n_heads));
-    model.n_kv_heads = reader.get_int("n_kv_heads", model.n_heads, 1);
+    model.n_kv_heads = reader.get_int("n_kv_heads", model.n_heads);
     if (model.n_heads % model.n_kv_heads != 0)
         reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
                                               model.n_heads, model.n_kv_heads));
-    model.multiple_of = reader.get_int("multiple_of", model.multiple_of, 1, kMaxModelDim);
-    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim", 0, 0, 4 * kMaxModelDim);
-    model.norm = read_norm(reader.child("norm"));
-    model.pre_norm = reader.get_bool("pre_norm", true);
-    model.rope_theta = reader.get_double("rope_theta", 10000.0, 1e-9);
-    model.max_seq_len = reader.get_int("max_seq_len", 256, 1, 1 << 20);
-    model.fused_attention = reader.get_bool("fused_attention", true);
-    model.fused_swiglu = reader.get_bool("fused_swiglu", true);
+    model.multiple_of = reader.get_int("multiple_of");
+    model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim");
+    model.norm = read_norm_options(reader.child("norm"), true);
+    model.pre_norm = reader.get_bool("pre_norm");
+    model.rope_theta = reader.get_double("rope_theta");
+    model.max_seq_len = reader.get_int("max_seq_len");
+    model.fused_attention = reader.get_bool("fused_attention");
+    model.fused_swiglu = reader.get_bool("fused_swiglu");
     model.seed = seed;
     reader.finish();
     return model;
@@ -138,39 +105,41 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainCo
 
 static OptimConfig read_optim(ConfigReader reader) {
     OptimConfig optim;
-    optim.lr = reader.get_double("lr", optim.lr, 0.0, 10.0);
-    optim.min_lr = reader.get_double("min_lr", optim.min_lr, 0.0, optim.lr);
-    optim.warmup_steps = reader.get_int("warmup_steps", optim.warmup_steps, 0);
-    optim.weight_decay = reader.get_double("weight_decay", optim.weight_decay, 0.0);
-    optim.beta1 = reader.get_double("beta1", optim.beta1, 0.0, 0.999999);
-    optim.beta2 = reader.get_double("beta2", optim.beta2, 0.0, 0.999999);
-    optim.eps = reader.get_double("eps", optim.eps, 0.0);
-    optim.grad_clip = reader.get_double("grad_clip", optim.grad_clip, 0.0);
+    optim.lr = reader.get_double("lr");
+    optim.min_lr = reader.get_double("min_lr");
+    if (optim.min_lr > optim.lr)
+        reader.fail("min_lr", fmt::format("expected a number <= /optim/lr = {}, got {}", optim.lr, optim.min_lr));
+    optim.warmup_steps = reader.get_int("warmup_steps");
+    optim.weight_decay = reader.get_double("weight_decay");
+    optim.beta1 = reader.get_double("beta1");
+    optim.beta2 = reader.get_double("beta2");
+    optim.eps = reader.get_double("eps");
+    optim.grad_clip = reader.get_double("grad_clip");
     reader.finish();
     return optim;
 }
 
 static LoopConfig read_loop(ConfigReader reader) {
     LoopConfig loop;
-    loop.steps = reader.get_int("steps", loop.steps, 1, kMaxSteps);
-    loop.batch_size = reader.get_int("batch_size", loop.batch_size, 1, kMaxBatchSize);
-    loop.eval_every = reader.get_int("eval_every", loop.eval_every, 0);
-    loop.checkpoint_every = reader.get_int("checkpoint_every", loop.checkpoint_every, 0);
-    loop.log_every = reader.get_int("log_every", loop.log_every, 1);
-    loop.autocast = reader.get_string("autocast", loop.autocast, {"none", "bf16"});
-    loop.grad_shards = reader.get_int("grad_shards", loop.grad_shards, 0, 1 << 20);
-    loop.bucket_kb = reader.get_int("bucket_kb", loop.bucket_kb, 1, 1 << 20);
-    loop.overlap_comm = reader.get_bool("overlap_comm", loop.overlap_comm);
-    loop.threads = reader.get_int("threads", loop.threads, 0, 1024);
+    loop.steps = reader.get_int("steps");
+    loop.batch_size = reader.get_int("batch_size");
+    loop.eval_every = reader.get_int("eval_every");
+    loop.checkpoint_every = reader.get_int("checkpoint_every");
+    loop.log_every = reader.get_int("log_every");
+    loop.autocast = reader.get_string("autocast");
+    loop.grad_shards = reader.get_int("grad_shards");
+    loop.bucket_kb = reader.get_int("bucket_kb");
+    loop.overlap_comm = reader.get_bool("overlap_comm");
+    loop.threads = reader.get_int("threads");
     reader.finish();
     return loop;
 }
 
 TrainConfig read_train_config(const nlohmann::json& root, const std::string& file) {
-    ConfigReader reader(root, file);
+    ConfigReader reader(root, file, config_schema("train"));
     TrainConfig config;
     config.file = file;
-    config.seed = static_cast<uint64_t>(reader.get_int("seed", 0, 0));
+    config.seed = static_cast<uint64_t>(reader.get_int("seed"));
     config.device = read_device(reader);
     config.data = read_data(reader.child("data"), config.seed);
     config.model = read_model(reader.child("model"), config.seed, config);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "jobs/config_schema.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -47,8 +48,14 @@ size_t list_size(const json& config, const std::string& key, size_t fallback) {
     return config[key].is_array() ? config[key].size() : 1;
 }
 
-// Which job reads a config, told by the keys only that job has; "" when none matches.
+// Which job reads a config: the job its "$schema" names ("../docs/schema/train.schema.json": "train",
+// "bench_norms": "bench norms"), else told by the keys only that job has; "" when none matches.
 std::string job_of(const json& config) {
+    if (config.contains("$schema") && config["$schema"].is_string()) {
+        std::string job = fs::path(config["$schema"].get<std::string>()).filename().string();
+        job = job.substr(0, job.find('.'));
+        return job == "bench_norms" ? "bench norms" : job;
+    }
     for (const char* key : {"large_shapes", "reps", "impls", "passes"})
         if (config.contains(key)) return "bench norms";
     for (const char* key : {"norms", "depths", "lrs", "epochs"})
@@ -118,6 +125,21 @@ TEST_CASE("every shipped config is read by a job these tests run", "[configs]") 
     for (const fs::path& path : configs) {
         INFO(path.filename().string() << ": tell its job apart in job_of() (tests/test_configs.cpp)");
         CHECK_FALSE(job_of(read_json(path)).empty());
+    }
+}
+
+TEST_CASE("every shipped config names its job's JSON Schema, which exists and is the schema normlab prints",
+          "[configs]") {
+    for (const fs::path& path : shipped_configs()) {
+        INFO(path.filename().string());
+        const json config = read_json(path);
+        REQUIRE(config.contains("$schema"));
+        const fs::path schema = path.parent_path() / config["$schema"].get<std::string>();
+        REQUIRE(fs::exists(schema));
+        std::string job = schema.filename().string();
+        job = job.substr(0, job.find('.'));
+        INFO("regenerate with: build/normlab config --write-schemas docs/schema");
+        CHECK(nl::json_schema(nl::config_schema(job)) == read_json(schema));
     }
 }
 

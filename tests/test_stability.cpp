@@ -145,7 +145,7 @@ TEST_CASE("stability: f64 replay of the article's other norms, fused, within 1e-
 TEST_CASE("stability: f64 replay of every article norm, composed, within 1e-6 at all 100 epochs", "[stability]") {
     std::vector<std::string> sets = replay_sets("f64", 100, 0.0);
     sets.push_back(norms_list(kArticleNorms));
-    sets.push_back("fused=false");
+    sets.push_back("norm.fused=false");
     StabilityRun run = stability(kSource + "/configs/stability.json", sets);
     INFO(run.cli.output);
     REQUIRE(run.cli.status == 0);
@@ -173,7 +173,8 @@ TEST_CASE("stability: the default config writes the resolved config, curves, run
     CHECK(config["epochs"] == 4);
     CHECK(config["hidden"] == 256);
     CHECK(config["lrs"] == nlohmann::json::array({0.001}));
-    CHECK(config["norm_eps"] == "default");
+    CHECK(config["norm"]["fused"] == true);
+    CHECK_FALSE(config["norm"].contains("eps"));  // each type's own default
     CHECK(config["dtype"] == "f32");
 
     for (const std::string norm : {"rmsnorm", "layernorm"}) {
@@ -316,6 +317,14 @@ TEST_CASE("stability: bad input is one error line, exit code 2, and no run direc
         {"out of range", "stability " + shell_arg(config) + " --set epochs=0", "/epochs: expected an integer"},
         {"unknown norm", "stability " + shell_arg(config) + " --set norms=batchnorm", "/norms: expected one of"},
         {"duplicate seed", "stability " + shell_arg(config) + " --set seeds=[1,1]", "/seeds: lists the value 1 twice"},
+        {"the moved fused", "stability " + shell_arg(config) + " --set fused=false",
+         "/fused: moved: set /norm/fused (--set norm.fused=...)"},
+        {"the moved norm_eps", "stability " + shell_arg(config) + " --set norm_eps=1e-6",
+         "/norm_eps: moved: set /norm/eps (--set norm.eps=...)"},
+        {"a norm type in /norm", "stability " + shell_arg(config) + " --set norm.type=rmsnorm",
+         "/norm/type: the norm types of this job are the list /norms"},
+        {"a norm option out of range", "stability " + shell_arg(config) + " --set norm.p=0",
+         "/norm/p: expected a number in (0, 1], got 0"},
         {"missing init_from", "stability " + shell_arg(config) + " --set init_from=nope.safetensors", "nope.safetensors"},
         {"init_from of the wrong norm",
          "stability " + shell_arg(config) + " --set norms=layernorm --set " +

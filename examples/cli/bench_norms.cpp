@@ -54,30 +54,26 @@ struct Shape2 {
     bool large = false;
 };
 
-// The benchmark's settings: configs/bench_norms.json documents each key; absent keys take these.
+// The benchmark's settings: every field is read from the config, absent keys taking the schema's
+// defaults (jobs/config_schema.cpp, docs/configs.md).
 struct NormsBenchConfig {
-    int64_t reps = 100;                                     // samples per case at the seed shapes
-    std::vector<int64_t> hidden = {128, 256, 512, 1024, 2048};
-    std::vector<int64_t> batch = {32, 64, 128};
-    std::vector<std::string> large_shapes = {"32768x512", "16384x4096"};  // "ROWSxHIDDEN"
-    int64_t large_reps = 10;                                // samples per case at the large shapes
-    std::vector<std::string> norms = {"layernorm", "rmsnorm"};
-    std::vector<std::string> impls = {"kernel", "op", "fused", "composed"};
-    std::vector<std::string> passes = {"fwd", "fwd+bwd"};
-    std::vector<std::string> dtypes = {"f32"};  // every case runs in each
-    double min_sample_ms = 1.0;  // a sample averages enough back-to-back calls to last this long
+    int64_t reps = 0;                        // samples per case at the seed shapes
+    std::vector<int64_t> hidden;             // seed shapes: hidden sizes, each crossed with every batch
+    std::vector<int64_t> batch;              // seed shapes: rows
+    std::vector<std::string> large_shapes;   // "ROWSxHIDDEN"
+    int64_t large_reps = 0;                  // samples per case at the large shapes
+    std::vector<std::string> norms;          // "layernorm", "rmsnorm"
+    std::vector<std::string> impls;          // "kernel", "op", "fused", "composed"
+    std::vector<std::string> passes;         // "fwd", "fwd+bwd"
+    std::vector<std::string> dtypes;         // every case runs in each
+    double min_sample_ms = 0.0;  // a sample averages enough back-to-back calls to last this long
     int64_t threads = 0;         // 0: OpenMP's default
-    std::string clock = "wall";  // "wall" or "cpu" (process CPU time; see examples/bench_util.h)
+    std::string clock;           // "wall" or "cpu" (process CPU time; see examples/cli/bench_util.h)
     uint64_t seed = 0;
     Device device;               // "cpu" or "cuda[:N]"
 
     std::vector<Shape2> shapes() const;
 };
-
-const std::vector<std::string> kNorms = {"layernorm", "rmsnorm"};
-const std::vector<std::string> kImpls = {"kernel", "op", "fused", "composed"};
-const std::vector<std::string> kPasses = {"fwd", "fwd+bwd"};
-const std::vector<std::string> kDTypes = {"f32", "bf16", "f16"};
 
 std::vector<Shape2> NormsBenchConfig::shapes() const {
     std::vector<Shape2> out;
@@ -100,27 +96,27 @@ bool valid_shape_text(const std::string& s) {
 }
 
 NormsBenchConfig read_config(const json& root, const std::string& file) {
-    ConfigReader r(root, file);
+    ConfigReader r(root, file, config_schema("bench_norms"));
     NormsBenchConfig c;
-    c.reps = r.get_int("reps", c.reps, 1, 100000);
-    c.hidden = r.get_int_list("hidden", c.hidden, 1, 1 << 20);
-    c.batch = r.get_int_list("batch", c.batch, 1, 1 << 24);
-    c.large_shapes = r.get_string_list("large_shapes", c.large_shapes);
+    c.reps = r.get_int("reps");
+    c.hidden = r.get_int_list("hidden");
+    c.batch = r.get_int_list("batch");
+    c.large_shapes = r.get_string_list("large_shapes");
     for (const std::string& s : c.large_shapes)
         if (!valid_shape_text(s))
             r.fail("large_shapes", "expected shapes written ROWSxHIDDEN with positive integers (e.g. \"32768x512\"), got \"" + s + "\"");
-    c.large_reps = r.get_int("large_reps", c.large_reps, 1, 100000);
-    c.norms = r.get_string_list("norms", c.norms, kNorms);
-    c.impls = r.get_string_list("impls", c.impls, kImpls);
-    c.passes = r.get_string_list("passes", c.passes, kPasses);
-    c.dtypes = r.get_string_list("dtypes", c.dtypes, kDTypes);
+    c.large_reps = r.get_int("large_reps");
+    c.norms = r.get_string_list("norms");
+    c.impls = r.get_string_list("impls");
+    c.passes = r.get_string_list("passes");
+    c.dtypes = r.get_string_list("dtypes");
     for (const std::string& dtype : c.dtypes)
         if (std::count(c.dtypes.begin(), c.dtypes.end(), dtype) > 1)
             r.fail("dtypes", "expected each dtype at most once, got \"" + dtype + "\" twice");
-    c.min_sample_ms = r.get_double("min_sample_ms", c.min_sample_ms, 0.0, 10000.0);
-    c.threads = r.get_int("threads", c.threads, 0, 1024);
-    c.clock = r.get_string("clock", c.clock, {"wall", "cpu"});
-    c.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0));
+    c.min_sample_ms = r.get_double("min_sample_ms");
+    c.threads = r.get_int("threads");
+    c.clock = r.get_string("clock");
+    c.seed = static_cast<uint64_t>(r.get_int("seed"));
     c.device = read_device(r);
     r.finish();
     require_device_available(c.device, r.where("device"));

@@ -37,6 +37,9 @@ void register_gradcheck(CLI::App& app);
 // `normlab graph --layer NAME --dot out.dot`: a norm's autograd graph (jobs/norm_graph.h,
 // examples/cli/graph_cmd.cpp).
 void register_graph(CLI::App& app);
+// `normlab config --schema JOB | --markdown JOB | ...`: the config schema (jobs/config_schema.h,
+// examples/cli/config_cmd.cpp).
+void register_config(CLI::App& app);
 // `normlab norms [--example]`: the norm registry, or the explainer's worked example (examples/cli/norms_cmd.cpp).
 void register_norms(CLI::App& app);
 

@@ -1,4 +1,4 @@
-// The `normlab` program: builds the command line from each job's register function (examples/commands.h)
+// The `normlab` program: builds the command line from each job's register function (examples/cli/commands.h)
 // and turns any exception into one line on stderr and a non-zero exit (docs/architecture.md: errors):
 // exit 2 for a user mistake (nl::Error, a command-line mistake, a path that cannot be used), 1 for
 // anything else. Under mpirun (core/dist.h) an error all ranks agree on is printed once, by rank 0; an
@@ -91,6 +91,7 @@ int run_program(int argc, char** argv) {
     nl::cli::register_gradcheck(app);
     nl::cli::register_graph(app);
     nl::cli::register_norms(app);
+    nl::cli::register_config(app);
     CLI::App* bench = app.add_subcommand("bench", "Benchmarks (ours vs a reference, in one run)");
     bench->require_subcommand(1);
     nl::cli::register_bench_core(*bench);

@@ -20,6 +20,7 @@ from ._normlab import (  # noqa: F401
 )
 from . import autograd, nn, optim  # noqa: F401
 from ._jobs import train, stability, sample, export, load_checkpoint, save_checkpoint, TrainSession  # noqa: F401
+from ._jobs import config_schema, config_defaults, config_jobs  # noqa: F401
 from ._format import tensor_repr as _tensor_repr
 from ._indexing import getitem as _indexing_getitem, setitem as _indexing_setitem
 from .autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401

@@ -44,6 +44,26 @@ METRICS_COLUMNS = ("step", "lr", "train_loss", "grad_norm", "val_loss", "val_acc
                    "tokens_per_s", "elapsed_s")
 
 
+# ---- the config schema ----
+
+def config_schema(job):
+    """The JSON Schema (draft 2020-12, a dict) of a job's config files, as ``normlab config --schema JOB``
+    prints it: every key with its type, bounds or choices, default and description. job: "train",
+    "stability" or "bench_norms" (``config_jobs()``)."""
+    return json.loads(_ext.config_schema(str(job)))
+
+
+def config_defaults(job):
+    """A config of the job (a dict) holding every fixed default, as ``normlab config --defaults JOB``
+    prints it; keys whose default is computed (``model.n_kv_heads``: ``n_heads``) or required are absent."""
+    return json.loads(_ext.config_defaults(str(job)))
+
+
+def config_jobs():
+    """The jobs that read a config file: ["train", "stability", "bench_norms"]."""
+    return list(_ext.config_jobs())
+
+
 # ---- arguments ----
 
 def _path(value, what):

@@ -32,6 +32,7 @@
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "jobs/config_schema.h"
 #include "jobs/export.h"
 #include "jobs/run_dir.h"
 #include "jobs/sample.h"
@@ -746,9 +747,22 @@ void bind_export(nb::module_& m) {
         "step, parameters, tokenizer, out.");
 }
 
+// The config schema (jobs/config_schema.h) as JSON text: normlab.config_schema and config_defaults
+// parse it, so Python states no default of its own.
+void bind_config_schema(nb::module_& m) {
+    m.def("config_jobs", &config_jobs, "The jobs that read a config file: train, stability, bench_norms.");
+    m.def(
+        "config_schema", [](const std::string& job) { return json_schema(config_schema(job)).dump(); },
+        nb::arg("job"), "The JSON Schema (draft 2020-12) of the job's config files, as JSON text.");
+    m.def(
+        "config_defaults", [](const std::string& job) { return config_defaults(config_schema(job)).dump(); },
+        nb::arg("job"), "A config of the job holding every fixed default, as JSON text.");
+}
+
 }  // namespace
 
 void bind_jobs(nb::module_& m) {
+    bind_config_schema(m);
     bind_model(m);
     bind_train(m);
     bind_checkpoints(m);
