@@ -1,7 +1,8 @@
 // The repository stands on its own: no tracked file names a folder of the machine it was written
 // on, no markdown link leaves the repository, and no text counts the project's own work periods or
 // tracker issues by number, or stamps figures with commit hashes (git log holds the history,
-// CHANGELOG.md the user-visible changes). The files are those `git ls-files` lists in
+// CHANGELOG.md the user-visible changes). Every relative link of a markdown file, and every repository
+// path its text names in backticks, exists. The files are those `git ls-files` lists in
 // NORMLAB_SOURCE_DIR; the scanners are checked on small texts first, so a scanner that finds
 // nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run.
 #include <catch2/catch.hpp>
@@ -15,6 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -183,6 +186,156 @@ std::vector<std::string> tracked_files() {
     return files;
 }
 
+// ---- markdown: links and backticked paths that name nothing ----
+
+// Whether a path, relative to the repository root and without a trailing '/', exists (a file or a
+// folder). The tests pass a made-up tree; the repository test asks the file system.
+using PathExists = std::function<bool(const std::string&)>;
+
+bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+    return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The text with the lines of every fenced code block (``` or ~~~, the fences included) and every
+// line of only spaces and tabs emptied; the newlines stay, so an offset's line number is the
+// original one and a blank line is "\n\n".
+std::string prose_lines(const std::string& text) {
+    std::string out;
+    std::string fence;  // the open block's marker, "```" or "~~~"; empty outside a block
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        if (end == std::string::npos) end = text.size();
+        const std::string line = text.substr(start, end - start);
+        const size_t indent = line.find_first_not_of(" \t");
+        const std::string body = indent == std::string::npos ? "" : line.substr(indent);
+        const bool inside = !fence.empty();
+        const bool opens = !inside && indent < 4 && (starts_with(body, "```") || starts_with(body, "~~~"));
+        if (opens) fence = body.substr(0, 3);
+        else if (inside && starts_with(body, fence)) fence.clear();
+        if (!opens && !inside && indent != std::string::npos) out += line;
+        if (end < text.size()) out += '\n';
+        start = end + 1;
+    }
+    return out;
+}
+
+struct CodeSpan {
+    size_t at = 0;        // the offset of the opening backticks
+    size_t length = 0;    // of the whole span, backticks included
+    std::string content;  // between the backticks
+};
+
+// Markdown's code spans (CommonMark): a run of n backticks opens one and the next run of exactly n
+// backticks in the same paragraph closes it; a run with no such partner is plain text.
+std::vector<CodeSpan> code_spans(const std::string& text) {
+    std::vector<CodeSpan> spans;
+    auto run_end = [&text](size_t at) {
+        while (at < text.size() && text[at] == '`') ++at;
+        return at;
+    };
+    size_t at = text.find('`');
+    while (at != std::string::npos) {
+        const size_t open_end = run_end(at);
+        const size_t paragraph_end = text.find("\n\n", open_end);
+        size_t close = std::string::npos;
+        for (size_t k = text.find('`', open_end); k != std::string::npos && k < paragraph_end;
+             k = text.find('`', run_end(k))) {
+            if (run_end(k) - k == open_end - at) {
+                close = k;
+                break;
+            }
+        }
+        if (close == std::string::npos) {
+            at = text.find('`', open_end);
+            continue;
+        }
+        const size_t span_end = run_end(close);
+        spans.push_back({at, span_end - at, text.substr(open_end, close - open_end)});
+        at = text.find('`', span_end);
+    }
+    return spans;
+}
+
+// Whether a code span's content names a path in the repository, to be checked: one token of path
+// characters only (letters, digits, '_', '-', '.', '/') whose first component is a top-level entry
+// of the repository (a tracked file or folder), without "..". So commands and other spans with
+// spaces, placeholders (`jobs/<job>.h`, `core/cuda/*.cu`, `core/dist.{h,cpp}`, `$DIR/x`,
+// `configs/...`), names like `optim.AdamW` and paths a run creates (`runs/...`, `build/normlab`: no
+// tracked entry starts them) are not checked.
+bool names_repository_path(const std::string& span, const std::set<std::string>& top_level) {
+    if (span.empty() || span.find("..") != std::string::npos) return false;
+    for (char ch : span)
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.' && ch != '/')
+            return false;
+    return top_level.count(span.substr(0, span.find('/'))) > 0;
+}
+
+struct MarkdownTargets {
+    std::vector<Finding> missing;
+    size_t links = 0;  // relative link targets checked
+    size_t paths = 0;  // backticked repository paths checked
+};
+
+// In one markdown file (`file`, relative to the repository root): every relative link target
+// (inline links and images, `](target)`, and reference definitions, `[name]: target`; the #fragment
+// stripped; URLs with "://", mailto: and links to the page's own anchors skipped) that does not
+// exist relative to the file's folder, and, with check_paths, every code span naming a repository
+// path (names_repository_path) that does not exist relative to the root. Fenced code blocks are
+// skipped, and links are looked for outside code spans. A target that leaves the repository is
+// left to find_markdown_problems.
+MarkdownTargets find_missing_targets(const std::string& file, const std::string& text,
+                                     const std::set<std::string>& top_level, const PathExists& exists,
+                                     bool check_paths) {
+    MarkdownTargets result;
+    const std::string lines = prose_lines(text);
+    const fs::path folder = fs::path(file).parent_path();
+    auto exists_path = [&exists](std::string path) {
+        while (path.size() > 1 && path.back() == '/') path.pop_back();
+        return exists(path);
+    };
+    // The prose: code spans blanked out (newlines kept), so `a[i](j)` in code is no link.
+    std::string prose = lines;
+    for (const CodeSpan& span : code_spans(lines)) {
+        for (size_t i = span.at; i < span.at + span.length; ++i)
+            if (prose[i] != '\n') prose[i] = ' ';
+        if (!check_paths || !names_repository_path(span.content, top_level)) continue;
+        ++result.paths;
+        if (!exists_path(span.content))
+            result.missing.push_back({file, line_of(lines, span.at),
+                                      "a repository path in backticks that does not exist: " + span.content});
+    }
+    auto check_link = [&](std::string target, size_t at) {
+        if (starts_with(target, "<")) target = target.substr(1, target.find('>') - 1);
+        target = target.substr(0, target.find('#'));
+        if (target.empty() || target.find("://") != std::string::npos || starts_with(target, "mailto:")) return;
+        const fs::path resolved = (folder / target).lexically_normal();
+        if (target.front() == '/' || resolved.empty() || *resolved.begin() == "..") return;
+        ++result.links;
+        if (!exists_path(resolved.generic_string()))
+            result.missing.push_back({file, line_of(prose, at), "a link to a file that does not exist: " + target +
+                                                                    " (" + resolved.generic_string() + ")"});
+    };
+    for (size_t at = prose.find("]("); at != std::string::npos; at = prose.find("](", at + 2)) {
+        size_t end = at + 2;
+        while (end < prose.size() && prose[end] != ')' && !std::isspace(static_cast<unsigned char>(prose[end]))) ++end;
+        check_link(prose.substr(at + 2, end - at - 2), at);
+    }
+    size_t offset = 0;
+    std::istringstream prose_stream(prose);
+    for (std::string line; std::getline(prose_stream, line); offset += line.size() + 1) {
+        const size_t open = line.find_first_not_of(' ');
+        const size_t close = line.find("]:");
+        if (open == std::string::npos || line[open] != '[' || close == std::string::npos || close < open) continue;
+        std::istringstream rest(line.substr(close + 2));
+        std::string target;
+        if (rest >> target) check_link(target, offset + close);
+    }
+    return result;
+}
+
 }  // namespace
 
 TEST_CASE("the repository scanners find machine paths, numbered issues, stray links and commit stamps",
@@ -235,6 +388,99 @@ TEST_CASE("no tracked file names a development machine's path, a numbered issue,
     }
     INFO(scanned << " tracked files scanned; findings:\n" << describe(findings));
     CHECK(scanned > 10);
+    CHECK(findings.empty());
+}
+
+TEST_CASE("the markdown scanner finds missing link targets and missing backticked repository paths",
+          "[repository]") {
+    // A made-up repository: its top-level entries, and the files and folders that exist.
+    const std::set<std::string> top_level = {"README.md", "docs", "configs", "layers", ".ci"};
+    const std::set<std::string> present = {"README.md", "docs",   "docs/a.md", "docs/b.md", "docs/img.png",
+                                           "configs",   "configs/x.json",      "layers",    "layers/n.h",
+                                           ".ci",       ".ci/run"};
+    const PathExists exists = [&present](const std::string& path) { return present.count(path) > 0; };
+    auto missing = [&](const std::string& file, const std::string& text, bool check_paths = true) {
+        return find_missing_targets(file, text, top_level, exists, check_paths).missing;
+    };
+    SECTION("links, relative to the file's folder") {
+        const MarkdownTargets good = find_missing_targets(
+            "docs/a.md",
+            "[b](b.md) [top](../README.md#quick-start) [p](img.png \"title\") [c](<b.md>) [d](../docs/)\n"
+            "[ref]: b.md#x\n[self](#heading) [w](https://example.org/no.md) [m](mailto:a@example.org)",
+            top_level, exists, true);
+        CHECK(good.missing.empty());
+        CHECK(good.links == 6);  // the URLs and the page's own anchor are not counted
+        const std::vector<Finding> bad = missing("docs/a.md", "fine\n\nsee [c](c.md#part) and ![p](pic.png)\n");
+        REQUIRE(bad.size() == 2);
+        CHECK(bad[0].file == "docs/a.md");
+        CHECK(bad[0].line == 3);
+        CHECK_THAT(bad[0].what, Catch::Contains("c.md (docs/c.md)"));
+        CHECK_THAT(bad[1].what, Catch::Contains("pic.png"));
+        CHECK(missing("docs/a.md", "[readme](README.md)").size() == 1);  // docs/README.md: not the root's
+        CHECK(missing("README.md", "[readme](README.md) [a](docs/a.md)").empty());
+        CHECK(missing("docs/a.md", "[d]: gone.md").size() == 1);
+        // Links that leave the repository are find_markdown_problems' findings, not these.
+        CHECK(missing("docs/a.md", "[x](../../outside.md)").empty());
+        // In code there are no links: a code span, a fenced block.
+        CHECK(missing("docs/a.md", "`f[0](x)` and\n```cpp\ng[1](y);\n[z](nowhere.md)\n```\n").empty());
+    }
+    SECTION("repository paths in backticks, relative to the root") {
+        const MarkdownTargets good = find_missing_targets(
+            "docs/a.md", "`configs/x.json`, `layers/n.h`, `docs/`, `.ci/run`, ``configs`` and `README.md`", top_level,
+            exists, true);
+        CHECK(good.missing.empty());
+        CHECK(good.paths == 6);
+        const std::vector<Finding> bad = missing("docs/a.md", "line one\n\nread `configs/y.json` and ``layers/m.h``");
+        REQUIRE(bad.size() == 2);
+        CHECK(bad[0].line == 3);
+        CHECK_THAT(bad[0].what, Catch::Contains("configs/y.json"));
+        CHECK_THAT(bad[1].what, Catch::Contains("layers/m.h"));
+        // Not repository paths: placeholders, commands, names, paths a run creates, other top-level names.
+        const MarkdownTargets skipped = find_missing_targets(
+            "docs/a.md",
+            "`configs/<name>.json` `layers/*.h` `layers/n.{h,cpp}` `$DIR/configs/y.json` `configs/...` "
+            "`configs/y.json --set a=1` `layers.0.weight` `runs/x/config.json` `build/normlab` `examples/y.cpp` "
+            "`../configs/y.json`",
+            top_level, exists, true);
+        CHECK(skipped.missing.empty());
+        CHECK(skipped.paths == 0);
+        // A fenced block is code, not a path; an unpaired backtick does not shift the spans after it.
+        CHECK(missing("docs/a.md", "```\n`configs/y.json`\n```\n").empty());
+        CHECK(missing("docs/a.md", "a lone ` here\n\nthen `configs/y.json`").size() == 1);
+        // Without check_paths (CHANGELOG.md), links only.
+        CHECK(missing("CHANGELOG.md", "`configs/y.json` [x](nope.md)", false).size() == 1);
+    }
+}
+
+TEST_CASE("every relative link in the markdown files and every repository path they name in backticks exists",
+          "[repository]") {
+    const std::vector<std::string> files = tracked_files();
+    std::set<std::string> top_level;
+    for (const std::string& name : files) top_level.insert(name.substr(0, name.find('/')));
+    const fs::path root = NORMLAB_SOURCE_DIR;
+    const PathExists exists = [&root](const std::string& path) { return fs::exists(root / path); };
+    std::vector<Finding> findings;
+    std::set<std::string> scanned;
+    size_t links = 0, paths = 0;
+    for (const std::string& name : files) {
+        const fs::path path = root / name;
+        if (!ends_with(name, ".md") || !fs::is_regular_file(path)) continue;
+        // CHANGELOG.md names files as they were when each change was made: its links are checked, its
+        // backticked paths are not.
+        const MarkdownTargets found =
+            find_missing_targets(name, nl_test::read_text(path.string()), top_level, exists, name != "CHANGELOG.md");
+        findings.insert(findings.end(), found.missing.begin(), found.missing.end());
+        links += found.links;
+        paths += found.paths;
+        scanned.insert(name);
+    }
+    INFO(scanned.size() << " markdown files scanned, " << links << " links and " << paths
+                        << " backticked paths checked; findings:\n"
+                        << describe(findings));
+    CHECK(scanned.count("README.md") == 1);
+    CHECK(scanned.count("docs/architecture.md") == 1);
+    CHECK(links > 20);   // the docs link to each other and to the sources
+    CHECK(paths > 100);  // and name the sources in backticks throughout
     CHECK(findings.empty());
 }
 

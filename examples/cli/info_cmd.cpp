@@ -105,7 +105,7 @@ void run_info() {
 
     fmt::print("Libraries\n");
     // openblas_get_config() names the version and build options, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ...".
-    // NORMLAB_BLAS_FALLBACK: examples/main.cpp restarted the program to correct OpenBLAS's choice.
+    // NORMLAB_BLAS_FALLBACK: examples/cli/main.cpp restarted the program to correct OpenBLAS's choice.
     const char* fallback = std::getenv("NORMLAB_BLAS_FALLBACK");
     const std::string chosen =
         fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
