@@ -50,8 +50,9 @@ bool have_cuda_device() {
 
 const Device kGpu = Device::cuda(0);
 
-// Tolerances per dtype (relative to max(1, |cpu|), so also absolute near zero). The CPU accumulates
-// in double, the GPU in f32 for f32/bf16/f16 rows and in tree order, and CUDA's f32 transcendentals
+// Tolerances per dtype (relative to max(1, |cpu|), so also absolute near zero). The reductions sum
+// in double on both; the GPU's row kernels (the norms' statistics) in f32 for f32/bf16/f16 rows and
+// in tree order, and CUDA's f32 transcendentals
 // are within 2 ulp: f32 agrees to ~1e-6 relative; bf16 (8 mantissa bits) and f16 (11) may differ by
 // one unit in the last place after rounding the same f32 value from either side of a tie.
 double tolerance(DType dtype) {
