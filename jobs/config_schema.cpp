@@ -457,6 +457,25 @@ json value_schema(const ConfigKey& k) {
     return s;
 }
 
+// Markdown links as plain text for an editor's tooltip: "[norms.md](norms.md)" -> "docs/norms.md"
+// (the docs' links are relative to docs/), "[a](http://x)" -> "a (http://x)"; backticks dropped.
+std::string plain_text(const std::string& markdown) {
+    std::string out;
+    for (size_t i = 0; i < markdown.size(); ++i) {
+        const size_t close = markdown[i] == '[' ? markdown.find("](", i) : std::string::npos;
+        const size_t end = close == std::string::npos ? std::string::npos : markdown.find(')', close);
+        if (end == std::string::npos) {
+            if (markdown[i] != '`') out += markdown[i];
+            continue;
+        }
+        const std::string label = markdown.substr(i + 1, close - i - 1);
+        const std::string target = markdown.substr(close + 2, end - close - 2);
+        out += target.find("://") != std::string::npos ? label + " (" + target + ")" : "docs/" + target;
+        i = end;
+    }
+    return out;
+}
+
 std::string description(const ConfigKey& k) {
     std::string text = k.meaning;
     if (!k.when_key.empty()) {
@@ -467,7 +486,7 @@ std::string description(const ConfigKey& k) {
     if (k.default_value.is_null() && !k.default_text.empty() && !k.required)
         text += " (default: " + k.default_text + ")";
     if (!k.constraint.empty()) text += " (" + k.constraint + ")";
-    return text;
+    return plain_text(text);
 }
 
 json key_schema(const ConfigKey& k) {

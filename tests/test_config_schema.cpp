@@ -179,7 +179,11 @@ TEST_CASE("config schema: the JSON Schema nests the objects, refuses unknown key
     CHECK(norm["properties"]["p"]["exclusiveMinimum"] == 0.0);
     CHECK(norm["properties"]["p"]["maximum"] == 1.0);
     CHECK(norm["properties"]["type"]["enum"] == json(nl::norm_types()));
-    CHECK_FALSE(norm["properties"]["eps"].contains("default"));  // the type's own
+    CHECK_FALSE(norm["properties"]["eps"].contains("default"));  // the type's own, said in words
+    // Descriptions are plain text for an editor's tooltip: links as paths, no backticks.
+    CHECK(norm["properties"]["eps"]["description"] ==
+          "added to the variance / mean square (default: the type's own default, 1e-5 for every type (docs/norms.md))");
+    CHECK(norm["properties"]["bias"]["description"] == "norms with a bias (layernorm, hybridnorm): learn it");
     // The source-specific keys: one if/then per key that refuses it elsewhere, one more where required.
     const json& data = s["properties"]["data"];
     const json& rules = data["allOf"];
