@@ -298,6 +298,20 @@ bool norm_parameter_present(const NormParameter& parameter, const NormOptions& o
     throw Error("norm_parameter_present: unknown presence");
 }
 
+std::vector<std::string> norm_option_names(const NormType& type) {
+    const auto has_presence = [&](ParameterPresence presence) {
+        return std::any_of(type.parameters.begin(), type.parameters.end(),
+                           [&](const NormParameter& p) { return p.presence == presence; });
+    };
+    std::vector<std::string> out;
+    if (has_presence(ParameterPresence::Affine) || has_presence(ParameterPresence::AffineAndBias))
+        out.push_back("elementwise_affine");
+    if (has_presence(ParameterPresence::AffineAndBias)) out.push_back("bias");
+    if (type.partial_row) out.push_back("p");
+    if (type.statistic == NormStatistic::Both) out.push_back("alpha");  // the fixed weight of the RMS branch
+    return out;
+}
+
 NormOptions norm_gradcheck_options(const NormType& type, int64_t dim, bool fused) {
     NormOptions options = type.gradcheck.options;
     options.type = type.name;

@@ -114,6 +114,12 @@ std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t 
 // Whether a module built with `options` has the parameter.
 bool norm_parameter_present(const NormParameter& parameter, const NormOptions& options);
 
+// The NormOptions fields `type` reads beyond eps, dim, fused and dtype (which every norm reads), in the
+// order the Python classes take them: "elementwise_affine" where a parameter's presence depends on it,
+// "bias" where one's depends on bias too, "p" for a partial row, "alpha" for a blend of two statistics.
+// The Python classes' signatures (python/normlab/nn/norms.py, python/normlab/torch.py) come from it.
+std::vector<std::string> norm_option_names(const NormType& type);
+
 // The options a gradient check builds `type` with: its gradcheck options, f64, over dim.
 NormOptions norm_gradcheck_options(const NormType& type, int64_t dim, bool fused);
 

@@ -235,12 +235,13 @@ TEST_CASE("norms: bf16 RMSNorm equals the f32 math then a cast (LLaMA's x.float(
 namespace {
 
 // One row per norm, written by hand rather than read from the registry, so the entry is checked
-// against something it did not produce: its state-dict names with the default options, and its
-// output on the explainer's x = [1, 2, 3, 4] (d = 4) with its parameters at their init and the
+// against something it did not produce: its state-dict names with the default options, the
+// options it reads beyond eps (the Python classes' arguments), and its output on the explainer's x = [1, 2, 3, 4] (d = 4) with its parameters at their init and the
 // default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5, g = sqrt(4)), as a function of each x_j.
 struct NormRow {
     std::string type;
     std::vector<std::string> state_names;
+    std::vector<std::string> option_names;
     std::function<double(double)> y;
 };
 
@@ -249,14 +250,15 @@ const double kStd = std::sqrt(1.25 + 1e-5);  // sqrt(var(x) + eps), var biased
 const double kGate = 1.0 / (1.0 + std::exp(-std::sqrt(5.0 / 3.0)));  // sigmoid(1 * unbiased std)
 
 const std::vector<NormRow> kNormRows = {
-    {"layernorm", {"weight", "bias"}, [](double x) { return (x - 2.5) / kStd; }},
-    {"rmsnorm", {"weight"}, [](double x) { return x / kRms; }},
-    {"rmsnorm_bias", {"weight", "bias"}, [](double x) { return x / kRms; }},
-    {"prmsnorm", {"weight"}, [](double x) { return x / std::sqrt(1.0 + 1e-5); }},
-    {"adaptive_rmsnorm", {"weight", "alpha"}, [](double x) { return x / kRms * kGate; }},
+    {"layernorm", {"weight", "bias"}, {"elementwise_affine", "bias"}, [](double x) { return (x - 2.5) / kStd; }},
+    {"rmsnorm", {"weight"}, {"elementwise_affine"}, [](double x) { return x / kRms; }},
+    {"rmsnorm_bias", {"weight", "bias"}, {"elementwise_affine"}, [](double x) { return x / kRms; }},
+    {"prmsnorm", {"weight"}, {"elementwise_affine", "p"}, [](double x) { return x / std::sqrt(1.0 + 1e-5); }},
+    {"adaptive_rmsnorm", {"weight", "alpha"}, {"elementwise_affine"}, [](double x) { return x / kRms * kGate; }},
     {"hybridnorm", {"rms_norm.weight", "layer_norm.weight", "layer_norm.bias"},
+     {"elementwise_affine", "bias", "alpha"},
      [](double x) { return 0.5 * x / kRms + 0.5 * (x - 2.5) / kStd; }},
-    {"scalenorm", {"g"}, [](double x) { return 2.0 * x / std::sqrt(30.0); }},
+    {"scalenorm", {"g"}, {}, [](double x) { return 2.0 * x / std::sqrt(30.0); }},
 };
 
 }  // namespace
@@ -269,6 +271,7 @@ TEST_CASE("norms: every registry entry has a hand-written row, and matches it", 
         auto row = std::find_if(kNormRows.begin(), kNormRows.end(), [&](const NormRow& r) { return r.type == type.name; });
         REQUIRE(row != kNormRows.end());  // a new norm adds its row to kNormRows
         CHECK(norm_parameter_names(type) == row->state_names);
+        CHECK(norm_option_names(type) == row->option_names);
         std::vector<double> expected;
         for (double v : x.to_vector()) expected.push_back(row->y(v));
         for (bool fused : {true, false}) {

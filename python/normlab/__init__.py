@@ -36,14 +36,12 @@ _HOST_TYPES = {float32: _np.float32, float64: _np.float64, float16: _np.float16,
 
 
 def _as_dtype(d):
-    """A dtype from a normlab dtype, its name ("float16") or None (kept None: the op's default). The
-    C++ creation functions read names themselves; tensor() needs the dtype object for NumPy's type."""
+    """A dtype from a normlab dtype, a name ("float16", or "f16" as configs spell it) or None (kept
+    None: the op's default). The C++ creation functions read names themselves; tensor() needs the dtype
+    object for NumPy's type."""
     if d is None or isinstance(d, dtype):
         return d
-    found = globals().get(d) if isinstance(d, str) else None
-    if not isinstance(found, dtype):
-        raise Error(f"dtype: expected a normlab dtype or one of float32, float64, bfloat16, float16, int64; got {d!r}")
-    return found
+    return _normlab._parse_dtype(d)
 
 
 def _inferred_dtype(data, array):

@@ -206,6 +206,11 @@ void bind_norm_options(nb::module_& m) {
 }
 
 void bind_norm_registry(nb::module_& m) {
+    nb::enum_<NormStatistic>(m, "NormStatistic", "What a norm divides x by (layers/norm_registry.h NormStatistic).")
+        .value("variance", NormStatistic::Variance, "mean-subtracting, (x - mean) / sqrt(var + eps) (LayerNorm)")
+        .value("root_mean_square", NormStatistic::RootMeanSquare, "x / sqrt(mean(x^2) + eps) (RMSNorm)")
+        .value("both", NormStatistic::Both, "a variance branch and an RMS branch, blended (HybridNorm)")
+        .value("l2_norm", NormStatistic::L2Norm, "x / max(||x||_2, eps) (ScaleNorm)");
     nb::class_<NormType>(m, "NormType",
                          "A norm registry entry (layers/norm_registry.h): what the norm computes, its parameters, "
                          "its forms, how its gradients are checked, its help.")
@@ -213,8 +218,12 @@ void bind_norm_registry(nb::module_& m) {
         .def_ro("class_name", &NormType::class_name, "The PyTorch-style class name: \"RMSNorm\".")
         .def_ro("default_eps", &NormType::default_eps)
         .def_ro("partial_row", &NormType::partial_row, "The statistic covers ceil(p * d) elements (reads p).")
-        .def_prop_ro("statistic", [](const NormType& t) { return std::string(norm_statistic_name(t.statistic)); },
-                     "\"variance\", \"RMS\", \"variance and RMS\" or \"L2 norm\".")
+        .def_prop_ro("option_names", &norm_option_names,
+                     "The NormOptions fields it reads beyond eps (its classes' arguments), from its typed fields: "
+                     "elementwise_affine, bias, p, alpha.")
+        .def_ro("statistic", &NormType::statistic, "What it divides x by: a NormStatistic.")
+        .def_prop_ro("statistic_name", [](const NormType& t) { return std::string(norm_statistic_name(t.statistic)); },
+                     "The statistic for help texts: \"variance\", \"RMS\", \"variance and RMS\" or \"L2 norm\".")
         .def_prop_ro("fused_form", [](const NormType& t) { return std::string(fused_form_name(t.fused)); },
                      "What fused=True runs: one_kernel_node, kernel_and_ops or composed (no kernel of its own).")
         .def_prop_ro("parameters", [](const NormType& t) {

@@ -397,6 +397,13 @@ void bind_dtypes(nb::module_& m) {
         .value("int64", DType::I64, "64-bit integers (token ids, indices)")
         .def_prop_ro("itemsize", [](DType d) { return dtype_size(d); }, "Bytes per element.")
         .def_prop_ro("is_floating_point", [](DType d) { return is_floating(d); });
+    m.def("_parse_dtype", [](nb::handle value) {
+              NL_REQUIRE(!value.is_none(), "dtype: expected a normlab dtype or its name, found None");
+              return dtype_from(value, DType::F32);
+          },
+          nb::arg("value"),
+          "A dtype from a normlab dtype, its name (\"float64\", \"double\") or a config's short name (\"f64\"); "
+          "normlab.Error naming the choices otherwise.");
     m.attr("float32") = DType::F32;
     m.attr("float64") = DType::F64;
     m.attr("bfloat16") = DType::BF16;

@@ -1,8 +1,10 @@
 """normlab.nn: the C++ layers behind Python Modules, against PyTorch's (forward and backward in float64
 with the same weights, parameter and state-dict names, printing), user subclasses that train, strict
-load_state_dict, the transformer's LLaMA names and bit-exact state-dict round trips, and every norm of
-the registry built by class and by make_norm with its gradients checked in float64. The tests that
+load_state_dict converting dtypes as PyTorch's, to() by dtype name, the transformer's LLaMA names and
+bit-exact state-dict round trips, signatures whose defaults are the C++ options' defaults, and every
+norm of the registry built by class and by make_norm with its gradients checked in float64. The tests that
 compare with PyTorch take the `torch` fixture (conftest.py) and skip by name where it is absent."""
+import inspect
 import pathlib
 
 import numpy as np
@@ -348,6 +350,12 @@ def test_train_eval_and_to():
     net(nl.tensor([[1, 2]])).sum().backward()
     assert net.to("float64") is net
     assert [p is q for p, q in zip(params, net.parameters())] == [True] * len(params)
+    # The configs' names too ("f64", ...), each converting parameters, buffers and grads in place.
+    for name, dtype in (("bf16", nl.bfloat16), ("f16", nl.float16), ("f32", nl.float32), ("f64", F64)):
+        assert net.to(name) is net
+        assert {p.dtype for p in net.parameters()} == {dtype} and net.steps.dtype == dtype
+        assert {p.grad.dtype for p in net.parameters() if p.grad is not None} == {dtype}
+    assert [p is q for p, q in zip(params, net.parameters())] == [True] * len(params)
     assert {p.dtype for p in net.parameters()} == {F64} and net.steps.dtype == F64
     assert {p.grad.dtype for p in net.parameters() if p.grad is not None} == {F64}
     opt.step()  # the optimizer made before holds the converted tensors
@@ -358,6 +366,8 @@ def test_train_eval_and_to():
     np.testing.assert_array_equal(_np(norm(y)), _np(F.rms_norm(y, (8,), norm.weight)))
     with pytest.raises(nl.Error, match="floating"):
         net.to(nl.int64)
+    with pytest.raises(nl.Error, match='dtype: expected one of f32, f64, bf16, f16, i64, found "f8"'):
+        net.to("f8")
 
 
 def test_state_dict_is_live_and_load_state_dict_is_strict():
@@ -378,20 +388,44 @@ def test_state_dict_is_live_and_load_state_dict_is_strict():
     bad["head.extra"] = nl.ones(1)
     bad["extra"] = nl.ones(1)
     bad["mix.0.weight"] = nl.ones(8, 7, dtype=F64)
-    bad["embed.weight"] = sd["embed.weight"].float()
+    bad["embed.weight"] = nl.ones(10, 8, dtype=nl.float32)  # another dtype: converted, not a mismatch
     with pytest.raises(nl.Error) as raised:
         b.load_state_dict(bad)
     message = str(raised.value)
     for key in ("missing key(s) 'blocks.1.norm.weight' ([8] float64), 'head.weight' ([2, 8] float64)",
                 "unexpected key(s) 'head.extra', 'extra'",
-                "mismatch for 'mix.0.weight': the module has [8, 8] float64, the state has [8, 7] float64",
-                "mismatch for 'embed.weight': the module has [10, 8] float64, the state has [10, 8] float32"):
+                "shape mismatch for 'mix.0.weight': the module has [8, 8] float64, the state has [8, 7] float64"):
         assert key in message, message
+    assert "embed.weight" not in message, message
     np.testing.assert_array_equal(_np(b.head.weight), before)  # nothing was copied
-    bad["mix.0.weight"], bad["embed.weight"] = sd["mix.0.weight"], sd["embed.weight"]
+    assert not np.array_equal(_np(b.embed.weight), np.ones((10, 8)))
+    bad["mix.0.weight"] = sd["mix.0.weight"]
     result = b.load_state_dict(bad, strict=False)
     assert result.missing_keys == ["blocks.1.norm.weight", "head.weight"]
     assert result.unexpected_keys == ["head.extra", "extra"]
+    np.testing.assert_array_equal(_np(b.embed.weight), np.ones((10, 8)))
+
+
+def test_load_state_dict_converts_to_each_parameters_dtype():
+    # As PyTorch's: a float64 state loads into a float32 module, which stays float32 (the Parameters
+    # themselves, so an optimizer holding them sees the values), and back.
+    f64, f32 = _net(nn, F64), _net(nn, nl.float32)
+    _randomize(f64, 50)
+    params = list(f32.parameters())
+    assert f32.load_state_dict(f64.state_dict()) == ([], [])
+    assert [p is q for p, q in zip(params, f32.parameters())] == [True] * len(params)
+    assert {t.dtype for t in f32.state_dict().values()} == {nl.float32}
+    for name, value in f64.state_dict().items():
+        np.testing.assert_array_equal(_np(f32.state_dict()[name]), _np(value).astype(np.float32))
+    back = _net(nn, F64)
+    back.load_state_dict(f32.state_dict())
+    assert {t.dtype for t in back.state_dict().values()} == {F64}
+    np.testing.assert_array_equal(_np(back.head.weight), _np(f32.head.weight).astype(np.float64))
+    # NumPy arrays and bfloat16 tensors are converted alike.
+    norm = nn.LayerNorm(4)
+    norm.load_state_dict({"weight": np.full(4, 2.0), "bias": nl.full((4,), 0.5, dtype=nl.bfloat16)})
+    assert norm.weight.dtype == norm.bias.dtype == nl.float32
+    assert _np(norm.weight).tolist() == [2.0] * 4 and _np(norm.bias).tolist() == [0.5] * 4
 
 
 # ---- the transformer ----
@@ -495,6 +529,16 @@ def test_transformer_options_and_their_errors():
     assert block(nl.randn(1, 3, 8)).shape == (1, 3, 8) and not block.options["pre_norm"]
 
 
+def test_layer_signatures_take_the_cpp_options_defaults():
+    # A default a C++ option struct has is read from it, not restated in Python.
+    ff, attention = nl._normlab.nn.FeedForwardOptions(), nl._normlab.nn.AttentionOptions()
+    defaults = {name: p.default for name, p in inspect.signature(nn.FeedForward).parameters.items()}
+    assert defaults["multiple_of"] == ff.multiple_of and defaults["fused"] == ff.fused
+    defaults = {name: p.default for name, p in inspect.signature(nn.Attention).parameters.items()}
+    for name in ("n_kv_heads", "rope_theta", "max_seq_len", "fused"):
+        assert defaults[name] == getattr(attention, name), name
+
+
 def test_feed_forward_and_attention():
     ff = nn.FeedForward(8, 32, multiple_of=4, dtype=F64)
     assert ff.hidden == nl._normlab.nn.swiglu_hidden_dim(32, 4) == 24
@@ -512,10 +556,9 @@ def test_feed_forward_and_attention():
 
 # ---- every norm of the registry ----
 
-def _gradcheck_options(cls, entry):
-    """The options the entry's gradient check uses, for the ones the class reads."""
-    o = entry.gradcheck_options
-    return {name: getattr(o, name) for name in cls._options if name in ("p", "alpha")}
+def _gradcheck_options(entry):
+    """The options the entry's gradient check uses (p and alpha away from their defaults), for those it reads."""
+    return {name: getattr(entry.gradcheck_options, name) for name in entry.option_names}
 
 
 @pytest.mark.parametrize("type_name", nn.norm_types())
@@ -523,7 +566,13 @@ def test_every_registry_norm_by_class_and_make_norm_with_gradients(type_name):
     entry = nl._normlab.nn.find_norm_type(type_name)
     cls = getattr(nn, entry.class_name)
     assert nn.norm_class(type_name) is cls and issubclass(cls, nn.Norm)
-    options = _gradcheck_options(cls, entry)
+    # The signature: the options the registry says the entry reads, each with the C++ default.
+    signature = inspect.signature(cls).parameters
+    assert list(signature) == ["normalized_shape", "eps", *entry.option_names, "fused", "dtype"]
+    assert signature["eps"].default == (None if cls is nn.RMSNorm else entry.default_eps)
+    defaults = nl._normlab.nn.NormOptions()
+    assert all(signature[name].default == getattr(defaults, name) for name in [*entry.option_names, "fused"])
+    options = _gradcheck_options(entry)
     by_class = cls(8, entry.default_eps, dtype=F64, **options)  # RMSNorm's own default eps is None
     by_name = nn.make_norm(type_name, 8, dtype=F64, **options)
     assert type(by_name) is cls and by_class.norm_type == type_name

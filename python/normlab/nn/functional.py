@@ -55,25 +55,29 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, bias=None, fused
     return C.nn.rms_norm(input, weight, bias, eps, fused, stat_count)
 
 
-def registry_norm(input, type, parameters=(), *, eps=None, p=None, alpha=None, fused=True):
+def registry_norm(input, type, parameters=(), *, eps=None, fused=True, **options):
     """Any norm of the registry as a function: its entry's functional form, with `parameters` in the
     entry's order (normlab.nn.norm_registry(): each entry's parameters; None for an absent one), eps
-    (None: the entry's default), p and alpha (None: their defaults)."""
+    (None: the entry's default) and the options the entry reads (its option_names: p, alpha, ...; each
+    unset one at NormOptions' default). elementwise_affine and bias are accepted and change nothing: the
+    parameters given say which are present. An option the entry does not read is a normlab.Error."""
     entry = C.nn.find_norm_type(type)
     params = list(parameters)
     if len(params) != len(entry.parameters):
         names = ", ".join(q["name"] for q in entry.parameters)
         raise Error(f"registry_norm: {entry.class_name} takes {len(entry.parameters)} parameter(s) ({names}), "
                     f"found {len(params)}")
-    options = C.nn.NormOptions()
-    options.type = entry.name
-    options.dim = input.shape[-1] if input.ndim else 0
-    options.eps = eps
-    if p is not None:
-        options.p = p
-    if alpha is not None:
-        options.alpha = alpha
-    return entry.forward(input, params, options, fused)
+    unknown = sorted(set(options) - set(entry.option_names))
+    if unknown:
+        raise Error(f"registry_norm: {entry.class_name} ('{type}') reads no option {', '.join(unknown)} (its "
+                    f"options: {', '.join(['eps', *entry.option_names])})")
+    norm_options = C.nn.NormOptions()
+    norm_options.type = entry.name
+    norm_options.dim = input.shape[-1] if input.ndim else 0
+    norm_options.eps = eps
+    for name, value in options.items():
+        setattr(norm_options, name, value)
+    return entry.forward(input, params, norm_options, fused)
 
 
 def cross_entropy(input, target, ignore_index=-100, reduction="mean", *, fused=True):

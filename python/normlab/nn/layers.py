@@ -16,6 +16,10 @@ from .module import Module, _cxx_class, _dtype, _wrap
 __all__ = ["Linear", "Embedding", "ReLU", "SiLU", "GELU", "Dropout", "FeedForward", "SwiGLU", "Attention",
            "TransformerBlock", "Transformer", "CrossEntropyLoss", "MSELoss"]
 
+# The C++ option structs' defaults, which the signatures below take rather than restate.
+_FEED_FORWARD = C.nn.FeedForwardOptions()
+_ATTENTION = C.nn.AttentionOptions()
+
 
 # ---- options from keyword arguments ----
 
@@ -179,7 +183,8 @@ class FeedForward(Module):
     rule on hidden_dim: multiple_of * ceil(int(2 * hidden_dim / 3) / multiple_of). fused: the gate as one
     kernel node (else silu and mul in autograd ops)."""
 
-    def __init__(self, dim, hidden_dim, multiple_of=256, *, fused=True, dtype=None, generator=None):
+    def __init__(self, dim, hidden_dim, multiple_of=_FEED_FORWARD.multiple_of, *, fused=_FEED_FORWARD.fused,
+                 dtype=None, generator=None):
         options = _fill("FeedForward", C.nn.FeedForwardOptions(),
                         dict(dim=dim, hidden_dim=hidden_dim, multiple_of=multiple_of, fused=fused))
         if dtype is not None:
@@ -202,8 +207,8 @@ class Attention(Module):
     k, grouped-query heads (n_kv_heads dividing n_heads; 0: n_heads). fused: FlashAttention-style tiles
     in one node (else LLaMA's code in autograd ops)."""
 
-    def __init__(self, dim, n_heads, n_kv_heads=0, *, rope_theta=10000.0, max_seq_len=4096, fused=True, dtype=None,
-                 generator=None):
+    def __init__(self, dim, n_heads, n_kv_heads=_ATTENTION.n_kv_heads, *, rope_theta=_ATTENTION.rope_theta,
+                 max_seq_len=_ATTENTION.max_seq_len, fused=_ATTENTION.fused, dtype=None, generator=None):
         options = _fill("Attention", C.nn.AttentionOptions(),
                         dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, rope_theta=rope_theta,
                              max_seq_len=max_seq_len, fused=fused))

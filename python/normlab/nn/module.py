@@ -54,9 +54,9 @@ def _python_bools(text):
 
 
 def _dtype(value):
-    """A dtype argument (a normlab.dtype or its name) as a normlab.dtype."""
-    from .. import _as_dtype
-    return _as_dtype(value)
+    """A dtype argument as a normlab.dtype: a normlab.dtype, its name ("float64"), a config's name ("f64"),
+    or None (kept None: the default)."""
+    return None if value is None else C._parse_dtype(value)
 
 
 def _described(t):
@@ -352,10 +352,11 @@ class Module:
 
     def load_state_dict(self, state_dict, strict=True):
         """Copies each value into the parameter or buffer of its name, in place under no_grad (so an
-        optimizer holding them sees the new values). strict: every missing and every unexpected key is
-        a normlab.Error naming them all; a shape or dtype mismatch always is. Nothing is copied when
-        anything is wrong. Values may be normlab tensors, PyTorch tensors or NumPy arrays. Returns
-        (missing_keys, unexpected_keys)."""
+        optimizer holding them sees the new values), converted to that tensor's dtype as PyTorch does
+        (a float64 state loads into a float32 module, which stays float32). strict: every missing and
+        every unexpected key is a normlab.Error naming them all; a shape mismatch always is. Nothing is
+        copied when anything is wrong. Values may be normlab tensors, PyTorch tensors or NumPy arrays.
+        Returns (missing_keys, unexpected_keys)."""
         own = self._state_items("", True, OrderedDict())
         given = OrderedDict((name, value) for name, value in state_dict.items())
         missing = [name for name in own if name not in given]
@@ -370,14 +371,14 @@ class Module:
             if name not in given:
                 continue
             src = sources[name] = _as_tensor(given[name], name)
-            if src.shape != dst.shape or src.dtype != dst.dtype:
-                problems.append(f"mismatch for '{name}': the module has {_described(dst)}, the state has "
+            if src.shape != dst.shape:
+                problems.append(f"shape mismatch for '{name}': the module has {_described(dst)}, the state has "
                                 f"{_described(src)}")
         if problems:
             raise Error(f"load_state_dict: {'; '.join(problems)} for {type(self).__name__}")
         with no_grad():
             for name, src in sources.items():
-                own[name].copy_(src)
+                own[name].copy_(src)  # copy_ converts to the destination's dtype
         return IncompatibleKeys(missing, unexpected)
 
     # ---- mode, gradients, dtype ----
@@ -428,8 +429,9 @@ class Module:
                 module._convert(dtype, cxx_done and name in self._cxx_names)
 
     def to(self, dtype):
-        """Converts the floating parameters and buffers (and their grads) to `dtype` in place; the
-        Parameters keep their identity, so an optimizer made before still holds them. Returns self."""
+        """Converts the floating parameters and buffers (and their grads) to `dtype` (a normlab.dtype, its
+        name "float64", or a config's "f64", "f32", "bf16", "f16") in place; the Parameters keep their
+        identity, so an optimizer made before still holds them. Returns self."""
         dtype = _dtype(dtype)
         if not dtype.is_floating_point:
             raise Error(f"{type(self).__name__}.to: expected a floating dtype, found {dtype.name}")

@@ -5,9 +5,9 @@ is a class here without a line of Python.
 
 Each class builds the C++ norm (make_norm) and is its Python face: its parameters are the C++
 module's Vars. The signature comes from the entry: ``(normalized_shape, eps=<the entry's default>,
-<the options the entry reads>, *, fused=True, dtype=None)``, the options being elementwise_affine
-(where a parameter is affine), bias (where one is affine-and-bias), p (a partial row) and alpha (a
-blend of two statistics). ``fused`` picks the fused kernel form or the composed autograd ops.
+<the options the entry reads>, *, fused=True, dtype=None)``, the options being those the registry
+says the entry reads (``entry.option_names``: elementwise_affine, bias, p, alpha), each defaulting
+to C++ NormOptions' default. ``fused`` picks the fused kernel form or the composed autograd ops.
 LayerNorm's signature is PyTorch's; RMSNorm is written out below with PyTorch's (eps=None: the
 input dtype's machine epsilon, as torch.nn.RMSNorm).
 """
@@ -15,18 +15,16 @@ import inspect
 
 from .. import _normlab as C
 from .._normlab import Error
+from .functional import _MACHINE_EPS
 from .module import Module, _CXX_CLASSES, _dtype
 
 __all__ = ["Norm", "make_norm", "norm_types", "norm_registry", "norm_class"]
 
-_DEFAULTS = C.nn.NormOptions()
-
-# What PyTorch's RMSNorm uses for eps=None: the machine epsilon of the dtype it computes the statistic
-# in, float32 for half inputs (its kernels' opmath type), not torch.finfo(float16).eps.
-_MACHINE_EPS = {C.float32: 2.0 ** -23, C.float64: 2.0 ** -52, C.float16: 2.0 ** -23, C.bfloat16: 2.0 ** -23}
+_DEFAULTS = C.nn.NormOptions()  # the C++ defaults of the options, which the signatures take
 
 
 def _machine_eps(dtype):
+    """RMSNorm's eps=None for a module or input of `dtype` (None: float32), as PyTorch's."""
     return _MACHINE_EPS[_dtype(dtype) or C.float32]
 
 
@@ -41,19 +39,26 @@ def _features(normalized_shape, what):
     return int(shape[0])
 
 
-def _options_of(entry):
-    """The options (name, default) beyond eps that the entry's module reads, in signature order."""
-    presences = {p["presence"] for p in entry.parameters}
-    out = []
-    if presences & {"affine", "affine_and_bias"}:
-        out.append(("elementwise_affine", _DEFAULTS.elementwise_affine))
-    if "affine_and_bias" in presences:
-        out.append(("bias", _DEFAULTS.bias))
-    if entry.partial_row:
-        out.append(("p", _DEFAULTS.p))
-    if entry.statistic == "variance and RMS":  # two statistics blended by the fixed weight alpha
-        out.append(("alpha", _DEFAULTS.alpha))
-    return out
+def _signature(entry, eps, tail):
+    """A norm class's signature (normlab.nn's and normlab.torch's): (self, normalized_shape, eps=eps, <the
+    options the entry reads, each defaulting to C++ NormOptions' default>), then the parameters `tail`."""
+    P = inspect.Parameter
+    return inspect.Signature(
+        [P("self", P.POSITIONAL_OR_KEYWORD), P("normalized_shape", P.POSITIONAL_OR_KEYWORD),
+         P("eps", P.POSITIONAL_OR_KEYWORD, default=eps)]
+        + [P(name, P.POSITIONAL_OR_KEYWORD, default=getattr(_DEFAULTS, name)) for name in entry.option_names]
+        + list(tail))
+
+
+def _options_from_arguments(entry, arguments):
+    """The NormOptions of a norm class's bound arguments: the entry's type, dim, eps and the options it reads."""
+    o = C.nn.NormOptions()
+    o.type = entry.name
+    o.dim = _features(arguments["normalized_shape"], entry.class_name)
+    o.eps = arguments["eps"]
+    for name in entry.option_names:
+        setattr(o, name, arguments[name])
+    return o
 
 
 class Norm(Module):
@@ -120,24 +125,15 @@ class Norm(Module):
 
 def _norm_class(entry):
     """The Module class of one registry entry, with its signature."""
-    options = _options_of(entry)
     P = inspect.Parameter
-    signature = inspect.Signature(
-        [P("self", P.POSITIONAL_OR_KEYWORD), P("normalized_shape", P.POSITIONAL_OR_KEYWORD),
-         P("eps", P.POSITIONAL_OR_KEYWORD, default=entry.default_eps)]
-        + [P(name, P.POSITIONAL_OR_KEYWORD, default=default) for name, default in options]
-        + [P("fused", P.KEYWORD_ONLY, default=True), P("dtype", P.KEYWORD_ONLY, default=None)])
+    signature = _signature(entry, entry.default_eps, [P("fused", P.KEYWORD_ONLY, default=_DEFAULTS.fused),
+                                                      P("dtype", P.KEYWORD_ONLY, default=None)])
 
     def __init__(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
-        o = C.nn.NormOptions()
-        o.type = entry.name
-        o.dim = _features(a["normalized_shape"], entry.class_name)
-        o.eps = a["eps"]
-        for name, _ in options:
-            setattr(o, name, a[name])
+        o = _options_from_arguments(entry, a)
         o.fused = bool(a["fused"])
         if a["dtype"] is not None:
             o.dtype = _dtype(a["dtype"])
@@ -148,7 +144,7 @@ def _norm_class(entry):
            f"fused=True runs {entry.fused_help}; fused=False composes it from autograd ops.")
     return type(entry.class_name, (Norm,), {
         "__init__": __init__, "__doc__": doc, "__module__": "normlab.nn", "__qualname__": entry.class_name,
-        "_entry": entry, "_options": tuple(name for name, _ in options)})
+        "_entry": entry, "_options": tuple(entry.option_names)})
 
 
 _CLASSES = {entry.class_name: _norm_class(entry) for entry in C.nn.norm_registry()}
@@ -162,7 +158,8 @@ class RMSNorm(_CLASSES["RMSNorm"]):
 
     _eps_none = False  # eps=None: the computing dtype's machine epsilon (a C++ norm's face has its own eps)
 
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, *, fused=True, dtype=None):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=_DEFAULTS.elementwise_affine, *,
+                 fused=_DEFAULTS.fused, dtype=None):
         super().__init__(normalized_shape, _machine_eps(dtype) if eps is None else eps, elementwise_affine,
                          fused=fused, dtype=dtype)
         self.__dict__["_eps_none"] = eps is None
@@ -195,7 +192,7 @@ def norm_types():
 
 
 def norm_registry():
-    """The registry's entries (name, class_name, default_eps, statistic, parameters, formula, ...)."""
+    """The registry's entries (name, class_name, default_eps, statistic, option_names, parameters, formula, ...)."""
     return list(C.nn.norm_registry())
 
 
