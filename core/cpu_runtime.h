@@ -25,11 +25,13 @@ const char* cpu_vector_support();
 // ---- the f32 GEMM engine ----
 
 // The f32 gemm engine the CPU backend uses: "normlab avx512 16x16", "normlab avx2 6x16" or
-// "openblas". Chosen once, from the environment variable NORMLAB_GEMM and the CPU: auto (the
-// default) takes the AVX-512 kernel where the CPU has AVX-512, else OpenBLAS; avx512 or avx2 ask for
-// that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run, throws
-// nl::Error naming the variable.
+// "openblas", and why. Chosen once, from the environment variable NORMLAB_GEMM: auto (the default)
+// takes the fastest of the kernels this CPU runs and OpenBLAS as measured on this machine, once per
+// machine (core/cpu/cpu_engine_choice.h: the choice is cached, so runs keep their bits); avx512 or
+// avx2 ask for that kernel; openblas for OpenBLAS. Another value, or a kernel this CPU cannot run,
+// throws nl::Error naming the variable.
 const char* sgemm_engine_name();
+std::string sgemm_engine_reason();
 // Whether f32 gemms run on normlab's engine (sgemm_engine_name() is not "openblas").
 bool sgemm_engine_is_native();
 // C = alpha * op(A) * op(B) + beta * C, row-major, on normlab's engine (requires
@@ -47,10 +49,11 @@ void sgemm_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 // avx512-bf16 16x16 (vdpbf16ps)", "bf16 widened to f32 in the packs of normlab's <avx512|avx2> kernel"
 // (AVX2's on an AVX2-only CPU, where f32 stays on OpenBLAS) or "bf16 widened to f32 copies, then
 // openblas" (NORMLAB_GEMM=openblas, or no normlab kernel runs here), and why it was chosen
-// (NORMLAB_GEMM_BF16, the CPU's features, Linux's answer to the AMX tile-data request). Chosen once
-// from NORMLAB_GEMM_BF16: auto (the default) takes amx where the CPU has AMX-BF16 and Linux grants its
-// tile data, else the widened engine; amx, avx512bf16 and f32 ask for one. Another value, or an engine
-// this CPU cannot run, throws nl::Error naming the variable and why.
+// (NORMLAB_GEMM_BF16, the measured rates, the CPU's features, Linux's answer to the AMX tile-data
+// request). Chosen once from NORMLAB_GEMM_BF16: auto (the default) takes the fastest of the engines
+// this CPU runs as measured on this machine, once per machine (core/cpu/cpu_engine_choice.h); amx,
+// avx512bf16 and f32 ask for one. Another value, or an engine this CPU cannot run, throws nl::Error
+// naming the variable and why.
 const char* bgemm_engine_name();
 std::string bgemm_engine_reason();
 

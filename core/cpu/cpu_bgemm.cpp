@@ -24,6 +24,7 @@
 // Each tile's whole sum runs in one kernel call (no k blocks, so a bf16 C is rounded once and never
 // re-read): the A and B panels then stream from L2 for large k. The bits do not depend on the thread
 // count: a tile's sum is always the same kernel over the same pairs in the same order.
+#include "core/cpu/cpu_engine_choice.h"
 #include "core/cpu_runtime.h"
 
 #include <cblas.h>
@@ -655,17 +656,15 @@ void bgemm_widened(const BGemmArgs& g) {
     }
 }
 
-// Every engine, best first. auto takes AMX where the CPU has it and Linux grants its tile data
-// (tdpbf16ps: 1,024 FLOP per cycle per core, 16x an f32 FMA's 64), else the f32 one: on the AVX512-BF16
-// CPU measured (a Sapphire Rapids Xeon) vdpbf16ps retires at half the rate of an f32 FMA per core (its
-// 64 FLOP per instruction against the FMA's two 32-FLOP instructions per cycle: docs/benchmarks.md), so
-// widening bf16 and running the f32 engine is the faster there; NORMLAB_GEMM_BF16=avx512bf16 asks for
-// the vdpbf16ps engine.
+// Every engine. auto takes the fastest this CPU runs, as measured on this machine: AMX's tdpbf16ps
+// (1,024 FLOP per cycle per core, 16x an f32 FMA's 64) where Linux grants its tile data; vdpbf16ps,
+// which retires at half the f32 FMA's rate on one CPU measured (a Sapphire Rapids Xeon) and at twice
+// it on another (a Zen 4 EPYC: docs/benchmarks.md), so that no rule by CPU picks it right; or bf16
+// widened into the f32 engine's packs.
 struct BEngine {
     const char* key;  // NORMLAB_GEMM_BF16's name for it
     void (*run)(const BGemmArgs&);
     std::string (*why_not)();  // empty where this CPU runs it, else why not
-    bool automatic;            // auto may take it
 };
 
 std::string runs_everywhere() { return ""; }
@@ -679,22 +678,13 @@ std::string avx512bf16_why_not() { return cpu_has_avx512_bf16() ? "" : "this CPU
 
 const BEngine kEngines[] = {
 #ifdef NL_BGEMM_AMX
-    {"amx", bgemm_amx, amx_why_not, true},
+    {"amx", bgemm_amx, amx_why_not},
 #endif
 #ifdef NL_BGEMM_X86
-    {"avx512bf16", bgemm_avx512bf16, avx512bf16_why_not, false},
+    {"avx512bf16", bgemm_avx512bf16, avx512bf16_why_not},
 #endif
-    {"f32", bgemm_widened, runs_everywhere, true},
+    {"f32", bgemm_widened, runs_everywhere},
 };
-
-// Why the AMX engine does not run here, for auto's reason.
-std::string amx_absent() {
-#ifdef NL_BGEMM_AMX
-    return amx_status().why;
-#else
-    return "AMX needs Linux on x86-64";
-#endif
-}
 
 const BEngine& engine_named(const std::string& name, const char* what) {
     std::string known;
@@ -715,21 +705,39 @@ struct Choice {
     std::string reason;
 };
 
+void run_on(const BEngine& e, const BGemmArgs& g);
+
+// The probe's operands (core/cpu/cpu_engine_choice.h): C (m, n) bf16 = A (m, k) B^T, B stored (n, k),
+// a Linear's forward under autocast.
+struct EngineProbeData {
+    const int64_t m = kEngineProbeM, n = kEngineProbeN, k = kEngineProbeK;
+    std::vector<uint16_t> a, b, c;
+    EngineProbeData() : a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n)) {
+        for (size_t i = 0; i < a.size(); ++i) a[i] = f32_to_bf16(static_cast<float>(i % 7) * 0.25f - 0.75f);
+        for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(static_cast<float>(i % 5) * 0.125f - 0.25f);
+    }
+    double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
 Choice choose() {
     const char* env = std::getenv("NORMLAB_GEMM_BF16");
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
     if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16"), "NORMLAB_GEMM_BF16=" + want};
-    for (const BEngine& e : kEngines) {
-        if (!e.automatic || !e.why_not().empty()) continue;
-        if (std::string(e.key) == "amx") return {&e, "auto: " + amx_absent()};
-#ifdef NL_BGEMM_X86
-        if (cpu_has_avx512_bf16())
-            return {&e, "auto: " + amx_absent() + "; AVX512-BF16's vdpbf16ps runs at half the f32 FMA rate on "
-                        "the CPUs measured (NORMLAB_GEMM_BF16=avx512bf16 asks for it)"};
-#endif
-        return {&e, "auto: " + amx_absent() + "; this CPU lacks AVX512-BF16"};
-    }
-    return {&kEngines[0], ""};  // not reached: f32 runs everywhere
+    std::vector<EngineRate> candidates;
+    for (const BEngine& e : kEngines) candidates.push_back({e.key, e.why_not()});
+    EngineProbeData d;
+    const EngineChoice choice = choose_engine_by_rate(
+        "bf16", candidates,
+        [&d](const std::string& key) {
+            run_on(engine_named(key, "NORMLAB_GEMM_BF16"),
+                   {false, true, d.m, d.n, d.k, 1.0f, d.a.data(), d.k, d.b.data(), d.k, 0.0f, d.c.data(), false, d.n});
+        },
+        d.flops());
+    std::string absent;
+    for (const EngineRate& r : choice.rates)
+        if (!r.why_not.empty()) absent += "; " + r.key + " does not run here: " + r.why_not;
+    return {&engine_named(choice.key, "NORMLAB_GEMM_BF16"),
+            "auto: the fastest measured here, " + choice.rates_text() + absent + "; " + choice.source};
 }
 
 const Choice& chosen() {

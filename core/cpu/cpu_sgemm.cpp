@@ -31,6 +31,9 @@
 #define NL_SGEMM_X86 1
 #endif
 
+#include <cblas.h>
+
+#include "core/cpu/cpu_engine_choice.h"
 #include "core/cpu_runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -353,21 +356,52 @@ const Engine& kernel_named(const std::string& name, const char* what) {
     return kOpenBlas;  // not reached
 }
 
-// The engine for this CPU and NORMLAB_GEMM, chosen once.
-const Engine& choose_engine() {
+// The probe's operands (core/cpu/cpu_engine_choice.h): C (m, n) = A (m, k) B^T, B stored (n, k).
+struct EngineProbeData {
+    const int64_t m = kEngineProbeM, n = kEngineProbeN, k = kEngineProbeK;
+    std::vector<float> a, b, c;
+    EngineProbeData() : a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n)) {
+        for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+        for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.125f - 0.25f;
+    }
+    double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
+void run_probe(const Engine& e, EngineProbeData& data);
+
+struct EngineInUse {
+    const Engine* engine;
+    std::string reason;
+};
+
+// The engine for this CPU and NORMLAB_GEMM, chosen once: the variable's, or auto's, the fastest of
+// every kernel this CPU runs and OpenBLAS as measured on this machine (core/cpu/cpu_engine_choice.h).
+EngineInUse choose_engine() {
     const char* env = std::getenv("NORMLAB_GEMM");
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
-    if (want == "openblas") return kOpenBlas;
-    if (want != "auto") return kernel_named(want, "NORMLAB_GEMM");
+    if (want == "openblas") return {&kOpenBlas, "NORMLAB_GEMM=openblas"};
+    if (want != "auto") return {&kernel_named(want, "NORMLAB_GEMM"), "NORMLAB_GEMM=" + want};
+    std::vector<EngineRate> candidates;
     for (const KernelEntry* k : all_kernels())
-        if (k->automatic && k->cpu_runs()) return k->engine;
-    return kOpenBlas;
+        candidates.push_back({k->engine.key, k->cpu_runs() ? "" : "this CPU cannot run it"});
+    candidates.push_back({kOpenBlas.key, ""});
+    EngineProbeData data;
+    const EngineChoice choice = choose_engine_by_rate(
+        "f32", candidates,
+        [&data](const std::string& key) {
+            run_probe(key == kOpenBlas.key ? kOpenBlas : kernel_named(key, "NORMLAB_GEMM"), data);
+        },
+        data.flops());
+    const Engine& chosen = choice.key == kOpenBlas.key ? kOpenBlas : kernel_named(choice.key, "NORMLAB_GEMM");
+    return {&chosen, "auto: the fastest measured here, " + choice.rates_text() + "; " + choice.source};
 }
 
-const Engine& engine() {
-    static const Engine& chosen = choose_engine();
+const EngineInUse& engine_in_use() {
+    static const EngineInUse chosen = choose_engine();
     return chosen;
 }
+
+const Engine& engine() { return *engine_in_use().engine; }
 
 // The kernel bf16 gemms widen into, chosen once: the f32 engine's where it is normlab's; where auto
 // left f32 on OpenBLAS, the best kernel this CPU runs, marked for auto or not (on an AVX2-only CPU,
@@ -539,6 +573,8 @@ constexpr int64_t kSplitMaxOutputs = int64_t(1) << 19;  // C of up to 2 MiB is s
 }  // namespace
 
 const char* sgemm_engine_name() { return engine().name; }
+
+std::string sgemm_engine_reason() { return engine_in_use().reason; }
 
 bool sgemm_engine_is_native() { return engine().kernel != nullptr; }
 
@@ -818,6 +854,16 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
             }
         }
     }
+}
+
+// One probe gemm (a Linear's forward) on the engine, on this process's threads.
+void run_probe(const Engine& e, EngineProbeData& d) {
+    if (e.kernel == nullptr) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(d.m), int(d.n), int(d.k), 1.0f, d.a.data(), int(d.k),
+                    d.b.data(), int(d.k), 0.0f, d.c.data(), int(d.n));
+        return;
+    }
+    sgemm_on(e, {false, true, d.m, d.n, d.k, 1.0f, d.a.data(), d.k, d.b.data(), d.k, 0.0f, d.c.data(), d.n});
 }
 
 }  // namespace

@@ -111,10 +111,7 @@ void run_info() {
         fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
     print_row("BLAS", fmt::format("{} (kernel: {}{}, {} threads)", trim(openblas_get_config()),
                                   openblas_get_corename(), chosen, openblas_get_num_threads()));
-    const char* gemm_env = std::getenv("NORMLAB_GEMM");
-    print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(),
-                                      gemm_env ? fmt::format("NORMLAB_GEMM={}", gemm_env)
-                                               : std::string("NORMLAB_GEMM unset: auto")));
+    print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(), nl::sgemm_engine_reason()));
     print_row("bf16 gemm", fmt::format("{} ({})", nl::bgemm_engine_name(), nl::bgemm_engine_reason()));
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
