@@ -159,9 +159,14 @@ void ConfigReader::fail(const std::string& key, const std::string& message) cons
 
 bool ConfigReader::has(const std::string& key) const { return object_.contains(key); }
 
+std::string ConfigReader::dotted(const std::string& key) const {
+    std::string out = path_.empty() ? key : path_.substr(1) + "/" + key;
+    std::replace(out.begin(), out.end(), '/', '.');
+    return out;
+}
+
 const ConfigKey& ConfigReader::spec(const std::string& key, std::initializer_list<ConfigType> types) const {
-    std::string dotted = path_.empty() ? key : path_.substr(1) + "/" + key;
-    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    const std::string dotted = this->dotted(key);
     const ConfigKey& k = schema_->key(dotted);
     // A getter of the wrong type for the declared key is a mistake in the reader, caught by its tests.
     NL_REQUIRE(std::find(types.begin(), types.end(), k.type) != types.end(), "the ", schema_->job,
@@ -214,6 +219,11 @@ const json& default_of(const ConfigKey& k) {
 }
 
 }  // namespace
+
+void ConfigReader::check_choice(const ConfigKey& k, const std::string& value) const {
+    if (k.choices.empty() || std::find(k.choices.begin(), k.choices.end(), value) != k.choices.end()) return;
+    fail(k.name(), "expected one of " + join_choices(k.choices) + ", got \"" + value + "\"");
+}
 
 int64_t ConfigReader::get_int(const std::string& key) {
     return get_int(key, default_of(spec(key, {ConfigType::Integer})).get<int64_t>());
@@ -293,8 +303,7 @@ std::string ConfigReader::get_string(const std::string& key, const std::string& 
         if (!value->is_string()) fail(key, "expected a string, got " + brief_json(*value));
         result = value->get<std::string>();
     }
-    if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), result) == k.choices.end())
-        fail(key, "expected one of " + join_choices(k.choices) + ", got \"" + result + "\"");
+    check_choice(k, result);
     resolved_here()[key] = result;
     return result;
 }
@@ -350,8 +359,7 @@ std::vector<std::string> ConfigReader::get_string_list(const std::string& key) {
         for (const json& item : list) {
             if (!item.is_string()) fail(key, "expected a string or a list of strings, got " + brief_json(*value));
             result.push_back(item.get<std::string>());
-            if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), result.back()) == k.choices.end())
-                fail(key, "expected one of " + join_choices(k.choices) + ", got \"" + result.back() + "\"");
+            check_choice(k, result.back());
         }
         if (result.empty()) fail(key, "expected a non-empty list");
     }
@@ -369,11 +377,7 @@ ConfigReader ConfigReader::child(const std::string& key) {
 }
 
 void ConfigReader::finish() const {
-    const std::string prefix = path_.empty() ? "" : [&] {
-        std::string dotted = path_.substr(1) + ".";
-        std::replace(dotted.begin(), dotted.end(), '/', '.');
-        return dotted;
-    }();
+    const std::string prefix = dotted("");  // "model.norm." ("" at the root)
     // A key of another case (data.val_fraction in a tokens config) is a likelier mistake than a typo,
     // so it gets its own message before the unknown keys.
     const json& resolved = (*resolved_)[json::json_pointer(path_)];

@@ -92,6 +92,8 @@ private:
     const json* value_at(const std::string& key);  // marks the key known; null when absent
     json& resolved_here();
     void check_number(const ConfigKey& spec, double x, const std::string& what, const std::string& shown) const;
+    void check_choice(const ConfigKey& spec, const std::string& value) const;
+    std::string dotted(const std::string& key) const;  // the schema's path of a key here: "model.norm.eps"
 
     json object_;
     std::string file_;

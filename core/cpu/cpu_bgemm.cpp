@@ -707,16 +707,16 @@ struct Choice {
 
 void run_on(const BEngine& e, const BGemmArgs& g);
 
-// The probe's operands (core/cpu/cpu_engine_choice.h): C (m, n) bf16 = A (m, k) B^T, B stored (n, k),
-// a Linear's forward under autocast.
+// The probe (core/cpu/cpu_engine_choice.h) in bf16: C (m, n) bf16 = A (m, k) B^T, B stored (n, k), a
+// Linear's forward under autocast.
 struct EngineProbeData {
     const int64_t m = kEngineProbeM, n = kEngineProbeN, k = kEngineProbeK;
     std::vector<uint16_t> a, b, c;
-    EngineProbeData() : a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n)) {
-        for (size_t i = 0; i < a.size(); ++i) a[i] = f32_to_bf16(static_cast<float>(i % 7) * 0.25f - 0.75f);
-        for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(static_cast<float>(i % 5) * 0.125f - 0.25f);
+    EngineProbeData() : c(static_cast<size_t>(m * n)) {
+        const EngineProbeOperands f32;
+        for (float v : f32.a) a.push_back(f32_to_bf16(v));
+        for (float v : f32.b) b.push_back(f32_to_bf16(v));
     }
-    double flops() const { return 2.0 * double(m) * double(n) * double(k); }
 };
 
 Choice choose() {
@@ -732,7 +732,7 @@ Choice choose() {
             run_on(engine_named(key, "NORMLAB_GEMM_BF16"),
                    {false, true, d.m, d.n, d.k, 1.0f, d.a.data(), d.k, d.b.data(), d.k, 0.0f, d.c.data(), false, d.n});
         },
-        d.flops());
+        kEngineProbeFlops);
     std::string absent;
     for (const EngineRate& r : choice.rates)
         if (!r.why_not.empty()) absent += "; " + r.key + " does not run here: " + r.why_not;

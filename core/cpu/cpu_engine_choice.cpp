@@ -46,6 +46,12 @@ std::string EngineChoice::rates_text() const {
     return out + " GFLOP/s";
 }
 
+EngineProbeOperands::EngineProbeOperands()
+    : a(static_cast<size_t>(kEngineProbeM * kEngineProbeK)), b(static_cast<size_t>(kEngineProbeN * kEngineProbeK)) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.125f - 0.25f;
+}
+
 std::string engine_cache_path() {
     if (const char* path = std::getenv("NORMLAB_ENGINE_CACHE"); path != nullptr && *path != '\0')
         return std::string(path) == "off" ? "" : std::string(path);
@@ -134,15 +140,20 @@ void measure(EngineChoice& choice, const EngineProbe& probe, double flops) {
     choice.key = choice.rates[fastest_engine(choice.rates)].key;
 }
 
-// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half of it.
+// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half of it;
+// false (and no temporary file left) when it cannot. (core/ has no text writer of its own to share:
+// jobs/run_dir.h's write_file_atomic is a layer above, and throws where a cache must not.)
 bool write_atomic(const std::string& path, const std::string& text) {
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    bool written = false;
     {
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
         out << text;
-        if (!out.flush()) return false;
+        written = static_cast<bool>(out.flush());
     }
-    return std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (written && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
+    std::remove(tmp.c_str());
+    return false;
 }
 
 }  // namespace

@@ -63,5 +63,12 @@ inline constexpr int kEngineProbeVersion = 2;
 // tokens in a batch), cut to 512 rows so that it takes a few milliseconds: C (m, n) = A (m, k) B^T,
 // B stored (n, k), as a Linear's forward.
 inline constexpr int64_t kEngineProbeM = 512, kEngineProbeN = 384, kEngineProbeK = 384;
+inline constexpr double kEngineProbeFlops = 2.0 * double(kEngineProbeM) * double(kEngineProbeN) * double(kEngineProbeK);
+
+// The probe's operands, the same for every engine (small values, exact in bf16): A (m, k) and B (n, k).
+struct EngineProbeOperands {
+    std::vector<float> a, b;
+    EngineProbeOperands();
+};
 
 }  // namespace nl

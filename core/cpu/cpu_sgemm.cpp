@@ -356,15 +356,11 @@ const Engine& kernel_named(const std::string& name, const char* what) {
     return kOpenBlas;  // not reached
 }
 
-// The probe's operands (core/cpu/cpu_engine_choice.h): C (m, n) = A (m, k) B^T, B stored (n, k).
+// The probe (core/cpu/cpu_engine_choice.h): C (m, n) = A (m, k) B^T, B stored (n, k).
 struct EngineProbeData {
     const int64_t m = kEngineProbeM, n = kEngineProbeN, k = kEngineProbeK;
-    std::vector<float> a, b, c;
-    EngineProbeData() : a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n)) {
-        for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
-        for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.125f - 0.25f;
-    }
-    double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+    EngineProbeOperands in;
+    std::vector<float> c = std::vector<float>(static_cast<size_t>(m * n));
 };
 
 void run_probe(const Engine& e, EngineProbeData& data);
@@ -391,7 +387,7 @@ EngineInUse choose_engine() {
         [&data](const std::string& key) {
             run_probe(key == kOpenBlas.key ? kOpenBlas : kernel_named(key, "NORMLAB_GEMM"), data);
         },
-        data.flops());
+        kEngineProbeFlops);
     const Engine& chosen = choice.key == kOpenBlas.key ? kOpenBlas : kernel_named(choice.key, "NORMLAB_GEMM");
     return {&chosen, "auto: the fastest measured here, " + choice.rates_text() + "; " + choice.source};
 }
@@ -859,11 +855,11 @@ void sgemm_on(const Engine& e, const GemmArgs& g) {
 // One probe gemm (a Linear's forward) on the engine, on this process's threads.
 void run_probe(const Engine& e, EngineProbeData& d) {
     if (e.kernel == nullptr) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(d.m), int(d.n), int(d.k), 1.0f, d.a.data(), int(d.k),
-                    d.b.data(), int(d.k), 0.0f, d.c.data(), int(d.n));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(d.m), int(d.n), int(d.k), 1.0f, d.in.a.data(), int(d.k),
+                    d.in.b.data(), int(d.k), 0.0f, d.c.data(), int(d.n));
         return;
     }
-    sgemm_on(e, {false, true, d.m, d.n, d.k, 1.0f, d.a.data(), d.k, d.b.data(), d.k, 0.0f, d.c.data(), d.n});
+    sgemm_on(e, {false, true, d.m, d.n, d.k, 1.0f, d.in.a.data(), d.k, d.in.b.data(), d.k, 0.0f, d.c.data(), d.n});
 }
 
 }  // namespace
