@@ -103,6 +103,14 @@ TEST_CASE("engine choice: the cached rates decide, a forced engine wins, and ano
     CHECK(rewritten["f32"]["engines"] == json(f32_engines()));
     for (const std::string& key : f32_engines()) CHECK(rewritten["f32"]["rates"][key].get<double>() > 0.0);
     CHECK(rewritten["bf16"]["engines"] == json(bf16));
+
+    // A cache that is not JSON (a crash mid-write elsewhere, a hand edit) is measured again, not an error.
+    std::ofstream(cache) << "{\"f32\": [1, 2";
+    const nl_test::CliRun broken = nl_test::run_normlab_env(dir, env, "info");
+    INFO(broken.output);
+    CHECK(broken.status == 0);
+    CHECK_THAT(info_line(broken.output, "f32 gemm"), Catch::Contains("measured now, kept in " + cache));
+    CHECK(json::parse(nl_test::read_text(cache))["f32"]["machine"] == nl::engine_cache_machine());
 }
 
 TEST_CASE("engine choice: processes that start together measure once and choose alike", "[engines][cli]") {

@@ -7,6 +7,8 @@
 // JOB is train, stability or bench_norms. Files are written atomically.
 #include "examples/cli/commands.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -29,7 +31,8 @@ struct Options {
 
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    NL_REQUIRE(in.good(), path, ": cannot open");
+    NL_REQUIRE(in.good() && std::filesystem::is_regular_file(path), path,
+               ": cannot open (expected a markdown file holding generated config tables): ", std::strerror(errno));
     std::stringstream text;
     text << in.rdbuf();
     return text.str();
