@@ -73,6 +73,7 @@ struct NormOptions {
     bool bias = true;                // layernorm and hybridnorm only (nn.LayerNorm's bias=True)
     double p = 0.0625;               // prmsnorm: the fraction of each row its RMS is computed over
     double alpha = 0.5;              // hybridnorm: the (fixed) weight of the RMSNorm branch
+    double alpha_init = 0.5;         // dyt: the initial value of its learnable scalar alpha (Zhu et al. 2025)
     DType dtype = DType::F32;
 
     double resolved_eps() const;     // eps, or the type's default
