@@ -278,14 +278,20 @@ std::optional<double> ConfigReader::get_optional_double(const std::string& key) 
     return get_double(key, 0.0);
 }
 
+std::optional<bool> ConfigReader::get_optional_bool(const std::string& key) {
+    spec(key, {ConfigType::Boolean});
+    if (!has(key)) {
+        value_at(key);
+        return std::nullopt;
+    }
+    return get_bool(key);
+}
+
 bool ConfigReader::get_bool(const std::string& key) {
     const ConfigKey& k = spec(key, {ConfigType::Boolean});
     const json* value = value_at(key);
-    bool result = default_of(k).get<bool>();
-    if (value) {
-        if (!value->is_boolean()) fail(key, "expected true or false, got " + brief_json(*value));
-        result = value->get<bool>();
-    }
+    if (value && !value->is_boolean()) fail(key, "expected true or false, got " + brief_json(*value));
+    const bool result = value ? value->get<bool>() : default_of(k).get<bool>();
     resolved_here()[key] = result;
     return result;
 }
@@ -439,6 +445,7 @@ NormOptions read_norm_options(ConfigReader reader, bool with_type) {
     norm.bias = reader.get_bool("bias");
     norm.p = reader.get_double("p");
     norm.alpha = reader.get_double("alpha");
+    norm.alpha_init = reader.get_double("alpha_init");
     reader.finish();
     return norm;
 }

@@ -68,6 +68,7 @@ public:
     // A key with no default: its value when present (checked, and recorded as resolved), else none.
     std::optional<int64_t> get_optional_int(const std::string& key);
     std::optional<double> get_optional_double(const std::string& key);
+    std::optional<bool> get_optional_bool(const std::string& key);
     // A nested object (an empty one when absent); its keys are checked by its own finish().
     ConfigReader child(const std::string& key);
     bool has(const std::string& key) const;
@@ -85,6 +86,9 @@ public:
 
     // The config as resolved so far (defaults filled in), shared by all readers of one file.
     const json& resolved() const { return *resolved_; }
+    // Records `value` as the resolved value of `key` here: a value another key decided
+    // (/model/pre_norm decides /model/norm_placement).
+    void set_resolved(const std::string& key, const json& value) { resolved_here()[key] = value; }
 
 private:
     ConfigReader(const json& object, std::string file, std::string path, const ConfigSchema& schema);

@@ -51,6 +51,8 @@ void add_norm_keys(std::vector<ConfigKey>& keys, const std::string& prefix, bool
                     .meaning = "`prmsnorm`: the fraction of each row its RMS is computed over"});
     keys.push_back({.path = prefix + ".alpha", .type = ConfigType::Number, .default_value = norm.alpha, .min = 0.0,
                     .max = 1.0, .meaning = "`hybridnorm`: the weight of the RMSNorm branch"});
+    keys.push_back({.path = prefix + ".alpha_init", .type = ConfigType::Number, .default_value = norm.alpha_init,
+                    .meaning = "`dyt`: the initial value of its learnable scalar alpha (Zhu et al. 2025's 0.5)"});
 }
 
 ConfigKey device_key() {
@@ -132,8 +134,36 @@ ConfigSchema make_train_schema() {
                  .min = 0, .max = double(4 * kMaxModelDim),
                  .meaning = "SwiGLU hidden size before LLaMA's 2/3 rule; 0 means `4 * dim`"});
     add_norm_keys(k, "model.norm", true);
-    k.push_back({.path = "model.pre_norm", .type = ConfigType::Boolean, .default_value = model.pre_norm,
-                 .meaning = "pre-norm (LLaMA) or post-norm (original Transformer) blocks"});
+    k.push_back({.path = "model.norm.alpha_init_attention", .type = ConfigType::Number,
+                 .default_text = "`alpha_init`",
+                 .meaning = "`dyt`: alpha_init of the norms before attention (`attention_norm` in pre and peri "
+                            "blocks), which Zhu et al. 2025 set apart from the others in LLaMA"});
+    k.push_back({.path = "model.norm_placement", .type = ConfigType::String, .default_value = model.norm_placement,
+                 .choices = norm_placement_names(),
+                 .meaning = "where the blocks' norms sit: `pre` (LLaMA), `post` (Vaswani et al.), `peri` (Peri-LN), "
+                            "`output` (OLMo 2), `mix` (Mix-LN), `deepnorm` (DeepNet), `none` "
+                            "([norms.md](norms.md#norm-placements))"});
+    k.push_back({.path = "model.pre_norm", .type = ConfigType::Boolean,
+                 .default_text = "none: `norm_placement` decides",
+                 .meaning = "the older name of `norm_placement` `pre` (true) or `post` (false), still read; "
+                            "given with `norm_placement`, the two must agree"});
+    k.push_back({.path = "model.mix_fraction", .type = ConfigType::Number, .default_value = model.mix_fraction,
+                 .min = 0.0, .max = 1.0, .min_exclusive = true,
+                 .meaning = "`mix`: the first `ceil(mix_fraction * n_layers)` blocks are post-norm, the rest pre-norm",
+                 .when_key = "norm_placement", .when_values = {"mix"}});
+    k.push_back({.path = "model.norm_scaling", .type = ConfigType::String, .default_value = model.norm_scaling,
+                 .choices = {"none", "depth"},
+                 .meaning = "`depth`: LayerNorm Scaling (Sun et al. 2025), each pre-norm's output times `1 / sqrt(l)` "
+                            "in the l-th block; needs `norm_placement` pre, peri or mix"});
+    k.push_back({.path = "model.qk_norm", .type = ConfigType::String, .default_value = model.qk_norm,
+                 .choices = qk_norm_choices(),
+                 .meaning = "a norm of `norm.type` (rmsnorm or layernorm) on q and k before RoPE: `head` over each "
+                            "head's vector (Qwen3, Gemma 3), `full` over the whole projection (OLMo 2)"});
+    k.push_back({.path = "model.logit_softcap", .type = ConfigType::Number, .default_value = model.logit_softcap,
+                 .min = 0.0, .meaning = "`cap * tanh(logit / cap)` on the output logits (Gemma 2); 0 is off"});
+    k.push_back({.path = "model.attn_softcap", .type = ConfigType::Number, .default_value = model.attn_softcap,
+                 .min = 0.0,
+                 .meaning = "`cap * tanh(score / cap)` on the attention scores before softmax (Gemma 2); 0 is off"});
     k.push_back({.path = "model.rope_theta", .type = ConfigType::Number, .default_value = model.rope_theta,
                  .min = 0.0, .min_exclusive = true, .meaning = "RoPE base"});
     k.push_back({.path = "model.max_seq_len", .type = ConfigType::Integer, .default_value = model.max_seq_len,
@@ -192,6 +222,14 @@ ConfigSchema make_train_schema() {
                             "free, first decided before the model is built (from the other processes' running "
                             "threads), then from /proc/stat's ticks before the first step past 50 ms and every 0.5 s "
                             "between steps (results do not depend on it)"});
+    k.push_back({.path = "train.z_loss", .type = ConfigType::Number, .default_value = loop.z_loss, .min = 0.0,
+                 .meaning = "the z-loss coefficient c: the loss adds `c * mean(logsumexp(logits)^2)` (PaLM's 1e-4), "
+                            "logged as metrics.csv's `z_loss`; 0 is off"});
+    k.push_back({.path = "train.probe_every", .type = ConfigType::Integer, .default_value = loop.probe_every,
+                 .min = 0,
+                 .meaning = "every N steps, write the stability probes to probes.csv: per block the largest "
+                            "attention score and the residual RMS, the output logsumexp, each parameter's gradient "
+                            "RMS and update/weight ratio, each DyT alpha ([norms.md](norms.md#probes)); 0 is off"});
     k.push_back({.path = "train.autocast", .type = ConfigType::String, .default_value = loop.autocast,
                  .choices = {"none", "bf16"},
                  .meaning = "run the forward under bf16 autocast ([cuda.md](cuda.md#bf16-autocast))"});

@@ -134,15 +134,16 @@ void add_layer_checks(std::vector<Check>& checks) {
         options.dtype = DType::F64;
         return std::make_shared<Attention>(options);
     }, {2, 5, 16}, 10, 11));
-    for (bool pre_norm : {true, false}) {
-        checks.push_back(module_check(pre_norm ? "block (pre-norm)" : "block (post-norm)", [pre_norm] {
+    for (const std::string& placement : norm_placement_names()) {
+        if (placement == "mix") continue;  // the model's: its blocks are post or pre
+        checks.push_back(module_check("block (" + placement + ")", [placement] {
             TransformerBlockOptions options;
             options.dim = 16;
             options.n_heads = 4;
             options.n_kv_heads = 2;
             options.ffn_hidden_dim = 64;
             options.multiple_of = 8;
-            options.pre_norm = pre_norm;
+            options.norm_placement = placement;
             options.dtype = DType::F64;
             options.norm.dtype = DType::F64;
             return std::make_shared<TransformerBlock>(options);

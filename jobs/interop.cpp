@@ -611,7 +611,15 @@ void check_exportable(const TransformerOptions& o) {
                "\"; LlamaForCausalLM and llama.cpp's llama hold RMSNorm only");
     NL_REQUIRE(o.norm.elementwise_affine, "export: the model's RMSNorm has no learned weight (elementwise_affine false); "
                "LlamaForCausalLM and llama.cpp's llama always have one");
-    NL_REQUIRE(o.pre_norm, "export: the model is post-norm (pre_norm false); LlamaForCausalLM and llama.cpp's llama are pre-norm");
+    NL_REQUIRE(o.norm_placement == "pre", "export: the model's norm_placement is \"", o.norm_placement,
+               "\"; LlamaForCausalLM and llama.cpp's llama are pre-norm");
+    NL_REQUIRE(o.norm_scaling == "none", "export: the model has norm_scaling \"", o.norm_scaling,
+               "\"; LlamaForCausalLM and llama.cpp's llama have no LayerNorm Scaling");
+    NL_REQUIRE(o.qk_norm == "none", "export: the model has qk_norm \"", o.qk_norm,
+               "\"; LlamaForCausalLM and llama.cpp's llama have no QK-norm");
+    NL_REQUIRE(o.logit_softcap == 0.0 && o.attn_softcap == 0.0,
+               "export: the model soft-caps its logits or attention scores; LlamaForCausalLM and llama.cpp's llama "
+               "do not");
 }
 
 json hf_config_json(const TransformerOptions& o, DType dtype) {
@@ -745,7 +753,8 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     if (given_norm.contains("eps") && m.norm.resolved_eps() != p.norm.resolved_eps())
         differ("norm/eps", fmt::format("{}", m.norm.resolved_eps()), fmt::format("{}", p.norm.resolved_eps()));
     if (given_norm.contains("elementwise_affine") && !m.norm.elementwise_affine) differ("norm/elementwise_affine", "false", "true");
-    if (given.contains("pre_norm") && !m.pre_norm) differ("pre_norm", "false", "true (pre-norm)");
+    if ((given.contains("pre_norm") || given.contains("norm_placement")) && m.norm_placement != "pre")
+        differ("norm_placement", "\"" + m.norm_placement + "\"", "\"pre\"");
     if (given.contains("rope_theta") && m.rope_theta != p.rope_theta)
         differ("rope_theta", fmt::format("{}", m.rope_theta), fmt::format("{}", p.rope_theta));
     if (given.contains("max_seq_len") && m.max_seq_len > p.max_seq_len)
@@ -777,7 +786,8 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     r["norm"]["type"] = "rmsnorm";
     r["norm"]["eps"] = m.norm.resolved_eps();
     r["norm"]["elementwise_affine"] = true;
-    r["pre_norm"] = true;
+    r["norm_placement"] = "pre";
+    r.erase("pre_norm");
     r["rope_theta"] = m.rope_theta;
     r["max_seq_len"] = m.max_seq_len;
     const int64_t T = data_seq_len(config.data);

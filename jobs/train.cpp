@@ -41,6 +41,7 @@
 #include "layers/autocast.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
+#include "jobs/probes.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -220,6 +221,7 @@ struct TrainSession::State {
     std::optional<Generator> data_gen;
     std::map<std::string, std::string> metadata;  // each checkpoint's: the config, T, the text vocab
     CsvWriter metrics;                            // rank 0's metrics.csv
+    CsvWriter probes;                             // rank 0's probes.csv (train.probe_every > 0)
 
     int64_t start_step = 0;  // the checkpoint's step when resuming, else 0
     int64_t step = 0;        // steps done
@@ -380,6 +382,16 @@ void open_run(State& s) {
     if (s.root_rank) s.metrics = CsvWriter(s.run->path("metrics.csv"), kMetricsColumns, s.job.resume);
 }
 
+// probes.csv's header and writer (rank 0, train.probe_every > 0); a resumed run keeps its rows up to
+// the checkpoint's step, as metrics.csv does.
+void open_probes(State& s) {
+    if (!s.root_rank || s.config.train.probe_every == 0) return;
+    std::vector<std::string> columns = {"step"};
+    for (const std::string& c : probe_columns(*s.model)) columns.push_back(c);
+    if (s.job.resume) truncate_metrics(s.run->path("probes.csv"), s.start_step);
+    s.probes = CsvWriter(s.run->path("probes.csv"), columns, s.job.resume);
+}
+
 // ---- one step ----
 
 void save_checkpoint_at(State& s, int64_t step) {
@@ -390,7 +402,7 @@ void save_checkpoint_at(State& s, int64_t step) {
 
 // The forward and backward of every shard this rank computes of the step's global batch, leaving
 // the batch's gradient in .grad; returns the batch's mean loss (the same on every rank).
-double forward_backward(State& s, int64_t step) {
+double forward_backward(State& s, int64_t step, StepProbe* probe) {
     const ShardPlan& plan = s.plan;
     // The global batch, the same on every rank; this rank computes its shards' rows.
     const Batch batch = s.data->train_batch(s.config.train.batch_size, *s.data_gen);  // (B, T) on the host
@@ -406,7 +418,10 @@ double forward_backward(State& s, int64_t step) {
             const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
                                           batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
                                          s.config.device);
+            // The probe reads the step's first shard's activations (the whole batch on one process).
+            if (probe && j == 0) probe->begin();
             Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V)
+            if (probe && j == 0) probe->end_forward();
             loss = loss_of(s.criterion, logits, shard.targets, s.autocast);  // f32: mean over the shard's targets
             if (plan.shards > 1) {
                 // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.
@@ -433,11 +448,17 @@ TrainStep train_step(State& s, int64_t step) {
     out.lr = s.schedule.lr_at(step - 1);
     profiler::EnableGuard profiling(s.job.profile);  // time this step's kernels
     s.optimizer->set_lr(out.lr);
-    out.train_loss = forward_backward(s, step);
+    const int64_t probe_every = s.config.train.probe_every;
+    std::optional<StepProbe> probe;
+    if (probe_every > 0 && step % probe_every == 0) probe.emplace(*s.model);
+    out.train_loss = forward_backward(s, step, probe ? &*probe : nullptr);
     profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
+    if (probe) probe->gradients();  // the batch's gradient, before clipping
     const double clip = s.config.optim.grad_clip;
     out.grad_norm = clip > 0 ? clip_grad_norm_(s.params, clip) : nl::grad_norm(s.model->parameters());
+    if (probe) probe->before_update();
     s.optimizer->step();
+    if (probe) out.probes = probe->values();
     return out;
 }
 
@@ -448,6 +469,13 @@ void write_metrics_row(State& s, const TrainStep& t) {
                    format_number(t.grad_norm), e ? format_number(t.eval.loss) : "", e ? format_cell(t.eval.accuracy) : "",
                    e ? format_number(t.eval.token_accuracy) : "", format_number(t.tokens_per_s),
                    format_number(t.elapsed_seconds)});
+}
+
+void write_probes_row(State& s, const TrainStep& t) {
+    if (!s.root_rank || t.probes.empty()) return;
+    std::vector<std::string> cells = {std::to_string(t.step)};
+    for (const auto& [name, value] : t.probes) cells.push_back(format_cell(value));
+    s.probes.row(cells);
 }
 
 nlohmann::json summary_of(const State& s) {
@@ -493,6 +521,7 @@ TrainSession::TrainSession(const TrainJob& job) : state_(std::make_unique<State>
         start_threads(s);
         build_model(s);
         open_run(s);
+        open_probes(s);
     });
     model().train();
     if (job.profile) profiler::reset();
@@ -565,6 +594,7 @@ TrainStep TrainSession::run_step() {
         t.max_threads = s.governor->max_threads();
         t.world_size = dist::world_size();
         write_metrics_row(s, t);
+        write_probes_row(s, t);
         const int64_t every = s.config.train.checkpoint_every;
         if (last || step == s.end_step || (every > 0 && step % every == 0)) save_checkpoint_at(s, step);
         return t;

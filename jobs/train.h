@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -65,6 +66,9 @@ struct TrainStep {
     int threads = 1;              // CPU threads this step ran on (the governor's choice)
     int max_threads = 1;
     int world_size = 1;           // MPI ranks
+    // The stability probes on a probed step (train.probe_every; jobs/probes.h), probes.csv's row
+    // after its step column; empty on other steps.
+    std::vector<std::pair<std::string, double>> probes;
 };
 
 class TrainSession;

@@ -92,8 +92,33 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainCo
                                               model.n_heads, model.n_kv_heads));
     model.multiple_of = reader.get_int("multiple_of");
     model.ffn_hidden_dim = reader.get_int("ffn_hidden_dim");
-    model.norm = read_norm_options(reader.child("norm"), true);
-    model.pre_norm = reader.get_bool("pre_norm");
+    ConfigReader norm = reader.child("norm");
+    model.alpha_init_attention = norm.get_double("alpha_init_attention", norm.get_double("alpha_init"));
+    model.norm = read_norm_options(norm, true);
+    model.norm_placement = reader.get_string("norm_placement");
+    if (const std::optional<bool> pre_norm = reader.get_optional_bool("pre_norm")) {  // the older name of pre and post
+        const std::string placement = *pre_norm ? "pre" : "post";
+        if (reader.has("norm_placement") && model.norm_placement != placement)
+            reader.fail("pre_norm", fmt::format("says \"{}\", but /model/norm_placement says \"{}\" (pre_norm is the "
+                                                "older name of norm_placement pre or post: give one)",
+                                                placement, model.norm_placement));
+        model.norm_placement = placement;
+        reader.set_resolved("norm_placement", placement);
+    }
+    if (model.norm_placement == "mix") model.mix_fraction = reader.get_double("mix_fraction");
+    model.norm_scaling = reader.get_string("norm_scaling");
+    if (model.norm_scaling == "depth" && model.norm_placement != "pre" && model.norm_placement != "peri" &&
+        model.norm_placement != "mix")
+        reader.fail("norm_scaling", fmt::format("\"depth\" scales the pre-norms' outputs, which norm_placement \"{}\" "
+                                                "does not have (pre, peri or mix do)", model.norm_placement));
+    if (model.norm_placement == "deepnorm" && model.n_layers == 0)
+        reader.fail("norm_placement", "\"deepnorm\" needs n_layers > 0 (alpha = (2 n_layers)^(1/4)), found n_layers 0");
+    model.qk_norm = reader.get_string("qk_norm");
+    if (model.qk_norm != "none" && model.norm.type != "rmsnorm" && model.norm.type != "layernorm")
+        reader.fail("qk_norm", fmt::format("\"{}\" needs /model/norm/type rmsnorm or layernorm, found \"{}\"",
+                                           model.qk_norm, model.norm.type));
+    model.logit_softcap = reader.get_double("logit_softcap");
+    model.attn_softcap = reader.get_double("attn_softcap");
     model.rope_theta = reader.get_double("rope_theta");
     model.max_seq_len = reader.get_int("max_seq_len");
     model.fused_attention = reader.get_bool("fused_attention");
@@ -127,6 +152,8 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.checkpoint_every = reader.get_int("checkpoint_every");
     loop.log_every = reader.get_int("log_every");
     loop.autocast = reader.get_string("autocast");
+    loop.z_loss = reader.get_double("z_loss");
+    loop.probe_every = reader.get_int("probe_every");
     loop.grad_shards = reader.get_int("grad_shards");
     loop.bucket_kb = reader.get_int("bucket_kb");
     loop.overlap_comm = reader.get_bool("overlap_comm");

@@ -39,6 +39,8 @@ struct LoopConfig {
     int64_t checkpoint_every = 0;   // 0: only at the end
     int64_t log_every = 50;         // progress lines when stderr is not a terminal
     std::string autocast = "none";  // "bf16": bf16 matmuls, f32 weights, norms and loss (layers/autocast.h)
+    double z_loss = 0.0;            // the loss adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
+    int64_t probe_every = 0;        // probes.csv every N steps (jobs/probes.h); 0: off
     // Data parallel over MPI ranks (jobs/distributed.h, docs/distributed.md):
     int64_t grad_shards = 0;        // the batch's gradient is a fixed-order sum over this many shards; 0: one per rank
     int64_t bucket_kb = 256;        // gradients are summed over ranks in buckets of about this size

@@ -159,6 +159,10 @@ void Module::set_buffer(const std::string& name, Tensor value) {
                                ")"));
 }
 
+bool Module::has_child(const std::string& name) const {
+    return std::any_of(children_.begin(), children_.end(), [&](const auto& e) { return e.first == name; });
+}
+
 std::shared_ptr<Module> Module::child(const std::string& name) const {
     for (const auto& [n, c] : children_)
         if (n == name) return c;

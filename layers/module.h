@@ -65,6 +65,7 @@ public:
     void set_buffer(const std::string& name, Tensor value);  // replace a buffer's tensor
     std::shared_ptr<Module> child(const std::string& name) const;
     bool has_parameter(const std::string& name) const;
+    bool has_child(const std::string& name) const;
 
     // ---- mode ----
     virtual void train(bool on = true);  // recursive

@@ -3,6 +3,7 @@
 // SwiGLU's gate and causal attention, and the norms of layers/norms.h.
 #include "layers/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -137,6 +138,46 @@ Var apply_rope(const Var& x, const RopeTables& tables) {
 
 // ---------------------------------------------------------------- attention
 
+const std::vector<std::string>& qk_norm_choices() {
+    static const std::vector<std::string> choices = {"none", "head", "full"};
+    return choices;
+}
+
+namespace {
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string joined(const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out;
+}
+
+// The norm types QK-norm takes: a norm of the vector's scale, with or without its mean.
+void check_qk_norm(const std::string& qk_norm, const std::string& norm_type, const char* where) {
+    NL_REQUIRE(contains(qk_norm_choices(), qk_norm), where, ": qk_norm must be one of ", joined(qk_norm_choices()),
+               ", found \"", qk_norm, "\"");
+    NL_REQUIRE(qk_norm == "none" || norm_type == "rmsnorm" || norm_type == "layernorm", where,
+               ": qk_norm \"", qk_norm, "\" needs norm type rmsnorm or layernorm, found \"", norm_type, "\"");
+}
+}  // namespace
+
+double max_attention_score(const Tensor& q, const Tensor& k) {
+    NL_REQUIRE(q.defined() && k.defined() && q.dim() == 4 && k.dim() == 4 && k.size(3) == q.size(3) &&
+                   k.size(2) > 0 && q.size(2) % k.size(2) == 0 && k.size(1) >= q.size(1),
+               "max_attention_score: expected q (B, T, H, hd) and k (B, L, KV, hd), found q ",
+               q.defined() ? shape_str(q.shape()) : "undefined", ", k ", k.defined() ? shape_str(k.shape()) : "undefined");
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3), L = k.size(1), KV = k.size(2);
+    const DType compute = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
+    const Tensor qh = q.to(compute).transpose(1, 2);                                       // (B, H, T, hd)
+    const Tensor kh = k.to(compute).unsqueeze(3).expand({B, L, KV, H / KV, hd}).reshape({B, L, H, hd});
+    const Tensor scores = matmul(qh, kh.transpose(1, 2).transpose(2, 3));                 // (B, H, T, L)
+    // Row i sees keys 0..L - T + i: tril keeps those and zeroes the rest, which cannot exceed the
+    // maximum |score| (every row sees at least one key).
+    return max(abs(tril(scores, L - T))).item() / std::sqrt(static_cast<double>(hd));
+}
+
 Attention::Attention(const AttentionOptions& options) : options_(options) {
     NL_REQUIRE(options.dim > 0, "Attention: dim must be > 0, found ", options.dim);
     NL_REQUIRE(options.n_heads > 0 && options.dim % options.n_heads == 0, "Attention: n_heads (", options.n_heads,
@@ -155,11 +196,26 @@ Attention::Attention(const AttentionOptions& options) : options_(options) {
     wk_ = register_module("wk", linear(options.dim, options_.n_kv_heads * head_dim_));
     wv_ = register_module("wv", linear(options.dim, options_.n_kv_heads * head_dim_));
     wo_ = register_module("wo", linear(options.n_heads * head_dim_, options.dim));
+    check_qk_norm(options.qk_norm, options.qk_norm_options.type, "Attention");
+    NL_REQUIRE(std::isfinite(options.softcap) && options.softcap >= 0.0,
+               "Attention: softcap must be finite and >= 0 (0 is off), found ", options.softcap);
+    if (options.qk_norm != "none") {
+        // Qwen3 and Gemma 3 normalize each head's vector; OLMo 2 the whole projection.
+        const bool per_head = options.qk_norm == "head";
+        NormOptions q_norm = options.qk_norm_options, k_norm = options.qk_norm_options;
+        q_norm.dim = per_head ? head_dim_ : options.n_heads * head_dim_;
+        k_norm.dim = per_head ? head_dim_ : options_.n_kv_heads * head_dim_;
+        q_norm.dtype = k_norm.dtype = options.dtype;
+        register_module("q_norm", make_norm(q_norm));
+        register_module("k_norm", make_norm(k_norm));
+    }
 }
 
 std::string Attention::extra_repr() const {
     return detail::concat("dim=", options_.dim, ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads,
-                          ", head_dim=", head_dim_, ", rope_theta=", options_.rope_theta);
+                          ", head_dim=", head_dim_, ", rope_theta=", options_.rope_theta,
+                          options_.qk_norm == "none" ? "" : ", qk_norm=" + options_.qk_norm,
+                          options_.softcap > 0.0 ? detail::concat(", softcap=", options_.softcap) : "");
 }
 
 RopeTables Attention::rope(int64_t seq_len, DType dtype) {
@@ -197,9 +253,21 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
     const RopeTables all = rope(L, x.dtype());
     const RopeTables tables = {all.cos.narrow(0, start, T), all.sin.narrow(0, start, T)};  // positions start..L-1
     const Tensor x_low = autocast_lower_data(x);  // one bf16 copy of x under autocast (else undefined)
-    const Var q = apply_rope(reshape(wq_->forward_cast(x, x_low), {B, T, H, hd}), tables);  // (B, T, H, hd)
-    Var k = apply_rope(reshape(wk_->forward_cast(x, x_low), {B, T, KV, hd}), tables);       // (B, T, KV, hd)
-    Var v = reshape(wv_->forward_cast(x, x_low), {B, T, KV, hd});                           // (B, T, KV, hd)
+    Var q = wq_->forward_cast(x, x_low);  // (B, T, H * hd)
+    Var k = wk_->forward_cast(x, x_low);  // (B, T, KV * hd)
+    if (options_.qk_norm == "full") {
+        q = qk_normalized("q_norm", q);
+        k = qk_normalized("k_norm", k);
+    }
+    q = reshape(q, {B, T, H, hd});
+    k = reshape(k, {B, T, KV, hd});
+    if (options_.qk_norm == "head") {
+        q = qk_normalized("q_norm", q);
+        k = qk_normalized("k_norm", k);
+    }
+    q = apply_rope(q, tables);                                     // (B, T, H, hd)
+    k = apply_rope(k, tables);                                     // (B, T, KV, hd)
+    Var v = reshape(wv_->forward_cast(x, x_low), {B, T, KV, hd});  // (B, T, KV, hd)
     if (slot) {
         // Append, then read back every position so far: (B, L, KV, hd) views of the buffers.
         slot->keys.narrow(1, start, T).copy_(k.data());
@@ -207,8 +275,17 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
         k = Var(slot->keys.narrow(1, 0, L));
         v = Var(slot->values.narrow(1, 0, L));
     }
+    if (probing_) last_max_score_ = max_attention_score(q.data(), k.data());
     const Var out = causal_attention(q, k, v, options_.fused);  // (B, T, H, hd)
     return wo_->forward(reshape(out, {B, T, H * hd}));
+}
+
+Var Attention::qk_normalized(const char* name, const Var& x) {
+    // Under autocast the projection is bf16 while the norm's parameters are the model's dtype: the
+    // norm reads it widened and its output goes back to the projection's dtype for the products.
+    auto norm = std::dynamic_pointer_cast<UnaryModule>(child(name));
+    if (x.dtype() == options_.dtype) return norm->forward(x);
+    return nl::to(norm->forward(nl::to(x, options_.dtype)), x.dtype());
 }
 
 // ---------------------------------------------------------------- causal attention
@@ -277,7 +354,47 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused) {
 
 // ---------------------------------------------------------------- blocks
 
+const std::vector<NormPlacement>& norm_placements() {
+    static const std::vector<NormPlacement> placements = {
+        {"pre", "h = x + f(N(x)); a final norm", "LLaMA (Touvron et al. 2023); Xiong et al. 2020"},
+        {"post", "h = N(x + f(x))", "the original Transformer (Vaswani et al. 2017)"},
+        {"peri", "h = x + N_out(f(N_in(x))); a final norm",
+         "Peri-LN (Kim et al. 2025); Gemma 2 and 3's sandwich norms"},
+        {"output", "h = x + N_out(f(x)); a final norm", "OLMo 2's reordered norm (OLMo et al. 2024)"},
+        {"mix", "post in the first ceil(mix_fraction * n_layers) blocks, pre after; a final norm",
+         "Mix-LN (Li et al. 2024)"},
+        {"deepnorm", "h = N(alpha * x + f(x)), alpha = (2 n_layers)^(1/4); value, output and feed-forward weights "
+                     "initialized times beta = (8 n_layers)^(-1/4)",
+         "DeepNet (Wang et al. 2022), decoder-only"},
+        {"none", "h = x + f(x); no norm anywhere", "the control"},
+    };
+    return placements;
+}
+
+std::vector<std::string> norm_placement_names() {
+    std::vector<std::string> names;
+    for (const NormPlacement& p : norm_placements()) names.push_back(p.name);
+    return names;
+}
+
+namespace {
+// Which norms a block placement has: the input (or post-sum) norms attention_norm and ffn_norm,
+// and the output norms attention_out_norm and ffn_out_norm.
+bool has_main_norms(const std::string& placement) { return placement != "output" && placement != "none"; }
+bool has_output_norms(const std::string& placement) { return placement == "peri" || placement == "output"; }
+bool norms_after_sum(const std::string& placement) { return placement == "post" || placement == "deepnorm"; }
+}  // namespace
+
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : options_(options) {
+    NL_REQUIRE(contains(norm_placement_names(), options.norm_placement) && options.norm_placement != "mix",
+               "TransformerBlock: norm_placement must be one of pre, post, peri, output, deepnorm, none (mix is "
+               "the model's), found \"", options.norm_placement, "\"");
+    NL_REQUIRE(std::isfinite(options.pre_norm_scale) && options.pre_norm_scale > 0.0,
+               "TransformerBlock: pre_norm_scale must be finite and > 0, found ", options.pre_norm_scale);
+    NL_REQUIRE(std::isfinite(options.deepnorm_alpha) && options.deepnorm_alpha > 0.0 &&
+                   std::isfinite(options.deepnorm_beta) && options.deepnorm_beta > 0.0,
+               "TransformerBlock: deepnorm_alpha and deepnorm_beta must be finite and > 0, found ",
+               options.deepnorm_alpha, " and ", options.deepnorm_beta);
     options_.generator = nullptr;  // only used while constructing
     if (options_.n_kv_heads == 0) options_.n_kv_heads = options.n_heads;
     if (options_.ffn_hidden_dim == 0) options_.ffn_hidden_dim = 4 * options.dim;
@@ -291,6 +408,9 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     ao.rope_theta = options.rope_theta;
     ao.max_seq_len = options.max_seq_len;
     ao.fused = options.fused_attention;
+    ao.qk_norm = options.qk_norm;
+    ao.qk_norm_options = options_.norm;
+    ao.softcap = options.attn_softcap;
     ao.dtype = options.dtype;
     ao.generator = options.generator;
     FeedForwardOptions fo;
@@ -301,13 +421,37 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     fo.dtype = options.dtype;
     fo.generator = options.generator;
     // LLaMA's order (named_parameters and init): attention, feed_forward, attention_norm, ffn_norm.
-    register_module("attention", std::make_shared<Attention>(ao));
-    register_module("feed_forward", std::make_shared<FeedForward>(fo));
-    register_module("attention_norm", make_norm(options_.norm));
-    register_module("ffn_norm", make_norm(options_.norm));
+    auto attention = register_module("attention", std::make_shared<Attention>(ao));
+    auto feed_forward = register_module("feed_forward", std::make_shared<FeedForward>(fo));
+    const std::string& placement = options_.norm_placement;
+    if (has_main_norms(placement)) {
+        NormOptions attention_input = options_.norm;
+        if (!norms_after_sum(placement) && options_.alpha_init_attention)
+            attention_input.alpha_init = *options_.alpha_init_attention;
+        register_module("attention_norm", make_norm(attention_input));
+        register_module("ffn_norm", make_norm(options_.norm));
+    }
+    if (has_output_norms(placement)) {
+        register_module("attention_out_norm", make_norm(options_.norm));
+        register_module("ffn_out_norm", make_norm(options_.norm));
+    }
+    if (options_.deepnorm_beta != 1.0) {
+        // DeepNet's init (torchscale): the value, output and feed-forward projections' initial
+        // weights times beta; queries and keys keep theirs.
+        for (const auto& linear : {attention->child("wv"), attention->child("wo"), feed_forward->child("w1"),
+                                   feed_forward->child("w2"), feed_forward->child("w3")}) {
+            Tensor w = linear->parameter("weight").data();
+            w.copy_(mul(w, options_.deepnorm_beta));
+        }
+    }
 }
 
-std::string TransformerBlock::extra_repr() const { return options_.pre_norm ? "pre_norm" : "post_norm"; }
+std::string TransformerBlock::extra_repr() const {
+    std::string out = options_.norm_placement;
+    if (options_.pre_norm_scale != 1.0) out += detail::concat(", pre_norm_scale=", options_.pre_norm_scale);
+    if (options_.deepnorm_alpha != 1.0) out += detail::concat(", deepnorm_alpha=", options_.deepnorm_alpha);
+    return out;
+}
 
 namespace {
 template <typename M>
@@ -350,16 +494,51 @@ Var TransformerBlock::forward(const Var& x) { return run(x, nullptr); }
 
 Var TransformerBlock::forward_cached(const Var& x, const KVSlot& slot) { return run(x, &slot); }
 
+void TransformerBlock::set_probing(bool on) {
+    probing_ = on;
+    attention()->set_probing(on);
+}
+
+Var TransformerBlock::input_norm(const char* name, const Var& x) {
+    const Var y = typed_child<UnaryModule>(*this, name)->forward(x);
+    return options_.pre_norm_scale == 1.0 ? y : y * options_.pre_norm_scale;
+}
+
+Var TransformerBlock::output_norm(const char* name, const Var& branch, DType stream_dtype) {
+    const Var in = branch.dtype() == stream_dtype ? branch : nl::to(branch, stream_dtype);
+    return typed_child<UnaryModule>(*this, name)->forward(in);
+}
+
 Var TransformerBlock::run(const Var& x, const KVSlot* slot) {
     auto attend = [&](const Var& in) {
         return slot ? attention()->forward_cached(in, *slot) : attention()->forward(in);
     };
-    if (options_.pre_norm) {
-        const Var h = residual_add(x, attend(attention_norm()->forward(x)));
-        return residual_add(h, feed_forward()->forward(ffn_norm()->forward(h)));
+    auto ffn = [&](const Var& in) { return feed_forward()->forward(in); };
+    const std::string& placement = options_.norm_placement;
+    const DType stream = x.dtype();
+    Var out;
+    if (placement == "pre") {
+        const Var h = residual_add(x, attend(input_norm("attention_norm", x)));
+        out = residual_add(h, ffn(input_norm("ffn_norm", h)));
+    } else if (placement == "post") {
+        const Var h = attention_norm()->forward(residual_add(x, attend(x)));
+        out = ffn_norm()->forward(residual_add(h, ffn(h)));
+    } else if (placement == "peri") {
+        const Var h = residual_add(x, output_norm("attention_out_norm", attend(input_norm("attention_norm", x)), stream));
+        out = residual_add(h, output_norm("ffn_out_norm", ffn(input_norm("ffn_norm", h)), stream));
+    } else if (placement == "output") {
+        const Var h = residual_add(x, output_norm("attention_out_norm", attend(x), stream));
+        out = residual_add(h, output_norm("ffn_out_norm", ffn(h), stream));
+    } else if (placement == "deepnorm") {
+        const double alpha = options_.deepnorm_alpha;
+        const Var h = attention_norm()->forward(residual_add(x * alpha, attend(x)));
+        out = ffn_norm()->forward(residual_add(h * alpha, ffn(h)));
+    } else {  // none
+        const Var h = residual_add(x, attend(x));
+        out = residual_add(h, ffn(h));
     }
-    const Var h = attention_norm()->forward(residual_add(x, attend(x)));
-    return ffn_norm()->forward(residual_add(h, feed_forward()->forward(h)));
+    if (probing_) last_residual_rms_ = std::sqrt(mean(square(out.data().to(compute_dtype(out.dtype())))).item());
+    return out;
 }
 
 // ---------------------------------------------------------------- the language model
@@ -380,6 +559,31 @@ void TransformerOptions::validate() const {
     NL_REQUIRE(rope_theta > 0.0, "TransformerOptions: rope_theta must be > 0, found ", rope_theta);
     NL_REQUIRE(max_seq_len > 0, "TransformerOptions: max_seq_len must be > 0, found ", max_seq_len);
     NL_REQUIRE(is_floating(dtype), "TransformerOptions: dtype must be floating, found ", dtype_name(dtype));
+    NL_REQUIRE(contains(norm_placement_names(), norm_placement), "TransformerOptions: norm_placement must be one of ",
+               joined(norm_placement_names()), ", found \"", norm_placement, "\"");
+    NL_REQUIRE(mix_fraction > 0.0 && mix_fraction <= 1.0, "TransformerOptions: mix_fraction must be in (0, 1], found ",
+               mix_fraction);
+    NL_REQUIRE(norm_placement != "deepnorm" || n_layers > 0,
+               "TransformerOptions: norm_placement \"deepnorm\" needs n_layers > 0 (its alpha and beta are "
+               "(2 n_layers)^(1/4) and (8 n_layers)^(-1/4)), found ", n_layers);
+    NL_REQUIRE(norm_scaling == "none" || norm_scaling == "depth",
+               "TransformerOptions: norm_scaling must be none or depth, found \"", norm_scaling, "\"");
+    NL_REQUIRE(norm_scaling == "none" || norm_placement == "pre" || norm_placement == "peri" || norm_placement == "mix",
+               "TransformerOptions: norm_scaling \"depth\" scales pre-norms, which norm_placement \"", norm_placement,
+               "\" does not have (pre, peri or mix do)");
+    check_qk_norm(qk_norm, norm.type, "TransformerOptions");
+    NL_REQUIRE(!alpha_init_attention || std::isfinite(*alpha_init_attention),
+               "TransformerOptions: alpha_init_attention must be finite, found ", alpha_init_attention.value_or(0.0));
+    NL_REQUIRE(std::isfinite(logit_softcap) && logit_softcap >= 0.0,
+               "TransformerOptions: logit_softcap must be finite and >= 0 (0 is off), found ", logit_softcap);
+    NL_REQUIRE(std::isfinite(attn_softcap) && attn_softcap >= 0.0,
+               "TransformerOptions: attn_softcap must be finite and >= 0 (0 is off), found ", attn_softcap);
+}
+
+std::string TransformerOptions::block_placement(int64_t layer) const {
+    if (norm_placement != "mix") return norm_placement;
+    const auto post_blocks = static_cast<int64_t>(std::ceil(mix_fraction * static_cast<double>(n_layers) - 1e-9));
+    return layer < post_blocks ? "post" : "pre";
 }
 
 Transformer::Transformer(const TransformerOptions& options) : options_(options) {
@@ -405,7 +609,16 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.ffn_hidden_dim = options.ffn_hidden_dim;
         bo.multiple_of = options.multiple_of;
         bo.norm = options_.norm;
-        bo.pre_norm = options.pre_norm;
+        bo.norm_placement = options.block_placement(i);
+        if (options.norm_scaling == "depth") bo.pre_norm_scale = 1.0 / std::sqrt(static_cast<double>(i + 1));
+        if (options.norm_placement == "deepnorm") {
+            const auto n = static_cast<double>(options.n_layers);
+            bo.deepnorm_alpha = std::pow(2.0 * n, 0.25);
+            bo.deepnorm_beta = std::pow(8.0 * n, -0.25);
+        }
+        bo.qk_norm = options.qk_norm;
+        bo.alpha_init_attention = options.alpha_init_attention;
+        bo.attn_softcap = options.attn_softcap;
         bo.rope_theta = options.rope_theta;
         bo.max_seq_len = options.max_seq_len;
         bo.fused_attention = options.fused_attention;
@@ -414,7 +627,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.generator = &gen;
         layers->push_back(std::make_shared<TransformerBlock>(bo));
     }
-    register_module("norm", make_norm(options_.norm));
+    if (options.norm_placement != "none") register_module("norm", make_norm(options_.norm));
 
     LinearOptions lo;
     lo.in_features = options.dim;
@@ -428,7 +641,23 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
 std::string Transformer::extra_repr() const {
     return detail::concat("vocab_size=", options_.vocab_size, ", dim=", options_.dim, ", n_layers=", options_.n_layers,
                           ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads, ", norm=",
-                          options_.norm.type, ", ", options_.pre_norm ? "pre_norm" : "post_norm");
+                          options_.norm.type, ", norm_placement=", options_.norm_placement);
+}
+
+void Transformer::set_probing(bool on) {
+    probing_ = on;
+    for (int64_t i = 0; i < options_.n_layers; ++i) layer(i)->set_probing(on);
+}
+
+Transformer::Probes Transformer::last_probes() const {
+    Probes probes;
+    for (int64_t i = 0; i < options_.n_layers; ++i) {
+        probes.max_attention_score.push_back(layer(i)->attention()->last_max_score());
+        probes.residual_rms.push_back(layer(i)->last_residual_rms());
+    }
+    probes.logsumexp_mean = last_lse_mean_;
+    probes.logsumexp_max = last_lse_max_;
+    return probes;
 }
 
 std::shared_ptr<TransformerBlock> Transformer::layer(int64_t index) const {
@@ -482,8 +711,18 @@ Var Transformer::run(const Tensor& ids, KVCache* cache) {
         slot.start = cache->length;
         h = layers->at<TransformerBlock>(i)->forward_cached(h, slot);
     }
-    h = typed_child<UnaryModule>(*this, "norm")->forward(h);
-    return typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
+    if (has_child("norm")) h = typed_child<UnaryModule>(*this, "norm")->forward(h);
+    Var logits = typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
+    if (probing_) {
+        // The output's log-partition per row (Wortsman et al. 2023's output-logit drift; the z-loss
+        // pulls it to 0), in at least f32.
+        const Tensor l = logits.data().to(compute_dtype(logits.dtype()));
+        const Tensor row_max = max(l, {-1}, true);                                     // (B, T, 1)
+        const Tensor lse = log(sum(exp(l - row_max), {-1}, true)) + row_max;           // (B, T, 1)
+        last_lse_mean_ = mean(lse).item();
+        last_lse_max_ = max(lse).item();
+    }
+    return logits;
 }
 
 int64_t count_parameters(const Module& module, bool include_embeddings) {

@@ -1,13 +1,15 @@
 // LLaMA-style transformer parts with LLaMA's parameter names (Touvron et al. 2023; the reference is
 // meta-llama/llama model.py): the SwiGLU FeedForward, causal multi-head self-attention with
-// grouped-query heads and rotary position embeddings (RoPE, Su et al. 2021, LLaMA's interleaved
-// complex-pair layout), the pre-norm LLaMA block and the post-norm block of the original
-// Transformer (Vaswani et al. 2017), and a decoder-only language model, with a KV cache for
+// grouped-query heads, rotary position embeddings (RoPE, Su et al. 2021, LLaMA's interleaved
+// complex-pair layout) and optional QK-norm, blocks with the norm placements that stability research
+// compares (pre-norm LLaMA, post-norm Vaswani et al. 2017, Peri-LN, OLMo 2's output norms, Mix-LN,
+// DeepNorm, none; docs/norms.md draws them), and a decoder-only language model, with a KV cache for
 // generation (each new token computes one position).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,13 @@ struct KVSlot {
     int64_t start = 0;  // positions filled; the next input's first position
 };
 
+// QK-norm (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023): a norm on the projected queries
+// and keys, before RoPE. The accepted AttentionOptions::qk_norm values, with what each normalizes:
+//   "none": no QK-norm;
+//   "head": each head's head_dim vector of q and of k (Qwen3, Gemma 3): q_norm, k_norm over [head_dim];
+//   "full": the whole projected q (n_heads * head_dim) and k (n_kv_heads * head_dim) (OLMo 2).
+const std::vector<std::string>& qk_norm_choices();
+
 struct AttentionOptions {
     int64_t dim = 0;
     int64_t n_heads = 1;
@@ -97,12 +106,16 @@ struct AttentionOptions {
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;  // longer inputs are an error
     bool fused = true;           // causal_attention's fused form (else the composed reference)
+    std::string qk_norm = "none";  // qk_norm_choices(); the norm is qk_norm_options' type
+    NormOptions qk_norm_options;   // type rmsnorm or layernorm; dim and dtype are set by Attention
+    double softcap = 0.0;          // scores capped to cap * tanh(s / cap) before softmax (Gemma 2); 0: off
     DType dtype = DType::F32;
     Generator* generator = nullptr;  // null: module_init_generator()
 };
 
 // Causal self-attention as LLaMA's Attention: wq (n_heads*hd, dim), wk and wv (n_kv_heads*hd, dim),
-// wo (dim, n_heads*hd), no biases, hd = dim / n_heads. RoPE on q and k; query head h reads kv head
+// wo (dim, n_heads*hd), no biases, hd = dim / n_heads. With QK-norm, q_norm and k_norm normalize the
+// projections before RoPE (see qk_norm_choices). RoPE on q and k; query head h reads kv head
 // h / (n_heads / n_kv_heads) (repeat_kv); scores q k^T / sqrt(hd) with -inf above the diagonal;
 // softmax in f32 (cast back for half inputs); heads concatenated head-major, then wo.
 class Attention : public UnaryModule {
@@ -119,20 +132,47 @@ public:
     int64_t head_dim() const { return head_dim_; }
     int64_t n_heads() const { return options_.n_heads; }
     int64_t n_kv_heads() const { return options_.n_kv_heads; }
+    const AttentionOptions& options() const { return options_; }
+
+    // Probing (the train job's probes): while on, every forward records the largest |score| it
+    // computed, q k^T / sqrt(hd) over the causal (unmasked) entries before softmax (Wortsman et al.
+    // 2023's attention-logit growth), recomputed from q and k in one extra product, so it costs
+    // nothing while off.
+    void set_probing(bool on) { probing_ = on; }
+    double last_max_score() const { return last_max_score_; }
     // The RoPE tables for positions 0..seq_len-1 in `dtype` (cached, recomputed when a longer
     // sequence or another dtype comes).
     RopeTables rope(int64_t seq_len, DType dtype);
 
 private:
     Var attend(const Var& x, const KVSlot* slot);  // slot null: no cache, positions from 0
+    Var qk_normalized(const char* name, const Var& x);  // q_norm or k_norm of x, in x's dtype
 
     AttentionOptions options_;
     int64_t head_dim_;
     std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
     RopeTables rope_cache_;
+    bool probing_ = false;
+    double last_max_score_ = 0.0;
 };
 
+// The largest |q k^T| / sqrt(hd) over the entries causal attention keeps (query row i at position
+// L - T + i sees keys 0..L - T + i), q (B, T, H, hd) and k (B, L, KV, hd) as causal_attention takes
+// them. No gradient. The attention probe's formula, public so a test can recompute it.
+double max_attention_score(const Tensor& q, const Tensor& k);
+
 // ---- blocks ----
+
+// Where a block's norms sit. N is a norm, f the sublayer (attention, then the feed-forward), x the
+// residual stream; each line is one sublayer's step. The name is the config's model.norm_placement.
+struct NormPlacement {
+    std::string name;
+    std::string formula;    // one line, for help texts and docs/norms.md
+    std::string reference;  // the paper or model it comes from
+};
+// pre, post, peri, output, mix, deepnorm, none (mix is the model's: its blocks are post or pre).
+const std::vector<NormPlacement>& norm_placements();
+std::vector<std::string> norm_placement_names();
 
 struct TransformerBlockOptions {
     int64_t dim = 0;
@@ -141,7 +181,20 @@ struct TransformerBlockOptions {
     int64_t ffn_hidden_dim = 0;  // the FeedForward argument before the 2/3 rule; 0: 4 * dim (LLaMA)
     int64_t multiple_of = 256;   // the article's LLaMATransformerBlock(..., multiple_of=256, norm_eps=1e-5)
     NormOptions norm;            // any norm type (norm.dim is set to dim); eps unset: the type's 1e-5
-    bool pre_norm = true;
+    // A norm_placements() name other than "mix" (the model resolves mix block by block).
+    std::string norm_placement = "pre";
+    // LayerNorm Scaling (Sun et al. 2025, The Curse of Depth): each pre-norm's output (the input
+    // norms of pre and peri) is multiplied by this; the model sets 1 / sqrt(l) for the l-th block.
+    double pre_norm_scale = 1.0;
+    // deepnorm: h = N(deepnorm_alpha * x + f(x)); the value, output and feed-forward weights are
+    // initialized times deepnorm_beta (Wang et al. 2022; the model sets both from n_layers).
+    double deepnorm_alpha = 1.0;
+    double deepnorm_beta = 1.0;
+    std::string qk_norm = "none";  // AttentionOptions::qk_norm; its norm is `norm`'s options
+    // DyT's alpha_init for attention_norm where it is the attention's input norm (pre, peri); unset:
+    // norm.alpha_init. Zhu et al. 2025 give the norms before attention their own value in LLaMA.
+    std::optional<double> alpha_init_attention;
+    double attn_softcap = 0.0;     // AttentionOptions::softcap
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;
     bool fused_attention = true;  // AttentionOptions::fused
@@ -150,9 +203,15 @@ struct TransformerBlockOptions {
     Generator* generator = nullptr;  // null: module_init_generator()
 };
 
-// Children, in LLaMA's order: attention, feed_forward, attention_norm, ffn_norm.
-//   pre-norm (LLaMA):           h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))
-//   post-norm (Vaswani et al.): h = attention_norm(x + attention(x)); out = ffn_norm(h + feed_forward(h))
+// Children, in LLaMA's order: attention, feed_forward, then the norms the placement has:
+// attention_norm and ffn_norm (the input norms of pre and peri, the norms after the sum of post and
+// deepnorm), attention_out_norm and ffn_out_norm (on the sublayer's output: peri, output).
+//   pre (LLaMA):            h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))
+//   post (Vaswani et al.):  h = attention_norm(x + attention(x)); out = ffn_norm(h + feed_forward(h))
+//   peri (Peri-LN):         h = x + attention_out_norm(attention(attention_norm(x))); likewise ffn_*
+//   output (OLMo 2):        h = x + attention_out_norm(attention(x)); likewise ffn_out_norm
+//   deepnorm (DeepNet):     h = attention_norm(alpha * x + attention(x)); likewise ffn_norm
+//   none:                   h = x + attention(x); out = h + feed_forward(h)
 class TransformerBlock : public UnaryModule {
 public:
     explicit TransformerBlock(const TransformerBlockOptions& options);
@@ -169,8 +228,21 @@ public:
     std::shared_ptr<UnaryModule> ffn_norm() const;
     const TransformerBlockOptions& options() const { return options_; }
 
+    // Probing: while on, every forward records the RMS of its output (the residual stream after the
+    // block, over every element) and its attention's largest score (Attention::set_probing).
+    void set_probing(bool on);
+    double last_residual_rms() const { return last_residual_rms_; }
+
 private:
     Var run(const Var& x, const KVSlot* slot);
+    // norm(x), times pre_norm_scale where it is not 1 (the input norms of pre and peri).
+    Var input_norm(const char* name, const Var& x);
+    // norm(branch) for the output norms, the branch read in the stream's dtype (under autocast the
+    // sublayer ends in a bf16 Linear while the norm's parameters are the model's dtype).
+    Var output_norm(const char* name, const Var& branch, DType stream_dtype);
+
+    bool probing_ = false;
+    double last_residual_rms_ = 0.0;
 
     TransformerBlockOptions options_;
 };
@@ -185,7 +257,7 @@ struct KVCache {
     int64_t length = 0;          // positions filled; 0 forgets them all (the buffers are kept)
 };
 
-// LLaMA's ModelArgs, plus the norm and pre/post-norm choice.
+// LLaMA's ModelArgs, plus the norm, its placement and the stability research's knobs.
 struct TransformerOptions {
     int64_t vocab_size = 0;
     int64_t dim = 64;
@@ -196,7 +268,17 @@ struct TransformerOptions {
     int64_t ffn_hidden_dim = 0;  // 0: 4 * dim before the 2/3 rule (LLaMA)
     NormOptions norm;            // every block's norms and the final norm (norm.dim is set to dim); eps
                                  // unset: the type's default, 1e-5 (ModelArgs.norm_eps)
-    bool pre_norm = true;
+    std::string norm_placement = "pre";  // norm_placements(); TransformerBlock has the formulas
+    double mix_fraction = 0.25;  // mix (Mix-LN, Li et al. 2024): the first ceil(mix_fraction * n_layers) blocks are post
+    // "none" or "depth": LayerNorm Scaling (Sun et al. 2025), each pre-norm's output times 1 / sqrt(l)
+    // in the l-th block (1-based); needs pre-norms (pre, peri, mix).
+    std::string norm_scaling = "none";
+    std::string qk_norm = "none";  // qk_norm_choices(); needs norm.type rmsnorm or layernorm
+    std::optional<double> alpha_init_attention;  // TransformerBlockOptions::alpha_init_attention
+    // Soft-capping (Gemma 2): cap * tanh(s / cap) on the final logits and on the attention scores
+    // before softmax; 0 is off.
+    double logit_softcap = 0.0;
+    double attn_softcap = 0.0;
     double rope_theta = 10000.0;
     int64_t max_seq_len = 256;
     bool fused_attention = true;  // AttentionOptions::fused
@@ -204,15 +286,22 @@ struct TransformerOptions {
     uint64_t seed = 0;           // initial weights are drawn from Generator(seed)
     DType dtype = DType::F32;
 
-    // nl::Error naming the field when sizes do not fit (dim % n_heads, n_heads % n_kv_heads, odd head dim...).
+    // nl::Error naming the field when sizes do not fit (dim % n_heads, n_heads % n_kv_heads, odd head
+    // dim...) or the choices do not go together (qk_norm with a norm type it cannot use, deepnorm
+    // without layers, depth scaling without pre-norms, a negative cap).
     void validate() const;
+    // The l-th block's (0-based) placement: norm_placement, or for mix post or pre.
+    std::string block_placement(int64_t layer) const;
 };
 
 // Parameters (LLaMA names): tok_embeddings.weight (vocab, dim), layers.<i>.attention.w{q,k,v,o}.weight,
-// layers.<i>.feed_forward.w{1,2,3}.weight, layers.<i>.attention_norm.*, layers.<i>.ffn_norm.*,
-// norm.*, output.weight (vocab, dim). Init: Embedding N(0, 1), Linear PyTorch's default, norms ones,
-// all drawn in construction order from Generator(options.seed). The final norm is kept for post-norm
-// models too (the blocks' outputs are already normalized there), so the names never change.
+// layers.<i>.attention.{q,k}_norm.* (QK-norm), layers.<i>.feed_forward.w{1,2,3}.weight, the block
+// norms the placement has (layers.<i>.attention_norm.*, ffn_norm.*, attention_out_norm.*,
+// ffn_out_norm.*), norm.*, output.weight (vocab, dim). Init: Embedding N(0, 1), Linear PyTorch's
+// default, norms their registry init, all drawn in construction order from Generator(options.seed)
+// (norms draw nothing, so the placement does not change the other weights' values; deepnorm scales
+// some by beta). The final norm is kept for every placement but none (for post and deepnorm the
+// blocks' outputs are already normalized, so the names never change).
 class Transformer : public Module {
 public:
     explicit Transformer(const TransformerOptions& options);
@@ -236,10 +325,23 @@ public:
     std::shared_ptr<TransformerBlock> layer(int64_t index) const;
     int64_t n_layers() const { return options_.n_layers; }
 
+    // Probing: while on, every forward records each block's residual RMS and largest attention
+    // score (TransformerBlock::set_probing) and the logsumexp of every output row (mean and max).
+    void set_probing(bool on);
+    struct Probes {
+        std::vector<double> max_attention_score;  // (n_layers,)
+        std::vector<double> residual_rms;         // (n_layers,)
+        double logsumexp_mean = 0.0;              // over the rows of the last forward's logits
+        double logsumexp_max = 0.0;
+    };
+    Probes last_probes() const;
+
 private:
     Var run(const Tensor& ids, KVCache* cache);
 
     TransformerOptions options_;
+    bool probing_ = false;
+    double last_lse_mean_ = 0.0, last_lse_max_ = 0.0;
 };
 
 // Parameter count of a module (elements); without embeddings: minus every parameter whose name

@@ -40,10 +40,21 @@ void leaf_paths(const json& value, const std::string& prefix, std::set<std::stri
 }
 
 // The train keys that apply where data.source is `source`.
+// The keys a config of `source` resolves, with every other key at its default: those without a
+// condition, and those whose condition holds (on data.source, or on a sibling's default value).
+// model.pre_norm, the older spelling of norm_placement, is read only where given.
 std::set<std::string> train_keys_for(const std::string& source) {
+    const nl::ConfigSchema& schema = nl::config_schema("train");
     std::set<std::string> out;
-    for (const nl::ConfigKey& k : nl::config_schema("train").keys)
-        if (k.when_key.empty() || std::count(k.when_values.begin(), k.when_values.end(), source)) out.insert(k.path);
+    for (const nl::ConfigKey& k : schema.keys) {
+        if (k.path == "model.pre_norm") continue;
+        std::string actual = source;
+        if (!k.when_key.empty() && k.when_key != "source") {
+            const std::string sibling = k.parent() + "." + k.when_key;
+            actual = schema.key(sibling).default_value.get<std::string>();
+        }
+        if (k.when_key.empty() || std::count(k.when_values.begin(), k.when_values.end(), actual)) out.insert(k.path);
+    }
     return out;
 }
 

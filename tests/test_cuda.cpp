@@ -759,7 +759,7 @@ TEST_CASE("cuda: every layer's output, input gradient and parameter gradients ma
         require_layer_matches(pre_norm ? "TransformerBlock pre-norm RMSNorm" : "TransformerBlock post-norm LayerNorm",
                               [pre_norm](Generator& g) {
             TransformerBlockOptions o;
-            o.dim = 16, o.n_heads = 4, o.multiple_of = 8, o.pre_norm = pre_norm, o.max_seq_len = 8, o.generator = &g;
+            o.dim = 16, o.n_heads = 4, o.multiple_of = 8, o.norm_placement = pre_norm ? "pre" : "post", o.max_seq_len = 8, o.generator = &g;
             o.norm.type = pre_norm ? "rmsnorm" : "layernorm";
             return std::make_shared<TransformerBlock>(o);
         }, {2, 7, 16}, tol);

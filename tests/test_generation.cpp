@@ -30,7 +30,7 @@ TransformerOptions small_model(bool pre_norm) {
     o.n_heads = 4;
     o.n_kv_heads = 2;
     o.multiple_of = 16;
-    o.pre_norm = pre_norm;
+    o.norm_placement = pre_norm ? "pre" : "post";
     o.norm.type = pre_norm ? "rmsnorm" : "layernorm";
     o.max_seq_len = 40;
     o.seed = 7;

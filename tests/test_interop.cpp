@@ -230,7 +230,7 @@ TEST_CASE("interop: what transformers and llama.cpp cannot hold is refused by na
     o.norm.elementwise_affine = false;
     refused(o, "has no learned weight");
     o = tiny_options();
-    o.pre_norm = false;
+    o.norm_placement = "post";
     refused(o, "post-norm");
 
     // An existing output is kept unless --force; with it, replaced whole.

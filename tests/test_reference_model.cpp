@@ -158,7 +158,7 @@ static TransformerBlockOptions block_options(const SafeTensorsFile& f, bool fuse
     o.norm.type = "rmsnorm";
     o.norm.eps = std::stod(f.metadata.at("norm_eps"));
     o.norm.fused = fused;
-    o.pre_norm = true;
+    o.norm_placement = "pre";
     return o;
 }
 

@@ -328,7 +328,7 @@ TEST_CASE("gradcheck: tiny attention and pre-/post-norm blocks in f64", "[transf
         o.multiple_of = 2;
         o.norm.type = norm;
         o.norm.fused = fused;
-        o.pre_norm = pre;
+        o.norm_placement = pre ? "pre" : "post";
         o.dtype = DType::F64;
         o.generator = &gen;
         TransformerBlock block(o);
@@ -348,7 +348,7 @@ TEST_CASE("post-norm block: norm after each residual", "[transformer]") {
     o.n_heads = 2;
     o.multiple_of = 4;
     o.norm.type = "layernorm";
-    o.pre_norm = false;
+    o.norm_placement = "post";
     o.generator = &gen;
     TransformerBlock block(o);
     nl::test::randomize_parameters(block, gen);
@@ -415,7 +415,7 @@ TEST_CASE("Transformer LM learns a tiny sequence (pre-norm RMSNorm and post-norm
     const bool pre = GENERATE(true, false);
     INFO((pre ? "pre-norm rmsnorm" : "post-norm layernorm"));
     TransformerOptions o = lm_options();
-    o.pre_norm = pre;
+    o.norm_placement = pre ? "pre" : "post";
     o.norm.type = pre ? "rmsnorm" : "layernorm";
     Transformer lm(o);
     const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {1, 8});

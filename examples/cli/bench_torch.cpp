@@ -383,7 +383,7 @@ std::optional<json> run_torch(const TorchCommand& cmd, const ToySpec& spec, int 
         m.n_layers, m.n_heads, m.n_kv_heads, m.multiple_of, m.ffn_hidden_dim, quote(m.norm.type), m.rope_theta,
         spec.seq_len, spec.batch, spec.lr, spec.weight_decay, spec.grad_clip);
     if (m.norm.eps) command += fmt::format(" --norm-eps {}", *m.norm.eps);
-    if (!m.pre_norm) command += " --post-norm";
+    if (m.norm_placement == "post") command += " --post-norm";
     if (spec.autocast) command += " --autocast bf16";
     command += extra;
     fmt::print(stderr, "  running {}\n", command);
@@ -424,7 +424,7 @@ void print_header(const TorchCommand& cmd, const ToySpec& spec, Device device, i
     fmt::print("  transformer ({}): vocab {}, dim {}, {} layers, {} heads ({} kv), {} {}, batch {} x seq {}, AdamW, "
                "clip {}{}; {} timed steps after {} warm-up\n\n",
                spec.source, m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads ? m.n_kv_heads : m.n_heads,
-               m.pre_norm ? "pre-norm" : "post-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
+               m.norm_placement + "-norm", m.norm.type, spec.batch, spec.seq_len, spec.grad_clip,
                spec.autocast ? ", bf16 autocast on both sides" : "", cmd.steps, cmd.warmup);
 }
 
@@ -671,6 +671,12 @@ void run_bench_torch(TorchCommand cmd) {
     std::vector<std::string> overrides = cmd.overrides;
     if (cmd.autocast != "none") overrides.push_back("train.autocast=" + cmd.autocast);
     const ToySpec spec = resolve_toy_spec(cmd.config, overrides);
+    const TransformerOptions& m = spec.model;
+    // The PyTorch reference (examples/cli/torch_bench.py) builds LLaMA's pre-norm or the post-norm block.
+    NL_REQUIRE((m.norm_placement == "pre" || m.norm_placement == "post") && m.norm_scaling == "none" &&
+                   m.qk_norm == "none" && m.logit_softcap == 0.0 && m.attn_softcap == 0.0,
+               "bench torch: the PyTorch reference builds pre- or post-norm blocks without qk_norm, norm_scaling or "
+               "soft-capping; the config has norm_placement \"", m.norm_placement, "\", qk_norm \"", m.qk_norm, "\"");
     print_header(cmd, spec, device, threads);
     Rounds rounds = run_rounds(cmd, spec, device, threads);
     print_table(cmd, spec, rounds);

@@ -235,8 +235,11 @@ class TrainResult:
     step the run is at (its latest checkpoint's). summary: what summary.json holds, None when the run
     stopped early. metrics: the steps this call ran, by metrics.csv's column (step, lr, train_loss,
     grad_norm, val_loss, val_accuracy, val_token_accuracy, tokens_per_s, elapsed_s), each a NumPy
-    array; the val_* columns are NaN at steps without an evaluation. profile: the kernel table with
-    profile=True (also profile.txt), else None.
+    array; the val_* columns are NaN at steps without an evaluation. probes: the probed steps this call
+    ran (train.probe_every), by probes.csv's column (step, attn_score_max.block0, residual_rms.block0,
+    ..., logsumexp_mean, logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>),
+    each a NumPy array; empty without probes. profile: the kernel table with profile=True (also
+    profile.txt), else None.
     """
     run_dir: str
     complete: bool
@@ -244,6 +247,7 @@ class TrainResult:
     summary: dict
     metrics: dict
     profile: str
+    probes: dict = dataclasses.field(default_factory=dict)
 
     def __repr__(self):
         return (f"TrainResult(run_dir={self.run_dir!r}, complete={self.complete}, last_step={self.last_step}, "
@@ -256,9 +260,19 @@ def _metrics(steps):
     return columns
 
 
+def _probes(steps):
+    probed = [s for s in steps if s["probes"]]
+    if not probed:
+        return {}
+    columns = {"step": np.array([s["step"] for s in probed], dtype=np.int64)}
+    for name in probed[0]["probes"]:
+        columns[name] = np.array([s["probes"][name] for s in probed], dtype=np.float64)
+    return columns
+
+
 def _train_result(r, steps):
     return TrainResult(run_dir=r["run_dir"], complete=r["complete"], last_step=r["last_step"], summary=r["summary"],
-                       metrics=_metrics(steps), profile=r["profile"] or None)
+                       metrics=_metrics(steps), profile=r["profile"] or None, probes=_probes(steps))
 
 
 def train(config, overrides=None, out=None, force=False, resume=False, stop_after=0, profile=False, progress=False):

@@ -155,6 +155,9 @@ nb::dict step_dict(const TrainStep& t) {
     d["threads"] = t.threads;
     d["max_threads"] = t.max_threads;
     d["world_size"] = t.world_size;
+    nb::dict probes;  // probes.csv's row on a probed step (train.probe_every), else empty
+    for (const auto& [name, value] : t.probes) probes[nb::str(name.c_str())] = value;
+    d["probes"] = probes;
     return d;
 }
 

@@ -526,7 +526,7 @@ def test_transformer_options_and_their_errors():
         nn.Transformer(vocab_size=5, dim=10, n_heads=4)  # the C++ validation: dim % n_heads
     block = nn.TransformerBlock(8, 2, multiple_of=4, norm="layernorm", pre_norm=False)
     assert [n for n, _ in block.named_children()] == ["attention", "feed_forward", "attention_norm", "ffn_norm"]
-    assert block(nl.randn(1, 3, 8)).shape == (1, 3, 8) and not block.options["pre_norm"]
+    assert block(nl.randn(1, 3, 8)).shape == (1, 3, 8) and block.options["norm_placement"] == "post"
 
 
 def test_layer_signatures_take_the_cpp_options_defaults():

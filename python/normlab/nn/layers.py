@@ -78,6 +78,17 @@ def _pop_norm(what, kwargs):
     return options
 
 
+def _pop_pre_norm(what, kwargs):
+    """pre_norm=, the older name of norm_placement "pre" (True) or "post" (False), into norm_placement."""
+    if "pre_norm" not in kwargs:
+        return
+    placement = "pre" if kwargs.pop("pre_norm") else "post"
+    if kwargs.get("norm_placement", placement) != placement:
+        raise Error(f"{what}: pre_norm={placement == 'pre'} and norm_placement={kwargs['norm_placement']!r} disagree; "
+                    "give norm_placement only")
+    kwargs["norm_placement"] = placement
+
+
 def _options_dict(options):
     out = {}
     for name in _fields(options):
@@ -228,11 +239,14 @@ class Attention(Module):
 @_cxx_class("TransformerBlock")
 class TransformerBlock(Module):
     """LLaMA's pre-norm block, h = x + attention(attention_norm(x)), out = h + feed_forward(ffn_norm(h)),
-    or the original post-norm block (pre_norm=False). Options: the fields of TransformerBlockOptions
-    (dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, pre_norm, rope_theta, max_seq_len,
-    fused_attention, fused_swiglu, dtype) and the norm (norm=, norm_type=, norm_eps=)."""
+    or another norm placement (norm_placement= "post", "peri", "output", "deepnorm", "none"; docs/norms.md;
+    pre_norm=False is the older spelling of "post"). Options: the fields of TransformerBlockOptions
+    (dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_placement, pre_norm_scale,
+    deepnorm_alpha, deepnorm_beta, qk_norm, alpha_init_attention, attn_softcap, rope_theta,
+    max_seq_len, fused_attention, fused_swiglu, dtype) and the norm (norm=, norm_type=, norm_eps=)."""
 
     def __init__(self, dim, n_heads, *, generator=None, **options):
+        _pop_pre_norm("TransformerBlock", options)
         norm = _pop_norm("TransformerBlock", options)
         o = _fill("TransformerBlock", C.nn.TransformerBlockOptions(), dict(dim=dim, n_heads=n_heads, **options))
         if norm is not None:
@@ -254,12 +268,15 @@ class Transformer(Module):
     """A LLaMA-style decoder-only language model (layers/transformer.h) under Meta LLaMA's parameter
     names: tok_embeddings, layers.<i>.{attention.w{q,k,v,o}, feed_forward.w{1,2,3}, attention_norm,
     ffn_norm}, norm, output. Options: the fields of TransformerOptions as keyword arguments
-    (vocab_size, dim, n_layers, n_heads, n_kv_heads, multiple_of, ffn_hidden_dim, pre_norm, rope_theta,
-    max_seq_len, fused_attention, fused_swiglu, seed, dtype) and the norm (norm= a type name, a dict of
+    (vocab_size, dim, n_layers, n_heads, n_kv_heads, multiple_of, ffn_hidden_dim, norm_placement,
+    mix_fraction, norm_scaling, qk_norm, alpha_init_attention, logit_softcap, attn_softcap, rope_theta,
+    max_seq_len, fused_attention, fused_swiglu, seed, dtype; pre_norm=False is the older spelling of
+    norm_placement="post") and the norm (norm= a type name, a dict of
     NormOptions fields or a NormOptions; or norm_type=, norm_eps=). The initial weights are drawn from
     Generator(seed), so the same options give the same model."""
 
     def __init__(self, **options):
+        _pop_pre_norm("Transformer", options)
         norm = _pop_norm("Transformer", options)
         o = _fill("Transformer", C.nn.TransformerOptions(), options)
         if norm is not None:
