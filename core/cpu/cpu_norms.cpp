@@ -559,6 +559,13 @@ void finish_row(DType dtype, void* base, int64_t r, int64_t d, bool streaming, c
     }
 }
 
+// One row of the forward, y (d) from x, w, b (d each); __restrict as in dyt_backward_row.
+template <typename T>
+void dyt_forward_row(const T* __restrict x, const T* __restrict w, const T* __restrict b, T alpha, int64_t d,
+                     T* __restrict y) {
+    for (int64_t j = 0; j < d; ++j) y[j] = cpu_math::tanh_of(alpha * x[j]) * w[j] + b[j];
+}
+
 template <typename T>
 void dyt_forward_impl(const DytForwardArgs& a) {
     const DType dtype = a.dtype;
@@ -576,10 +583,26 @@ void dyt_forward_impl(const DytForwardArgs& a) {
         for (int64_t r = 0; r < rows; ++r) {
             const T* xr = cpu_rows::load<T>(dtype, a.x, r, d, x_scratch.data());  // (d)
             T* yr = row_out<T>(dtype, a.y, r, d, streaming, y_scratch.data());     // (d)
-            for (int64_t j = 0; j < d; ++j) yr[j] = cpu_math::tanh_of(alpha * xr[j]) * w[j] + b[j];
+            dyt_forward_row<T>(xr, w, b, alpha, d, yr);
             finish_row<T>(dtype, a.y, r, d, streaming, yr);
         }
         if (streaming) cpu_rows::stream_fence();
+    }
+}
+
+// One row of the backward: dx (d), and the row's terms added to the column sums da, dw, db (d each).
+// __restrict: the rows and the sums never overlap, and saying so lets the compiler vectorize the loop
+// (with seven pointers it gives up on the run-time overlap checks, and the loop ran ~10x slower).
+template <typename T>
+void dyt_backward_row(const T* __restrict x, const T* __restrict dy, const T* __restrict w, T alpha, int64_t d,
+                      T* __restrict dx, T* __restrict da, T* __restrict dw, T* __restrict db) {
+    for (int64_t j = 0; j < d; ++j) {
+        const T t = cpu_math::tanh_of(alpha * x[j]);
+        const T dt = dy[j] * w[j] * (T(1) - t * t);  // d loss / d (alpha x_j)
+        dx[j] = dt * alpha;
+        da[j] += dt * x[j];
+        dw[j] += dy[j] * t;
+        db[j] += dy[j];
     }
 }
 
@@ -616,14 +639,7 @@ void dyt_backward_impl(const DytBackwardArgs& a) {
                     const T* xr = cpu_rows::load<T>(dtype, a.x, r, d, x_scratch.data());     // (d)
                     const T* dyr = cpu_rows::load<T>(dtype, a.dy, r, d, dy_scratch.data());  // (d)
                     T* dxr = row_out<T>(dtype, a.dx, r, d, streaming, dx_scratch.data());    // (d)
-                    for (int64_t j = 0; j < d; ++j) {
-                        const T t = cpu_math::tanh_of(alpha * xr[j]);
-                        const T dt = dyr[j] * w[j] * (T(1) - t * t);  // d loss / d (alpha x_j)
-                        dxr[j] = dt * alpha;
-                        da_acc[j] += dt * xr[j];
-                        dw_acc[j] += dyr[j] * t;
-                        db_acc[j] += dyr[j];
-                    }
+                    dyt_backward_row<T>(xr, dyr, w, alpha, d, dxr, da_acc.data(), dw_acc.data(), db_acc.data());
                     finish_row<T>(dtype, a.dx, r, d, streaming, dxr);
                 }
                 double da = 0.0;
