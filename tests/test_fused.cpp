@@ -464,7 +464,7 @@ TEST_CASE("dyt_forward/dyt_backward match the f64 reference in f32, f64, bf16 an
             const double alpha = rounded({0.7}, dtype)[0];
             const RefDyt ref = ref_dyt(x, alpha, w, b, dy, rows, d);
             const Tensor xt = from_vector(x, {rows, d}, dtype), dyt = from_vector(dy, {rows, d}, dtype);
-            const Tensor at = from_vector({alpha}, {1}, dtype);
+            const Tensor at = from_vector(std::vector<double>{alpha}, {1}, dtype);
             const Tensor wt = affine ? from_vector(w, {d}, dtype) : Tensor();
             const Tensor bt = affine ? from_vector(b, {d}, dtype) : Tensor();
             const Tensor y = dyt_forward(xt, at, wt, bt);
@@ -505,7 +505,7 @@ TEST_CASE("dyt_backward matches central finite differences in f64", "[fused]") {
     };
     const std::vector<std::vector<double>> inputs = {xv, {alpha}, wv, bv};
     const DytBackward g = dyt_backward(from_vector(dyv, {rows, d}, DType::F64), from_vector(xv, {rows, d}, DType::F64),
-                                       from_vector({alpha}, {1}, DType::F64), from_vector(wv, {d}, DType::F64));
+                                       from_vector(std::vector<double>{alpha}, {1}, DType::F64), from_vector(wv, {d}, DType::F64));
     const std::vector<Tensor> analytic = {g.dx, g.dalpha, g.dweight, g.dbias};
     for (size_t which = 0; which < inputs.size(); ++which) {
         std::vector<std::vector<double>> in = inputs;
@@ -523,15 +523,15 @@ TEST_CASE("dyt_backward matches central finite differences in f64", "[fused]") {
         CHECK(max_rel_err(analytic[which].to_vector(), numeric) < 1e-7);
     }
     // Without a weight the gradients are those of weight 1, and none is made for the weight.
-    const DytBackward ones = dyt_backward(from_vector(dyv, {rows, d}, DType::F64), from_vector(xv, {rows, d}, DType::F64),
-                                          from_vector({alpha}, {1}, DType::F64), Tensor(), true, true, false);
+    const DytBackward bare = dyt_backward(from_vector(dyv, {rows, d}, DType::F64), from_vector(xv, {rows, d}, DType::F64),
+                                          from_vector(std::vector<double>{alpha}, {1}, DType::F64), Tensor(), true, true, false);
     const DytBackward with_ones = dyt_backward(from_vector(dyv, {rows, d}, DType::F64),
                                                from_vector(xv, {rows, d}, DType::F64),
-                                               from_vector({alpha}, {1}, DType::F64), ones({d}, DType::F64));
-    CHECK_FALSE(ones.dweight.defined());
-    CHECK_FALSE(ones.dbias.defined());
-    CHECK(ones.dx.to_vector() == with_ones.dx.to_vector());
-    CHECK(ones.dalpha.to_vector() == with_ones.dalpha.to_vector());
+                                               from_vector(std::vector<double>{alpha}, {1}, DType::F64), ones({d}, DType::F64));
+    CHECK_FALSE(bare.dweight.defined());
+    CHECK_FALSE(bare.dbias.defined());
+    CHECK(bare.dx.to_vector() == with_ones.dx.to_vector());
+    CHECK(bare.dalpha.to_vector() == with_ones.dalpha.to_vector());
 }
 
 TEST_CASE("dyt: the same bits for 1 and 2 threads and for streamed outputs; an empty batch has zero gradients",
@@ -542,7 +542,7 @@ TEST_CASE("dyt: the same bits for 1 and 2 threads and for streamed outputs; an e
     const auto wv = random_values(d, 40);
     for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
         const Tensor x = from_vector(xv, {rows, d}, dtype), dy = from_vector(dyv, {rows, d}, dtype);
-        const Tensor w = from_vector(wv, {d}, dtype), alpha = from_vector({0.6}, {1}, dtype);
+        const Tensor w = from_vector(wv, {d}, dtype), alpha = from_vector(std::vector<double>{0.6}, {1}, dtype);
         const int saved_threads = omp_get_max_threads();
         std::vector<std::vector<double>> results[3];
         for (int run : {0, 1, 2}) {  // 1 thread, 2 threads, 2 threads streaming
