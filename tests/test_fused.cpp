@@ -534,7 +534,7 @@ TEST_CASE("dyt_backward matches central finite differences in f64", "[fused]") {
     CHECK(bare.dalpha.to_vector() == with_ones.dalpha.to_vector());
 }
 
-TEST_CASE("dyt: the same bits for 1 and 2 threads and for streamed outputs; an empty batch has zero gradients",
+TEST_CASE("dyt: the same bits for 1 and 2 threads and for streamed outputs, and an empty batch has zero gradients",
           "[fused]") {
     const int64_t rows = 517, d = 96;  // above the parallel threshold; rows not a multiple of the chunks
     const auto xv = random_values(rows * d, 38, 0.0, 2.0);

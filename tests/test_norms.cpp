@@ -327,8 +327,8 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
     CHECK(norm->str() == "RMSNorm(8, eps=1e-05, elementwise_affine=true, fused=true)");
 }
 
-TEST_CASE("norms: DyT's alpha starts at alpha_init, which must be finite; no weight and bias without "
-          "elementwise_affine; its print", "[norms]") {
+TEST_CASE("norms: DyT's alpha starts at alpha_init, which must be finite, no weight and bias without "
+          "elementwise_affine, and its print", "[norms]") {
     for (double alpha_init : {0.5, 0.2, -1.5}) {
         auto norm = std::dynamic_pointer_cast<DyT>(make_norm(NormOptions{.type = "dyt", .dim = 8, .alpha_init = alpha_init}));
         REQUIRE(norm != nullptr);
