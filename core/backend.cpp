@@ -63,6 +63,16 @@ void check_kernel_args(const NormBackwardArgs& a) {
     NL_CHECK(!a.subtract_mean || a.mean != nullptr || a.rows == 0, "norm_backward: LayerNorm needs mean");
 }
 
+void check_kernel_args(const DytForwardArgs& a) {
+    check_norm_sizes("dyt_forward", a.dtype, a.rows, a.d, a.d);
+    NL_CHECK(a.alpha != nullptr || a.rows == 0, "dyt_forward: alpha is null");
+}
+
+void check_kernel_args(const DytBackwardArgs& a) {
+    check_norm_sizes("dyt_backward", a.dtype, a.rows, a.d, a.d);
+    NL_CHECK(a.alpha != nullptr, "dyt_backward: alpha is null");
+}
+
 void check_kernel_args(const CrossEntropyForwardArgs& a) {
     check_cross_entropy_sizes("cross_entropy_forward", a.dtype, a.rows, a.classes);
 }

@@ -34,7 +34,7 @@ enum class UnaryOp { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Silu, Sigmoid, Tanh,
 enum class ReduceOp { Sum, Mean, Max, Min, Var, ArgMax, SumSquares };
 
 // ---- the wide kernels' arguments: one struct per kernel ----
-// The fused kernels (norms, cross-entropy, optimizers, attention) take their many pointers and sizes
+// The fused kernels (norms, DyT, cross-entropy, optimizers, attention) take their many pointers and sizes
 // as one struct, so each parameter list is written once, here: the Backend methods, both backends
 // and the profiler name the struct only, and callers fill it field by field by name. Unlike the
 // kernels above, the norm and cross-entropy kernels read and write bf16/f16 themselves (converting to
@@ -83,6 +83,40 @@ struct NormBackwardArgs {
     int64_t d = 0;
     bool subtract_mean = false;
     int64_t stat_count = 0;  // k
+};
+
+// Dynamic Tanh (Zhu, Chen, He, LeCun & Liu 2025, "Transformers without Normalization"; the paper's
+// DyT module) over the last dim of contiguous x, a layer in a norm's place with no statistic:
+//   y = tanh(alpha * x) * w + b,  alpha one scalar for the whole tensor
+// x, alpha, weight, bias and y have `dtype` (f32, f64, bf16 or f16; halves computed in f32, rounded once).
+struct DytForwardArgs {
+    DType dtype = DType::F32;
+    const void* x = nullptr;       // [rows, d]
+    const void* alpha = nullptr;   // [1], read on the kernel's device (no copy to the host)
+    const void* weight = nullptr;  // [d], or null: 1
+    const void* bias = nullptr;    // [d], or null: 0
+    void* y = nullptr;             // [rows, d]
+    int64_t rows = 0;
+    int64_t d = 0;
+};
+// Backward of dyt_forward, t = tanh(alpha * x) recomputed from x (d tanh(u) / du = 1 - tanh(u)^2):
+//   dx_j    = dy_j * w_j * alpha * (1 - t_j^2)
+//   dalpha  = sum over every element of dy * w * x * (1 - t^2)
+//   dweight = sum_rows(dy * t),  dbias = sum_rows(dy)
+// deterministic as norm_backward's (no atomics; the same bits for any thread count). With rows == 0,
+// dalpha, dweight and dbias are written as zeros.
+struct DytBackwardArgs {
+    DType dtype = DType::F32;      // dy, x, alpha, weight, dx, dalpha, dweight, dbias
+    const void* dy = nullptr;      // [rows, d]
+    const void* x = nullptr;       // [rows, d]
+    const void* alpha = nullptr;   // [1]
+    const void* weight = nullptr;  // [d], or null: 1
+    void* dx = nullptr;            // [rows, d]
+    void* dalpha = nullptr;        // [1], or null: not wanted
+    void* dweight = nullptr;       // [d], or null: not wanted
+    void* dbias = nullptr;         // [d], or null: not wanted
+    int64_t rows = 0;
+    int64_t d = 0;
 };
 
 // Cross-entropy over contiguous logits with i64 targets, each in [0, classes) or equal to
@@ -199,6 +233,8 @@ struct AttentionBackwardArgs {
 // backend calls these first, so the two backends assert the same things.
 void check_kernel_args(const NormForwardArgs& a);
 void check_kernel_args(const NormBackwardArgs& a);
+void check_kernel_args(const DytForwardArgs& a);
+void check_kernel_args(const DytBackwardArgs& a);
 void check_kernel_args(const CrossEntropyForwardArgs& a);
 void check_kernel_args(const CrossEntropyBackwardArgs& a);
 void check_kernel_args(const AdamStepArgs& a);
@@ -265,6 +301,8 @@ public:
     // ---- fused kernels: their arguments and formulas are the structs above ----
     virtual void norm_forward(const NormForwardArgs& a) = 0;
     virtual void norm_backward(const NormBackwardArgs& a) = 0;
+    virtual void dyt_forward(const DytForwardArgs& a) = 0;
+    virtual void dyt_backward(const DytBackwardArgs& a) = 0;
     virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
     virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
     virtual void adam_step(const AdamStepArgs& a) = 0;

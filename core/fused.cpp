@@ -145,6 +145,68 @@ NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weig
 
 namespace {
 
+// x (..., d) floating with d >= 1, and alpha [1] of x's dtype and device; returns d.
+int64_t dyt_dims(const char* op, const Tensor& x, const Tensor& alpha) {
+    int64_t d = 0;
+    norm_dims(op, x, -1, d);
+    NL_REQUIRE(alpha.defined(), op, ": alpha is undefined (expected shape [1])");
+    NL_REQUIRE(alpha.shape() == Shape{1}, op, ": alpha must have shape [1], found ", shape_str(alpha.shape()));
+    NL_REQUIRE(alpha.dtype() == x.dtype(), op, ": alpha has dtype ", dtype_name(alpha.dtype()), " but x has dtype ",
+               dtype_name(x.dtype()));
+    NL_REQUIRE(alpha.device() == x.device(), op, ": alpha is on ", alpha.device().str(), " but x is on ",
+               x.device().str());
+    return d;
+}
+
+}  // namespace
+
+Tensor dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+    const char* op = "dyt_forward";
+    const int64_t d = dyt_dims(op, x, alpha);
+    require_norm_param(op, "weight", weight, x, d);
+    require_norm_param(op, "bias", bias, x, d);
+
+    const Tensor xc = x.contiguous();                                     // (rows, d)
+    const Tensor ac = alpha.contiguous();                                 // (1)
+    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();  // (d)
+    const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();      // (d)
+    const int64_t rows = x.numel() / d;
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());  // (rows, d)
+    if (rows == 0) return y;
+    backend_for(x.device())
+        .dyt_forward({.dtype = x.dtype(), .x = xc.data_ptr(), .alpha = ac.data_ptr(), .weight = ptr_or_null(wc),
+                      .bias = ptr_or_null(bc), .y = y.data_ptr(), .rows = rows, .d = d});
+    return y;
+}
+
+DytBackward dyt_backward(const Tensor& dy, const Tensor& x, const Tensor& alpha, const Tensor& weight,
+                         bool need_dalpha, bool need_dweight, bool need_dbias) {
+    const char* op = "dyt_backward";
+    const int64_t d = dyt_dims(op, x, alpha);
+    require_like(op, "dy", dy, "x", x, false);
+    require_norm_param(op, "weight", weight, x, d);
+
+    const Tensor xc = x.contiguous();                                     // (rows, d)
+    const Tensor dyc = dy.contiguous();                                   // (rows, d)
+    const Tensor ac = alpha.contiguous();                                 // (1)
+    const Tensor wc = weight.defined() ? weight.contiguous() : Tensor();  // (d)
+    const int64_t rows = x.numel() / d;
+    DytBackward out;
+    out.dx = Tensor::empty(x.shape(), x.dtype(), x.device());  // (rows, d)
+    if (need_dalpha) out.dalpha = Tensor::empty({1}, alpha.dtype(), x.device());
+    if (weight.defined() && need_dweight) out.dweight = Tensor::empty({d}, weight.dtype(), x.device());
+    if (need_dbias) out.dbias = Tensor::empty({d}, x.dtype(), x.device());
+    // Called even for rows == 0: the kernel then writes zero dalpha/dweight/dbias.
+    backend_for(x.device())
+        .dyt_backward({.dtype = x.dtype(), .dy = dyc.data_ptr(), .x = xc.data_ptr(), .alpha = ac.data_ptr(),
+                       .weight = ptr_or_null(wc), .dx = out.dx.data_ptr(), .dalpha = mut_ptr_or_null(out.dalpha),
+                       .dweight = mut_ptr_or_null(out.dweight), .dbias = mut_ptr_or_null(out.dbias), .rows = rows,
+                       .d = d});
+    return out;
+}
+
+namespace {
+
 // Checks logits (..., C) against targets (...) of i64, every target in [0, C) or ignore_index.
 // Returns the number of non-ignored rows.
 int64_t check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {

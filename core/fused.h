@@ -1,5 +1,5 @@
 // Fused kernels at the tensor level (no autograd): the norm forward/backward pair that serves
-// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; cross-entropy over logits; one-pass Adam/AdamW
+// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; DyT's pair; cross-entropy over logits; one-pass Adam/AdamW
 // and SGD updates. Each checks shapes/dtypes/devices, allocates, and calls one backend kernel
 // (core/backend.h has the formulas). bf16/f16 tensors are read and written as such by the kernels,
 // with all math in at least f32.
@@ -40,6 +40,24 @@ struct NormBackward {
 NormBackward norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd, bool subtract_mean, int64_t stat_count = -1,
                            bool need_dweight = true, bool need_dbias = true);
+
+// ---- Dynamic Tanh (DyT) over the last dim of x (rows = numel / d; core/backend.h has the formulas) ----
+
+// y = tanh(alpha * x) * weight + bias (Zhu et al. 2025, Transformers without Normalization), a layer in
+// a norm's place: no statistic, so nothing but x is needed for the backward. alpha: shape [1] with x's
+// dtype and device; weight/bias: undefined Tensor() for none, else shape [d] with x's dtype and device.
+Tensor dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias);
+
+struct DytBackward {
+    Tensor dx;       // x's shape and dtype
+    Tensor dalpha;   // [1], alpha's dtype; undefined when !need_dalpha
+    Tensor dweight;  // [d], weight's dtype; undefined when weight is undefined or !need_dweight
+    Tensor dbias;    // [d], x's dtype; undefined when !need_dbias
+};
+// The closed-form backward, tanh(alpha * x) recomputed from x. dalpha, dweight and dbias sum over rows
+// in a fixed order (the same bits for any thread count).
+DytBackward dyt_backward(const Tensor& dy, const Tensor& x, const Tensor& alpha, const Tensor& weight,
+                         bool need_dalpha = true, bool need_dweight = true, bool need_dbias = true);
 
 // ---- cross-entropy over logits (class dim LAST: logits (..., C), targets (...) of i64) ----
 

@@ -170,6 +170,12 @@ public:
         timed(a.subtract_mean ? "layer_norm_backward" : "rms_norm_backward", 0, 3 * bytes_of(a.dtype, a.rows * a.d),
               [&] { inner_.norm_backward(a); });
     }
+    void dyt_forward(const DytForwardArgs& a) override {
+        timed("dyt", 0, 2 * bytes_of(a.dtype, a.rows * a.d), [&] { inner_.dyt_forward(a); });
+    }
+    void dyt_backward(const DytBackwardArgs& a) override {
+        timed("dyt_backward", 0, 3 * bytes_of(a.dtype, a.rows * a.d), [&] { inner_.dyt_backward(a); });
+    }
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override {
         timed("cross_entropy", 0, bytes_of(a.dtype, a.rows * a.classes), [&] { inner_.cross_entropy_forward(a); });
     }

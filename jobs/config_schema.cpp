@@ -297,7 +297,7 @@ ConfigSchema make_bench_norms_schema() {
     k.push_back({.path = "large_reps", .type = ConfigType::Integer, .default_value = 10, .min = 1, .max = 100000,
                  .meaning = "samples per case at the large shapes"});
     k.push_back({.path = "norms", .type = ConfigType::StringList, .default_value = {"layernorm", "rmsnorm"},
-                 .choices = {"layernorm", "rmsnorm"}, .meaning = "the norms to time"});
+                 .choices = {"layernorm", "rmsnorm", "dyt"}, .meaning = "the norms to time"});
     k.push_back({.path = "impls", .type = ConfigType::StringList,
                  .default_value = {"kernel", "op", "fused", "composed"},
                  .choices = {"kernel", "op", "fused", "composed"},

@@ -224,12 +224,39 @@ void add_composed_norms(std::vector<NormType>& types) {
     });
 }
 
+// Layers that take a norm's place without a statistic.
+void add_norm_replacements(std::vector<NormType>& types) {
+    types.push_back({
+        .name = "dyt",
+        .class_name = "DyT",
+        .default_eps = 1e-5,  // unread: the formula has no eps
+        .statistic = NormStatistic::Elementwise,
+        .fused = FusedForm::OneKernelNode,
+        // The paper's module declares alpha, weight, bias in this order.
+        .parameters = {{"", "alpha", ParameterShape::One, ParameterInit::AlphaInit, ParameterPresence::Always},
+                       weight_in(""), bias_in("", ParameterPresence::Affine)},
+        .forward = [](const Var& x, const std::vector<Var>& p, const NormOptions&, bool fused) {
+            return dyt(x, p[0], p[1], p[2], fused);
+        },
+        .reference = [](const double* x, int64_t d, const Values& p, const NormOptions&, double* y) {
+            for (int64_t j = 0; j < d; ++j) y[j] = std::tanh(p[0][0] * x[j]) * p[1][j] + p[2][j];
+        },
+        .gradcheck = {},  // the default options (alpha_init 0.5) and tolerances
+        .help = {.formula = "y = tanh(alpha * x) * weight + bias   (alpha a learned [1] scalar, init alpha_init = 0.5; "
+                            "no statistic, eps unread)",
+                 .reference = "Zhu, Chen, He, LeCun & Liu 2025, Transformers without Normalization (DyT)",
+                 .fused_form = "one node over the DyT kernel pair (saves x)"},
+        .make = make<DyT>,
+    });
+}
+
 std::vector<NormType> build_registry() {
     std::vector<NormType> types;
     add_layer_norms(types);
     add_rms_norms(types);
     add_article_norms(types);
     add_composed_norms(types);
+    add_norm_replacements(types);
     return types;
 }
 
@@ -243,6 +270,7 @@ const char* norm_statistic_name(NormStatistic statistic) {
         case NormStatistic::RootMeanSquare: return "RMS";
         case NormStatistic::Both: return "variance and RMS";
         case NormStatistic::L2Norm: return "L2 norm";
+        case NormStatistic::Elementwise: return "none (elementwise)";
     }
     throw Error("norm_statistic_name: unknown statistic");
 }
@@ -279,12 +307,13 @@ std::vector<std::string> norm_parameter_names(const NormType& type) {
     return out;
 }
 
-std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t d) {
+std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t d, const NormOptions& options) {
     const size_t n = parameter.shape == ParameterShape::Features ? static_cast<size_t>(d) : 1;
     switch (parameter.init) {
         case ParameterInit::Ones: return std::vector<double>(n, 1.0);
         case ParameterInit::Zeros: return std::vector<double>(n, 0.0);
         case ParameterInit::SqrtDim: return std::vector<double>(n, std::sqrt(static_cast<double>(d)));
+        case ParameterInit::AlphaInit: return std::vector<double>(n, options.alpha_init);
     }
     throw Error("norm_parameter_init: unknown init");
 }
@@ -309,6 +338,9 @@ std::vector<std::string> norm_option_names(const NormType& type) {
     if (has_presence(ParameterPresence::AffineAndBias)) out.push_back("bias");
     if (type.partial_row) out.push_back("p");
     if (type.statistic == NormStatistic::Both) out.push_back("alpha");  // the fixed weight of the RMS branch
+    if (std::any_of(type.parameters.begin(), type.parameters.end(),
+                    [](const NormParameter& p) { return p.init == ParameterInit::AlphaInit; }))
+        out.push_back("alpha_init");  // a learned parameter's initial value (DyT's alpha)
     return out;
 }
 
@@ -325,7 +357,7 @@ std::vector<Var> norm_gradcheck_inputs(const NormType& type, const Shape& x_shap
     const int64_t d = x_shape.back();
     std::vector<Var> inputs{Var(randn(x_shape, gen, DType::F64) * 1.5 + 0.3, true)};
     for (const NormParameter& p : type.parameters) {
-        const std::vector<double> init = norm_parameter_init(p, d);
+        const std::vector<double> init = norm_parameter_init(p, d, type.gradcheck.options);
         const Shape shape = {static_cast<int64_t>(init.size())};
         inputs.push_back(Var(from_vector(init, shape, DType::F64) + randn(shape, gen, DType::F64) * 0.5, true));
     }

@@ -18,12 +18,13 @@
 
 namespace nl {
 
-// What a norm divides x by.
+// What a norm divides x by (Elementwise: nothing, for a layer that takes a norm's place).
 enum class NormStatistic {
     Variance,        // mean-subtracting: (x - mean(x)) / sqrt(var(x) + eps), var biased (LayerNorm)
     RootMeanSquare,  // x / sqrt(mean(x^2) + eps) (RMSNorm)
     Both,            // a Variance branch and a RootMeanSquare branch, blended (HybridNorm)
     L2Norm,          // x / max(||x||_2, eps) (ScaleNorm)
+    Elementwise,     // none: each element on its own, tanh(alpha * x) (DyT, which replaces a norm)
 };
 
 // What the fused form (NormOptions::fused, the default) runs.
@@ -34,7 +35,8 @@ enum class FusedForm {
 };
 
 enum class ParameterShape { Features, One };      // [d] or [1]
-enum class ParameterInit { Ones, Zeros, SqrtDim };  // 1, 0 or sqrt(d) in every element
+// 1, 0, sqrt(d) or NormOptions::alpha_init in every element.
+enum class ParameterInit { Ones, Zeros, SqrtDim, AlphaInit };
 // When the module has the parameter: always, with elementwise_affine, or with elementwise_affine
 // and bias (NormOptions).
 enum class ParameterPresence { Always, Affine, AffineAndBias };
@@ -77,7 +79,7 @@ struct NormHelp {
     std::string fused_form;  // what the fused form runs
 };
 
-// "variance", "RMS", "variance and RMS" or "L2 norm": for help texts.
+// "variance", "RMS", "variance and RMS", "L2 norm" or "none (elementwise)": for help texts.
 const char* norm_statistic_name(NormStatistic statistic);
 
 struct NormType {
@@ -108,15 +110,17 @@ std::string norm_type_choices();
 // The state-dict names of the parameters with the default options: {"weight", "bias"}.
 std::vector<std::string> norm_parameter_names(const NormType& type);
 
-// A parameter's initial values for a norm over d features: d (or 1) ones, zeros or sqrt(d).
-std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t d);
+// A parameter's initial values for a norm over d features built with `options`: d (or 1) ones,
+// zeros, sqrt(d) or options.alpha_init.
+std::vector<double> norm_parameter_init(const NormParameter& parameter, int64_t d, const NormOptions& options);
 
 // Whether a module built with `options` has the parameter.
 bool norm_parameter_present(const NormParameter& parameter, const NormOptions& options);
 
 // The NormOptions fields `type` reads beyond eps, dim, fused and dtype (which every norm reads), in the
 // order the Python classes take them: "elementwise_affine" where a parameter's presence depends on it,
-// "bias" where one's depends on bias too, "p" for a partial row, "alpha" for a blend of two statistics.
+// "bias" where one's depends on bias too, "p" for a partial row, "alpha" for a blend of two statistics,
+// "alpha_init" where a parameter starts at it (DyT).
 // The Python classes' signatures (python/normlab/nn/norms.py, python/normlab/torch.py) come from it.
 std::vector<std::string> norm_option_names(const NormType& type);
 
@@ -126,6 +130,7 @@ NormOptions norm_gradcheck_options(const NormType& type, int64_t dim, bool fused
 // f64 inputs {x, parameters...} for a gradient check of the functional form: x of x_shape from
 // N(0, 1) * 1.5 + 0.3 (off center, so a subtracted mean matters) and each parameter at its init plus
 // 0.5 N(0, 1) (exact ones and zeros could hide a missing factor); every one a leaf requiring grad.
+// The inits read the entry's gradcheck options (alpha_init).
 std::vector<Var> norm_gradcheck_inputs(const NormType& type, const Shape& x_shape, Generator& gen);
 
 }  // namespace nl

@@ -89,6 +89,48 @@ Var fused_norm_node(const char* name, const Var& x, const Var& weight, const Var
         });
 }
 
+// DyT's gradients from autograd ops, for backward(create_graph=true) through its fused node: the
+// closed form of core/backend.h's DytBackwardArgs, with t recomputed, in x's compute dtype. x is the
+// saved Var; alpha, weight and bias the node's inputs. Returns {dx, dalpha, dweight, dbias}.
+std::vector<Var> dyt_gradients_composed(const Var& dy, const Var& x, const Var& alpha, const Var& weight,
+                                        const Var& bias) {
+    const DType dtype = x.dtype();
+    const Shape features = {x.size(-1)};
+    Var dyf = to_compute(dy), xf = to_compute(x), af = to_compute(alpha);  // (..., d), (..., d), (1)
+    Var t = tanh(af * xf);                                                  // (..., d)
+    Var g = weight.defined() ? dyf * to_compute(weight) : dyf;              // (..., d)
+    Var dt = g * rsub(1.0, square(t));                                      // d loss / d (alpha x)
+    return {cast_back(dt * af, dtype), alpha.requires_grad() ? cast_back(sum_to(dt * xf, {1}), dtype) : Var(),
+            weight.defined() && weight.requires_grad() ? cast_back(sum_to(dyf * t, features), dtype) : Var(),
+            bias.defined() && bias.requires_grad() ? cast_back(sum_to(dyf, features), dtype) : Var()};
+}
+
+// One make_result node over dyt_forward/dyt_backward, as fused_norm_node. Saved: x alone (as a Var, so
+// that the create_graph path differentiates through it). alpha and weight are referenced by the
+// closure (parameters, alive anyway), not saved.
+Var fused_dyt_node(const Var& x, const Var& alpha, const Var& weight, const Var& bias) {
+    Tensor w = weight.defined() ? weight.data() : Tensor();
+    Tensor b = bias.defined() ? bias.data() : Tensor();
+    Tensor y = dyt_forward(x.data(), alpha.data(), w, b);
+    std::vector<SavedTensor> saved;
+    saved.emplace_back("x", x);
+    const bool need_dalpha = alpha.requires_grad();
+    const bool need_dweight = weight.defined() && weight.requires_grad();
+    const bool need_dbias = bias.defined() && bias.requires_grad();
+    return make_result(
+        y, "dyt", {x, alpha, weight, bias}, std::move(saved),
+        [alpha, weight, bias, need_dalpha, need_dweight, need_dbias](
+            const Var& dy, const std::vector<Var>& saved) -> std::vector<Var> {
+            // backward(create_graph=true): the same gradients from autograd ops, differentiable again.
+            if (is_grad_enabled()) return dyt_gradients_composed(dy, saved.front(), alpha, weight, bias);
+            const Tensor w = weight.defined() ? weight.data() : Tensor();
+            DytBackward g = dyt_backward(dy.data(), saved.front().data(), alpha.data(), w, need_dalpha, need_dweight,
+                                         need_dbias);
+            return {Var(g.dx), need_dalpha ? Var(g.dalpha) : Var(), need_dweight ? Var(g.dweight) : Var(),
+                    need_dbias ? Var(g.dbias) : Var()};
+        });
+}
+
 // The forms without checks, for the public forms below (which check first) to share.
 Var layer_norm_unchecked(const Var& x, const Var& weight, const Var& bias, double eps, bool fused) {
     if (fused) return fused_norm_node("layer_norm", x, weight, bias, eps, true, -1);
@@ -175,6 +217,18 @@ Var scale_norm(const Var& x, const Var& g, double eps) {
     return cast_back(xf * rsqrt(sum_of_squares), x.dtype()) * g;
 }
 
+Var dyt(const Var& x, const Var& alpha, const Var& weight, const Var& bias, bool fused) {
+    const char* op = "dyt";
+    check_input(op, x, 0.0);  // no eps
+    check_parameter(op, "alpha", alpha, {1}, x, true);
+    const Shape features = {x.size(-1)};
+    check_parameter(op, "weight", weight, features, x, false);
+    check_parameter(op, "bias", bias, features, x, false);
+    if (fused) return fused_dyt_node(x, alpha, weight, bias);
+    Var t = tanh(to_compute(alpha) * to_compute(x));  // (..., d): torch.tanh(self.alpha * x)
+    return affine(cast_back(t, x.dtype()), weight, bias);  // x * self.weight + self.bias
+}
+
 // ---- options, base, factory ----
 
 namespace {
@@ -234,7 +288,7 @@ std::vector<Var> Norm::norm_parameters() const {
 void Norm::register_norm_parameters() {
     for (const NormParameter& p : type_->parameters) {
         if (!p.child.empty() || !norm_parameter_present(p, options_)) continue;  // a child registers its own
-        const std::vector<double> init = norm_parameter_init(p, options_.dim);
+        const std::vector<double> init = norm_parameter_init(p, options_.dim, options_);
         register_parameter(p.name, Var(from_vector(init, {static_cast<int64_t>(init.size())}, options_.dtype)));
     }
 }
@@ -321,6 +375,21 @@ AdaptiveRMSNorm::AdaptiveRMSNorm(const NormOptions& options) : Norm(with_type(op
 }
 
 Var AdaptiveRMSNorm::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
+
+// ---- DyT ----
+
+DyT::DyT(const NormOptions& options) : Norm(with_type(options, "dyt")) {
+    NL_REQUIRE(std::isfinite(options_.alpha_init), "DyT: expected a finite alpha_init, found ", options_.alpha_init);
+    register_norm_parameters();  // alpha = alpha_init, then weight ones and bias zeros
+}
+
+std::string DyT::extra_repr() const {
+    return detail::concat(options_.dim, ", alpha_init=", options_.alpha_init, ", elementwise_affine=",
+                          options_.elementwise_affine ? "true" : "false", ", fused=", fused() ? "true" : "false");
+}
+
+Var DyT::weight() const { return has_parameter("weight") ? parameter("weight") : Var(); }
+Var DyT::bias() const { return has_parameter("bias") ? parameter("bias") : Var(); }
 
 // ---- HybridNorm ----
 

@@ -5,7 +5,7 @@
 // All normalize over the last dim. Statistics are computed in f32 for bf16/f16 inputs (f64 stays
 // f64) and the result is cast back to the input dtype, as LLaMA's RMSNorm does.
 //
-// What the fused node keeps: its saved tensors are exactly x, rstd (and mean). The weight, which
+// What the fused node keeps: its saved tensors are exactly x, rstd (and mean); DyT's, x alone. The weight, which
 // the backward also needs, is a parameter that is alive anyway; the closure holds a reference to
 // it instead of saving it, so graph inspection counts activation memory only. The fused backward is
 // first-order only (a kernel, not Var ops): backward(create_graph=true) through a fused norm throws
@@ -14,7 +14,7 @@
 // Checks: the functional forms below are the op boundary. Each checks its arguments once (x
 // defined, floating, (..., d) with d > 0; each parameter's shape, dtype and device against x; eps
 // finite and >= 0) and names what it expected and what it found. A module checks its options when
-// it is built (type, dim, dtype, p, alpha) and, on forward, only what the op cannot know: that x's
+// it is built (type, dim, dtype, p, alpha, alpha_init) and, on forward, only what the op cannot know: that x's
 // last dim is the module's dim. Each module's forward is its registry entry's functional form
 // (layers/norm_registry.h) over the module's parameters.
 #pragma once
@@ -58,6 +58,14 @@ Var hybrid_norm(const Var& x, const Var& rms_weight, const Var& ln_weight, const
 // as x * rsqrt(max(sum(x^2), eps^2)): the same value, with a zero gradient instead of 0 * inf for
 // a row of zeros. The L2 norm in f32 for half inputs, cast back, then * g.
 Var scale_norm(const Var& x, const Var& g, double eps);
+// DyT, Dynamic Tanh (Zhu, Chen, He, LeCun & Liu 2025, Transformers without Normalization): a layer in
+// a norm's place with no statistic, y = tanh(alpha * x) * weight + bias, alpha a [1] Var of x's dtype
+// (required), weight and bias [d] or undefined. The composed form takes tanh in f32 for half inputs and
+// casts back before the affine (as RMSNorm's); the fused form is one node over core/fused.h's
+// dyt_forward/dyt_backward that saves x only (alpha and weight referenced, as the norms' weight).
+// Under backward(create_graph=true) the fused node computes its gradients with autograd ops, so DyT is
+// twice differentiable in both forms.
+Var dyt(const Var& x, const Var& alpha, const Var& weight, const Var& bias, bool fused);
 
 // ---- options and the factory ----
 
@@ -73,7 +81,7 @@ struct NormOptions {
     bool bias = true;                // layernorm and hybridnorm only (nn.LayerNorm's bias=True)
     double p = 0.0625;               // prmsnorm: the fraction of each row its RMS is computed over
     double alpha = 0.5;              // hybridnorm: the (fixed) weight of the RMSNorm branch
-    double alpha_init = 0.5;         // dyt: the initial value of its learnable scalar alpha (Zhu et al. 2025)
+    double alpha_init = 0.5;         // dyt: the initial value of its learnable scalar alpha (Zhu et al. 2025), finite
     DType dtype = DType::F32;
 
     double resolved_eps() const;     // eps, or the type's default
@@ -163,6 +171,20 @@ public:
     explicit AdaptiveRMSNorm(const NormOptions& options);
     Var weight() const;
     Var alpha() const { return parameter("alpha"); }
+};
+
+// DyT (Zhu, Chen, He, LeCun & Liu 2025, "Transformers without Normalization"; type "dyt"): y =
+// tanh(alpha * x) * weight + bias in a norm's place. alpha is a learnable [1] parameter starting at
+// options.alpha_init (the paper's 0.5; it must be finite), weight ones and bias zeros (both with
+// elementwise_affine), in the paper's order: alpha, weight, bias. eps is not read.
+class DyT : public Norm {
+public:
+    explicit DyT(const NormOptions& options);
+    std::string extra_repr() const override;  // dim, alpha_init, elementwise_affine, fused (no eps)
+    Var alpha() const { return parameter("alpha"); }
+    Var weight() const;  // undefined without elementwise_affine
+    Var bias() const;    // undefined without elementwise_affine
+    double alpha_init() const { return options_.alpha_init; }
 };
 
 // The article's HybridNorm (section 6.3): y = alpha * rms_norm(x) + (1 - alpha) * layer_norm(x),

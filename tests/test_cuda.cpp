@@ -538,6 +538,40 @@ TEST_CASE("cuda: fused norms forward and backward match the CPU for every varian
     }
 }
 
+TEST_CASE("cuda: DyT's kernel pair matches the CPU for every dtype, with and without weight and bias", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+        // One register tile per row up to 8192 wide; 9001 re-reads two tiles (core/cuda/cuda_norms.cu).
+        for (const Shape& shape : {Shape{6, 5, 48}, Shape{3, 1000}, Shape{1, 7}, Shape{0, 16}, Shape{3, 9001}}) {
+            const int64_t d = shape.back();
+            const Tensor x = (random_normal(shape, 40, DType::F64) * 2.0 + 0.3).to(dtype);
+            const Tensor dy = random_normal(shape, 41, dtype);
+            const Tensor alpha = full({1}, 0.7, dtype);
+            const Tensor w = (random_normal({d}, 42, DType::F64) * 0.5 + 1.0).to(dtype);
+            const Tensor b = random_normal({d}, 43, dtype);
+            for (bool affine : {true, false}) {
+                const std::string what = std::string(affine ? "affine " : "bare ") + dtype_name(dtype) + " " +
+                                         shape_str(shape);
+                const Tensor wc = affine ? w : Tensor(), bc = affine ? b : Tensor();
+                const Tensor wg = affine ? gpu(w) : Tensor(), bg = affine ? gpu(b) : Tensor();
+                require_close(dyt_forward(x, alpha, wc, bc), dyt_forward(gpu(x), gpu(alpha), wg, bg), "y " + what);
+                const DytBackward g = dyt_backward(dy, x, alpha, wc);
+                const DytBackward gg = dyt_backward(gpu(dy), gpu(x), gpu(alpha), wg);
+                // Sums over a row's or all rows' elements: looser than elementwise, as the norms' dweight.
+                const double tol = is_half(dtype) ? 2 * tolerance(dtype) : 10 * tolerance(dtype);
+                require_close(g.dx, gg.dx, tol, "dx " + what);
+                require_close(g.dalpha, gg.dalpha, tol, "dalpha " + what);
+                require_close(g.dbias, gg.dbias, tol, "dbias " + what);
+                if (affine) require_close(g.dweight, gg.dweight, tol, "dweight " + what);
+                const DytBackward again = dyt_backward(gpu(dy), gpu(x), gpu(alpha), wg);
+                require_same_bits(gg.dalpha, again.dalpha, "dalpha deterministic " + what);
+                require_same_bits(gg.dbias, again.dbias, "dbias deterministic " + what);
+                if (affine) require_same_bits(gg.dweight, again.dweight, "dweight deterministic " + what);
+            }
+        }
+    }
+}
+
 TEST_CASE("cuda: LayerNorm of a large-offset input (1e4 + N(0,1)) in f32 matches the CPU", "[cuda]") {
     CUDA_TEST_OR_SKIP();
     // A mean kept only as a float costs ~1e-3 relative in y here; the CPU keeps it to about twice f32's

@@ -1,6 +1,7 @@
 // Fused kernels (core/fused.h) against plain f64 reference loops: the norm pair for every variant
 // (LayerNorm, RMSNorm, with/without weight and bias, pRMSNorm's k < d) in f32/f64/bf16/f16, backward
 // against central finite differences, determinism across thread counts, a large-offset LayerNorm;
+// DyT's pair the same way;
 // cross-entropy with ignore_index and reductions; Adam/AdamW/AMSGrad/SGD trajectories; errors.
 #include <catch2/catch.hpp>
 
@@ -410,6 +411,177 @@ RefCrossEntropy ref_cross_entropy(const std::vector<double>& z, const std::vecto
 }
 
 }  // namespace
+
+// ---- DyT ----
+
+namespace {
+
+struct RefDyt {
+    std::vector<double> y, dx, dweight, dbias;
+    double dalpha = 0.0;
+};
+
+// f64 reference of DyT over x (rows, d): y = tanh(alpha x) w + b and the gradients of sum(y * dy).
+RefDyt ref_dyt(const std::vector<double>& x, double alpha, const std::vector<double>& w, const std::vector<double>& b,
+               const std::vector<double>& dy, int64_t rows, int64_t d) {
+    RefDyt out;
+    out.y.resize(x.size());
+    out.dx.resize(x.size());
+    out.dweight.assign(d, 0.0);
+    out.dbias.assign(d, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < d; ++j) {
+            const size_t i = static_cast<size_t>(r * d + j);
+            const double t = std::tanh(alpha * x[i]);
+            out.y[i] = t * w[j] + b[j];
+            out.dx[i] = dy[i] * w[j] * alpha * (1 - t * t);
+            out.dalpha += dy[i] * w[j] * x[i] * (1 - t * t);
+            out.dweight[j] += dy[i] * t;
+            out.dbias[j] += dy[i];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("dyt_forward/dyt_backward match the f64 reference in f32, f64, bf16 and f16, with and without "
+          "weight and bias", "[fused]") {
+    // 300 rows of 80: above the parallel threshold, and chunked for the parameter gradients. x spreads
+    // over tanh's linear part and its saturation (alpha x up to ~4).
+    const int64_t rows = 300, d = 80;
+    const auto xv = random_values(rows * d, 30, 0.3, 3.0);
+    const auto wv = random_values(d, 31, 1.0, 0.5);
+    const auto bv = random_values(d, 32, 0.0, 0.5);
+    const auto dyv = random_values(rows * d, 33);
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+        for (bool affine : {true, false}) {
+            CAPTURE(dtype_name(dtype), affine);
+            // The reference sees the values the kernel sees (rounded to dtype).
+            const std::vector<double> x = rounded(xv, dtype), dy = rounded(dyv, dtype);
+            const std::vector<double> w = affine ? rounded(wv, dtype) : std::vector<double>(d, 1.0);
+            const std::vector<double> b = affine ? rounded(bv, dtype) : std::vector<double>(d, 0.0);
+            const double alpha = rounded({0.7}, dtype)[0];
+            const RefDyt ref = ref_dyt(x, alpha, w, b, dy, rows, d);
+            const Tensor xt = from_vector(x, {rows, d}, dtype), dyt = from_vector(dy, {rows, d}, dtype);
+            const Tensor at = from_vector(std::vector<double>{alpha}, {1}, dtype);
+            const Tensor wt = affine ? from_vector(w, {d}, dtype) : Tensor();
+            const Tensor bt = affine ? from_vector(b, {d}, dtype) : Tensor();
+            const Tensor y = dyt_forward(xt, at, wt, bt);
+            const DytBackward g = dyt_backward(dyt, xt, at, wt);
+            CHECK(y.dtype() == dtype);
+            CHECK(g.dx.dtype() == dtype);
+            CHECK(g.dalpha.dtype() == dtype);
+            CHECK(g.dalpha.shape() == Shape{1});
+            CHECK(g.dweight.defined() == affine);
+            // f64: rounding only; f32: a few ulp of tanh and of the row sums; halves: one rounding of each output.
+            const double tol = dtype == DType::F64 ? 1e-12 : dtype == DType::F32 ? 1e-5 : dtype == DType::BF16 ? 8e-3 : 1e-3;
+            CHECK(max_rel_err(y.to_vector(), ref.y) < tol);
+            CHECK(max_rel_err(g.dx.to_vector(), ref.dx) < tol);
+            // Sums over 24000 or 300 terms: relative to the sum of the terms' magnitudes (~rows).
+            CHECK(max_rel_err(g.dbias.to_vector(), ref.dbias, 30.0) < tol);
+            CHECK(max_rel_err(g.dalpha.to_vector(), {ref.dalpha}, 300.0) < tol);
+            if (affine) CHECK(max_rel_err(g.dweight.to_vector(), ref.dweight, 30.0) < tol);
+        }
+    }
+}
+
+TEST_CASE("dyt_backward matches central finite differences in f64", "[fused]") {
+    const int64_t rows = 3, d = 5;
+    const double h = 1e-6;
+    const auto xv = random_values(rows * d, 34, 0.2, 1.5);
+    const auto wv = random_values(d, 35, 1.0, 0.5);
+    const auto bv = random_values(d, 36);
+    const auto dyv = random_values(rows * d, 37);  // loss = sum(y * dy)
+    const double alpha = 0.8;
+    // inputs[0] = x, [1] = {alpha}, [2] = w, [3] = b.
+    auto loss = [&](const std::vector<std::vector<double>>& in) {
+        const Tensor y = dyt_forward(from_vector(in[0], {rows, d}, DType::F64), from_vector(in[1], {1}, DType::F64),
+                                     from_vector(in[2], {d}, DType::F64), from_vector(in[3], {d}, DType::F64));
+        double total = 0.0;
+        const auto yv = y.to_vector();
+        for (size_t i = 0; i < yv.size(); ++i) total += yv[i] * dyv[i];
+        return total;
+    };
+    const std::vector<std::vector<double>> inputs = {xv, {alpha}, wv, bv};
+    const DytBackward g = dyt_backward(from_vector(dyv, {rows, d}, DType::F64), from_vector(xv, {rows, d}, DType::F64),
+                                       from_vector(std::vector<double>{alpha}, {1}, DType::F64), from_vector(wv, {d}, DType::F64));
+    const std::vector<Tensor> analytic = {g.dx, g.dalpha, g.dweight, g.dbias};
+    for (size_t which = 0; which < inputs.size(); ++which) {
+        std::vector<std::vector<double>> in = inputs;
+        std::vector<double> numeric(in[which].size());
+        for (size_t i = 0; i < numeric.size(); ++i) {
+            const double saved = in[which][i];
+            in[which][i] = saved + h;
+            const double up = loss(in);
+            in[which][i] = saved - h;
+            const double down = loss(in);
+            in[which][i] = saved;
+            numeric[i] = (up - down) / (2 * h);
+        }
+        CAPTURE(which);
+        CHECK(max_rel_err(analytic[which].to_vector(), numeric) < 1e-7);
+    }
+    // Without a weight the gradients are those of weight 1, and none is made for the weight.
+    const DytBackward bare = dyt_backward(from_vector(dyv, {rows, d}, DType::F64), from_vector(xv, {rows, d}, DType::F64),
+                                          from_vector(std::vector<double>{alpha}, {1}, DType::F64), Tensor(), true, true, false);
+    const DytBackward with_ones = dyt_backward(from_vector(dyv, {rows, d}, DType::F64),
+                                               from_vector(xv, {rows, d}, DType::F64),
+                                               from_vector(std::vector<double>{alpha}, {1}, DType::F64), ones({d}, DType::F64));
+    CHECK_FALSE(bare.dweight.defined());
+    CHECK_FALSE(bare.dbias.defined());
+    CHECK(bare.dx.to_vector() == with_ones.dx.to_vector());
+    CHECK(bare.dalpha.to_vector() == with_ones.dalpha.to_vector());
+}
+
+TEST_CASE("dyt: the same bits for 1 and 2 threads and for streamed outputs, and an empty batch has zero gradients",
+          "[fused]") {
+    const int64_t rows = 517, d = 96;  // above the parallel threshold; rows not a multiple of the chunks
+    const auto xv = random_values(rows * d, 38, 0.0, 2.0);
+    const auto dyv = random_values(rows * d, 39);
+    const auto wv = random_values(d, 40);
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        const Tensor x = from_vector(xv, {rows, d}, dtype), dy = from_vector(dyv, {rows, d}, dtype);
+        const Tensor w = from_vector(wv, {d}, dtype), alpha = from_vector(std::vector<double>{0.6}, {1}, dtype);
+        const int saved_threads = omp_get_max_threads();
+        std::vector<std::vector<double>> results[3];
+        for (int run : {0, 1, 2}) {  // 1 thread, 2 threads, 2 threads streaming
+            omp_set_num_threads(run == 0 ? 1 : 2);
+            cpu_rows::set_stream_threshold_bytes(run == 2 ? 0 : -1);
+            const Tensor y = dyt_forward(x, alpha, w, w);
+            const DytBackward g = dyt_backward(dy, x, alpha, w);
+            results[run] = {y.to_vector(), g.dx.to_vector(), g.dalpha.to_vector(), g.dweight.to_vector(),
+                            g.dbias.to_vector()};
+        }
+        omp_set_num_threads(saved_threads);
+        cpu_rows::set_stream_threshold_bytes(-1);
+        CAPTURE(dtype_name(dtype));
+        for (size_t i = 0; i < 5; ++i) {
+            CHECK(results[0][i] == results[1][i]);
+            CHECK(results[0][i] == results[2][i]);
+        }
+    }
+    const Tensor empty = zeros({0, 4}, DType::F32), alpha = ones({1}, DType::F32);
+    CHECK(dyt_forward(empty, alpha, Tensor(), Tensor()).shape() == Shape{0, 4});
+    const DytBackward g = dyt_backward(empty, empty, alpha, ones({4}, DType::F32));
+    CHECK(g.dx.shape() == Shape{0, 4});
+    CHECK(g.dalpha.to_vector() == std::vector<double>{0.0});
+    CHECK(g.dweight.to_vector() == std::vector<double>(4, 0.0));
+    CHECK(g.dbias.to_vector() == std::vector<double>(4, 0.0));
+}
+
+TEST_CASE("dyt_forward/dyt_backward errors name the shapes and dtypes", "[fused]") {
+    const Tensor x = zeros({2, 3}, DType::F32), alpha = ones({1}, DType::F32);
+    REQUIRE_THROWS_WITH(dyt_forward(x, ones({2}, DType::F32), Tensor(), Tensor()),
+                        Catch::Contains("dyt_forward: alpha must have shape [1], found [2]"));
+    REQUIRE_THROWS_WITH(dyt_forward(x, Tensor(), Tensor(), Tensor()), Catch::Contains("dyt_forward: alpha is undefined"));
+    REQUIRE_THROWS_WITH(dyt_forward(x, ones({1}, DType::F64), Tensor(), Tensor()),
+                        Catch::Contains("alpha has dtype f64 but x has dtype f32"));
+    REQUIRE_THROWS_WITH(dyt_forward(x, alpha, ones({4}, DType::F32), Tensor()),
+                        Catch::Contains("dyt_forward: weight must have shape [3] for x of shape [2, 3], found [4]"));
+    REQUIRE_THROWS_WITH(dyt_backward(zeros({3, 2}, DType::F32), x, alpha, Tensor()),
+                        Catch::Contains("dyt_backward: dy has shape [3, 2] but x has shape [2, 3]"));
+}
 
 TEST_CASE("cross_entropy matches the reference with ignore_index and every reduction", "[fused]") {
     // Rows shorter than the kernel's 16 lanes, a whole number of them, and lanes plus a tail.

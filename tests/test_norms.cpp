@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,8 @@ std::vector<double> reference_output(const Norm& norm, const std::vector<double>
     std::vector<std::vector<double>> params;
     const std::vector<Var> vars = norm.norm_parameters();
     for (size_t i = 0; i < vars.size(); ++i)
-        params.push_back(vars[i].defined() ? vars[i].data().to_vector() : norm_parameter_init(type.parameters[i], d));
+        params.push_back(vars[i].defined() ? vars[i].data().to_vector()
+                                           : norm_parameter_init(type.parameters[i], d, norm.options()));
     std::vector<double> out(x.size());
     for (int64_t r = 0; r < rows; ++r) type.reference(&x[r * d], d, params, norm.options(), &out[r * d]);
     return out;
@@ -153,7 +155,8 @@ TEST_CASE("norms: a fused norm refuses create_graph with a clear error", "[norms
     REQUIRE_THROWS_WITH(gradients(y, {in[0]}, Var(), false, true), Catch::Contains("first-order only"));
 }
 
-TEST_CASE("norms: a one-node fused form saves exactly x + rstd (+ mean), any kernel form less than composed",
+TEST_CASE("norms: a one-node fused form saves exactly x + rstd (+ mean), x alone without a statistic (DyT), any "
+          "kernel form less than composed",
           "[norms]") {
     Generator gen(16);
     const int64_t d = 16, rows = 20;
@@ -174,13 +177,16 @@ TEST_CASE("norms: a one-node fused form saves exactly x + rstd (+ mean), any ker
             CHECK(bf < bc);
             if (type.fused == FusedForm::KernelAndOps) continue;  // the kernel's nodes plus composed ops
             const bool ln = type.statistic == NormStatistic::Variance;  // the node saves the mean too
-            CHECK(bf == x.data().nbytes() + rows * stat * (ln ? 2 : 1));
+            const bool none = type.statistic == NormStatistic::Elementwise;  // no statistic to save
+            CHECK(bf == x.data().nbytes() + rows * stat * (none ? 0 : ln ? 2 : 1));
             // The graph is one node, and it saved exactly these names.
             auto nodes = graph_nodes(yf);
             REQUIRE(nodes.size() == 1);
             std::vector<std::string> names;
             for (const auto& s : saved_info(*nodes[0])) names.push_back(s.name);
-            CHECK(names == (ln ? std::vector<std::string>{"x", "mean", "rstd"} : std::vector<std::string>{"x", "rstd"}));
+            CHECK(names == (none ? std::vector<std::string>{"x"}
+                            : ln ? std::vector<std::string>{"x", "mean", "rstd"}
+                                 : std::vector<std::string>{"x", "rstd"}));
         }
     }
 }
@@ -237,7 +243,7 @@ namespace {
 // One row per norm, written by hand rather than read from the registry, so the entry is checked
 // against something it did not produce: its state-dict names with the default options, the
 // options it reads beyond eps (the Python classes' arguments), and its output on the explainer's x = [1, 2, 3, 4] (d = 4) with its parameters at their init and the
-// default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5, g = sqrt(4)), as a function of each x_j.
+// default options (eps 1e-5, p 0.0625: k = 1, alpha 0.5, g = sqrt(4), DyT's alpha_init 0.5), as a function of each x_j.
 struct NormRow {
     std::string type;
     std::vector<std::string> state_names;
@@ -259,6 +265,7 @@ const std::vector<NormRow> kNormRows = {
      {"elementwise_affine", "bias", "alpha"},
      [](double x) { return 0.5 * x / kRms + 0.5 * (x - 2.5) / kStd; }},
     {"scalenorm", {"g"}, {}, [](double x) { return 2.0 * x / std::sqrt(30.0); }},
+    {"dyt", {"alpha", "weight", "bias"}, {"elementwise_affine", "alpha_init"}, [](double x) { return std::tanh(0.5 * x); }},
 };
 
 }  // namespace
@@ -290,11 +297,12 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
         for (auto& [name, p] : norm->named_parameters()) names.push_back(name);
         CHECK(names == norm_parameter_names(type));
         CHECK(norm->eps() == 1e-5);  // the article's classes' default, for every type
-        // Each parameter at its entry's init (weights one, biases zero, alpha one, g sqrt(d)), in f32.
+        // Each parameter at its entry's init (weights one, biases zero, alpha one or alpha_init, g sqrt(d)), in f32.
         const NamedVars params = norm->named_parameters();
         for (size_t i = 0; i < params.size(); ++i) {
             const Tensor& value = params[i].second.data();
-            const Tensor init = from_vector(norm_parameter_init(type.parameters[i], 8), value.shape(), value.dtype());
+            const Tensor init =
+                from_vector(norm_parameter_init(type.parameters[i], 8, norm->options()), value.shape(), value.dtype());
             CHECK(value.to_vector() == init.to_vector());
         }
     }
@@ -317,6 +325,90 @@ TEST_CASE("norms: factory, defaults, parameter names and errors", "[norms]") {
     REQUIRE_THROWS_WITH(norm->forward(Var(zeros({2, 8}, DType::F64))),
                         Catch::Contains("weight has dtype f32 but the input has f64"));
     CHECK(norm->str() == "RMSNorm(8, eps=1e-05, elementwise_affine=true, fused=true)");
+}
+
+TEST_CASE("norms: DyT's alpha starts at alpha_init, which must be finite, no weight and bias without "
+          "elementwise_affine, and its print", "[norms]") {
+    for (double alpha_init : {0.5, 0.2, -1.5}) {
+        auto norm = std::dynamic_pointer_cast<DyT>(make_norm(NormOptions{.type = "dyt", .dim = 8, .alpha_init = alpha_init}));
+        REQUIRE(norm != nullptr);
+        CHECK(norm->alpha().data().to_vector() == std::vector<double>{static_cast<double>(static_cast<float>(alpha_init))});
+        CHECK(norm->alpha().shape() == Shape{1});
+        CHECK(norm->weight().data().to_vector() == std::vector<double>(8, 1.0));
+        CHECK(norm->bias().data().to_vector() == std::vector<double>(8, 0.0));
+        CHECK(norm->alpha_init() == alpha_init);
+    }
+    auto bare = std::dynamic_pointer_cast<DyT>(make_norm(NormOptions{.type = "dyt", .dim = 4, .elementwise_affine = false}));
+    CHECK(norm_parameter_names(bare->norm_type()) == std::vector<std::string>{"alpha", "weight", "bias"});
+    REQUIRE(bare->named_parameters().size() == 1);
+    CHECK_FALSE(bare->weight().defined());
+    CHECK_FALSE(bare->bias().defined());
+    const Tensor x = from_vector(std::vector<double>{-3, 0.5, 1, 8}, {1, 4});
+    check_close(bare->forward(Var(x)), from_vector(std::vector<double>{std::tanh(-1.5), std::tanh(0.25), std::tanh(0.5),
+                                                                       std::tanh(4.0)}, {1, 4}).to(DType::F64),
+                1e-6, 1e-6, "tanh(alpha x)");
+    CHECK(bare->str() == "DyT(4, alpha_init=0.5, elementwise_affine=false, fused=true)");
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+        REQUIRE_THROWS_WITH(make_norm(NormOptions{.type = "dyt", .dim = 8, .alpha_init = bad}),
+                            Catch::Contains("DyT: expected a finite alpha_init, found"));
+    }
+    // The functional form's checks name what it expected.
+    Var xv(zeros({2, 4}));
+    REQUIRE_THROWS_WITH(dyt(xv, Var(zeros({2})), Var(), Var(), true), Catch::Contains("dyt: expected alpha [1] for input [2, 4], found [2]"));
+    REQUIRE_THROWS_WITH(dyt(xv, Var(), Var(), Var(), false), Catch::Contains("dyt: expected alpha [1], found an undefined Var"));
+}
+
+TEST_CASE("norms: DyT's fused node is twice differentiable (autograd ops under create_graph) and agrees with the "
+          "composed form", "[norms]") {
+    Generator gen(23);
+    const NormType& type = find_norm_type("dyt");
+    std::vector<Var> inputs = norm_gradcheck_inputs(type, {3, 6}, gen);
+    GradcheckResult r = gradgradcheck([&](const std::vector<Var>& in) { return apply_functional(type, in, true); },
+                                      inputs, 1e-6, type.gradcheck.atol, type.gradcheck.rtol);
+    INFO(r.message);
+    CHECK(r.ok);
+    // The first-order gradients under create_graph equal the kernel's.
+    Var y = apply_functional(type, inputs, true);
+    Var g = Var(randn({3, 6}, gen, DType::F64));
+    std::vector<Var> kernel = gradients(y, inputs, g, true, false);
+    std::vector<Var> ops = gradients(y, inputs, g, false, true);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        INFO("input " << i);
+        // dbias = sum_rows(dy) depends on no input: it is the only gradient without a graph.
+        CHECK(ops[i].requires_grad() == (i != 3));
+        check_close(ops[i], kernel[i].data(), 1e-13, 1e-12, "gradient");
+    }
+}
+
+TEST_CASE("norms: bf16 DyT in both forms equals the f32 math then a cast, within one bf16 rounding", "[norms]") {
+    Generator gen(24);
+    const int64_t d = 24;
+    Tensor x = (randn({5, d}, gen, DType::F32) * 3.0).to(DType::BF16);
+    for (bool fused : {true, false}) {
+        INFO((fused ? "fused" : "composed"));
+        auto f32 = make_norm(NormOptions{.type = "dyt", .dim = d, .fused = fused, .alpha_init = 0.8});
+        auto bf16 = make_norm(NormOptions{.type = "dyt", .dim = d, .fused = fused, .alpha_init = 0.8, .dtype = DType::BF16});
+        randomize_parameters(*bf16, gen);
+        {
+            NoGradGuard no_grad;
+            for (auto& [name, p] : f32->named_parameters()) p.data().copy_(bf16->parameter(name).data().to(DType::F32));
+        }
+        Var xv(x, true), xf(x.to(DType::F32), true);
+        Var y = bf16->forward(xv), ref = f32->forward(xf);
+        CHECK(y.dtype() == DType::BF16);
+        // tanh * weight + bias rounds up to three times in bf16 (2^-9 relative each) where it cancels.
+        check_close(y.data().to(DType::F64), ref.data().to(DType::F64), 3e-2, 2e-2, "bf16 output");
+        Tensor g = randn({5, d}, gen, DType::F32);
+        y.backward(Var(g.to(DType::BF16)));
+        ref.backward(Var(g.to(DType::BF16).to(DType::F32)));
+        CHECK(xv.grad().dtype() == DType::BF16);
+        check_close(xv.grad().data().to(DType::F64), xf.grad().data().to(DType::F64), 3e-2, 2e-2, "bf16 grad x");
+        for (auto& [name, p] : bf16->named_parameters()) {
+            CHECK(p.grad().dtype() == DType::BF16);
+            check_close(p.grad().data().to(DType::F64), f32->parameter(name).grad().data().to(DType::F64), 5e-2, 3e-2,
+                        "bf16 grad " + name);
+        }
+    }
 }
 
 TEST_CASE("norms: set_fused switches the form and keeps the result", "[norms]") {

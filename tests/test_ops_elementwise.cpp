@@ -352,6 +352,32 @@ TEST_CASE("exp_f32 (the vectorizable f32 exp behind sigmoid and silu) is within 
     REQUIRE(std::isnan(cpu_math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
 }
 
+TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind DyT's kernel) is within 3 ulp of tanh", "[elementwise]") {
+    // Evenly spaced inputs over [-12, 12] (past 9.01, tanh rounds to +-1 in f32), densely around the
+    // polynomial/exp switch at |x| = 0.625, and tiny ones, where tanh(x) ~ x.
+    double worst_ulps = 0;
+    float worst_x = 0.0f;
+    auto check = [&](float x) {
+        const double want = std::tanh(static_cast<double>(x));
+        if (want == 0.0) return;
+        const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);  // spacing of floats near want
+        const double err = std::abs(static_cast<double>(cpu_math::tanh_f32(x)) - want) / ulp;
+        if (err > worst_ulps) worst_ulps = err, worst_x = x;
+    };
+    for (int i = -1000000; i <= 1000000; ++i) check(static_cast<float>(12.0 * i / 1000000));
+    for (int i = -100000; i <= 100000; ++i) check(static_cast<float>(0.625 + 0.01 * i / 100000));
+    for (int i = -100000; i <= 100000; ++i) check(static_cast<float>(-0.625 + 0.01 * i / 100000));
+    for (int e = -140; e <= -1; ++e) check(std::ldexp(1.0f, e)), check(-std::ldexp(1.3f, e));
+    INFO("worst error " << worst_ulps << " ulp at x = " << worst_x);
+    REQUIRE(worst_ulps <= 3.0);
+    REQUIRE(cpu_math::tanh_f32(0.0f) == 0.0f);
+    REQUIRE(cpu_math::tanh_f32(100.0f) == 1.0f);
+    REQUIRE(cpu_math::tanh_f32(-100.0f) == -1.0f);
+    REQUIRE(cpu_math::tanh_f32(std::numeric_limits<float>::infinity()) == 1.0f);
+    REQUIRE(cpu_math::tanh_f32(-std::numeric_limits<float>::infinity()) == -1.0f);
+    REQUIRE(std::isnan(cpu_math::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
 #if defined(__AVX512F__) && defined(__FMA__)
 TEST_CASE("exp_f32x16 (AVX-512, the attention's softmax) gives exp_f32's bits on every lane", "[elementwise]") {
     // Every 61st of the 2^32 bit patterns (both signs, subnormals, infinities, NaNs), then the range

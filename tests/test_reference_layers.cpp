@@ -1,5 +1,5 @@
 // PyTorch reference tests for the single layers: Linear, LayerNorm,
-// RMSNorm (f32 and bf16), CrossEntropy and MSE, against fixtures written by
+// RMSNorm (f32 and bf16), DyT (f64), CrossEntropy and MSE, against fixtures written by
 // tests/reference/make_fixtures.py (see tests/reference/README.md). Each fixture holds the input,
 // the parameters, the output, a random upstream gradient and every gradient. Tolerance:
 // |a - b| <= atol + rtol * |ref| with f32 atol 1e-5, rtol 1e-4 (f32 rounding of a few ops); bf16
@@ -86,6 +86,20 @@ TEST_CASE("reference: bf16 RMSNorm matches PyTorch to bf16 precision", "[norms][
                                 .fused = fused,
                                 .dtype = DType::BF16});
         check_module_against_fixture(rms, f, 1e-2, 2e-2);
+    }
+}
+
+TEST_CASE("reference: DyT matches the paper's module in PyTorch in f64, fused and composed", "[norms][reference]") {
+    SafeTensorsFile f = fixture("dyt");
+    REQUIRE(f.at("input").dtype() == DType::F64);
+    for (bool fused : {true, false}) {
+        INFO((fused ? "fused" : "composed"));
+        DyT dyt(NormOptions{.type = "dyt",
+                            .dim = std::stoll(f.metadata.at("dim")),
+                            .fused = fused,
+                            .alpha_init = std::stod(f.metadata.at("alpha_init")),
+                            .dtype = DType::F64});
+        check_module_against_fixture(dyt, f, 1e-14, 1e-12);
     }
 }
 

@@ -51,6 +51,8 @@ public:
     // cpu_norms.cpp
     void norm_forward(const NormForwardArgs& a) override;
     void norm_backward(const NormBackwardArgs& a) override;
+    void dyt_forward(const DytForwardArgs& a) override;
+    void dyt_backward(const DytBackwardArgs& a) override;
     // cpu_loss.cpp
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override;
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override;

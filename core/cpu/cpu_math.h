@@ -118,6 +118,31 @@ inline T exp_of(T x) {
     }
 }
 
+// tanh(x) for f32, vectorizable (both branches computed, one selected; glibc's tanhf is an opaque call
+// per element): Cephes' tanhf. |x| < 0.625: its odd polynomial x + x^3 P(x^2); else
+// 1 - 2 / (e^(2|x|) + 1) with x's sign, which is exactly +-1 once e^(2|x|) overflows to inf. Within
+// 3 ulp of tanh (tests/test_ops_elementwise.cpp); NaN stays NaN. DyT's kernel (core/cpu/cpu_norms.cpp).
+inline float tanh_f32(float x) {
+    const float z = x * x;
+    const float p = mul_add(mul_add(mul_add(mul_add(-5.70498872745e-3f, z, 2.06390887954e-2f), z, -5.37397155531e-2f), z,
+                                    1.33314422036e-1f),
+                            z, -3.33332819422e-1f);
+    const float small = mul_add(p * z, x, x);
+    const float ax = std::fabs(x);
+    const float large = std::copysign(1.0f - 2.0f / (exp_f32(ax + ax) + 1.0f), x);
+    return ax < 0.625f ? small : large;
+}
+
+// tanh(x): tanh_f32 above for f32, std::tanh for f64.
+template <typename T>
+inline T tanh_of(T x) {
+    if constexpr (std::is_same_v<T, float>) {
+        return tanh_f32(x);
+    } else {
+        return std::tanh(x);
+    }
+}
+
 // Stable for large |x|: never evaluates exp of a large positive number. One exp of -|x| and a
 // select instead of a branch on the sign, which mispredicts half the time on activations. The select
 // picks the numerator (1 or e), so the vectorized loop divides once, not once for each side.

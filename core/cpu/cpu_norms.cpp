@@ -1,6 +1,6 @@
 // CPU kernels for the fused norms: one forward/backward pair serves LayerNorm, RMSNorm, RMSNorm with
-// bias and pRMSNorm (statistics over the first k elements of each row). The formulas are written out
-// in core/backend.h next to the declarations.
+// bias and pRMSNorm (statistics over the first k elements of each row), and DyT's pair (no statistic,
+// at the end of the file). The formulas are written out in core/backend.h next to the declarations.
 //
 // Precision: T is the row type (double for f64, float for f32/bf16/f16; halves go through an f32
 // scratch row). Row sums run in T in several SIMD accumulators (no add waits on the previous one),
@@ -21,6 +21,7 @@
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_fused_rows.h"
+#include "core/cpu/cpu_math.h"
 #include "core/error.h"
 
 namespace nl {
@@ -471,11 +472,11 @@ void backward_chunk(const BackwardContext<T>& c, BackwardScratch<T>& scratch, in
 
 // Sums the (chunks, d) partials in chunk order (the same order for every column, so deterministic), a
 // block of columns at a time across threads, and stores them in out, a (d) row in the parameters' dtype.
+// dtype: the parameters' (T's own, or a half converted on the way out).
 template <typename T>
-void sum_partials(const BackwardContext<T>& c, const std::vector<double>& partial, int64_t chunks, void* out) {
-    const int64_t d = c.d;
-    std::vector<T> out_scratch(c.convert ? d : 0);  // (d)
-    T* row = cpu_rows::output<T>(c.dtype, out, 0, d, out_scratch.data());
+void sum_partials(DType dtype, int64_t d, const std::vector<double>& partial, int64_t chunks, void* out) {
+    std::vector<T> out_scratch(cpu_rows::stored_as<T>(dtype) ? 0 : d);  // (d)
+    T* row = cpu_rows::output<T>(dtype, out, 0, d, out_scratch.data());
 #pragma omp parallel for schedule(static) if (chunks * d > kParallelElements)
     for (int64_t j0 = 0; j0 < d; j0 += kColumnBlock) {
         const int64_t width = std::min(kColumnBlock, d - j0);
@@ -486,7 +487,7 @@ void sum_partials(const BackwardContext<T>& c, const std::vector<double>& partia
         }
         for (int64_t j = 0; j < width; ++j) row[j0 + j] = static_cast<T>(sum[j]);
     }
-    cpu_rows::store<T>(c.dtype, out, 0, d, row);
+    cpu_rows::store<T>(dtype, out, 0, d, row);
 }
 
 // The norms' backward (core/backend.h): dx row group by row group, and dweight/dbias through
@@ -531,8 +532,135 @@ void norm_backward_impl(const NormBackwardArgs& a) {
         }
         if (c.streaming) cpu_rows::stream_fence();
     }
-    if (dweight != nullptr) sum_partials(c, dw_partial, chunks, dweight);
-    if (dbias != nullptr) sum_partials(c, db_partial, chunks, dbias);
+    if (dweight != nullptr) sum_partials<T>(a.dtype, d, dw_partial, chunks, dweight);
+    if (dbias != nullptr) sum_partials<T>(a.dtype, d, db_partial, chunks, dbias);
+}
+
+// ---- DyT: y = tanh(alpha * x) * w + b (core/backend.h) ----
+// Elementwise, so the forward and dx go row by row across threads, each element on its own; tanh in T
+// (tanh_of: the vectorizable f32 tanh for f32 and the halves, std::tanh for f64). dalpha, dweight and
+// dbias are summed as the norms' dweight: fixed chunks of rows, each chunk's terms added per column in
+// T over kRowBlock rows and flushed into the chunk's double partials, the partials summed in chunk
+// order; dalpha's per-column terms are summed over the columns in double at each flush. No atomics:
+// the same bits for any thread count.
+
+// Where a row's y or dx is computed: the output row itself, or (halves, or a streamed output) `scratch`,
+// which finish_row then converts or streams out.
+template <typename T>
+T* row_out(DType dtype, void* base, int64_t r, int64_t d, bool streaming, T* scratch) {
+    return streaming ? scratch : cpu_rows::output<T>(dtype, base, r, d, scratch);
+}
+template <typename T>
+void finish_row(DType dtype, void* base, int64_t r, int64_t d, bool streaming, const T* row) {
+    if (streaming) {
+        cpu_rows::stream_block(static_cast<T*>(base) + r * d, row, d);
+    } else {
+        cpu_rows::store<T>(dtype, base, r, d, row);
+    }
+}
+
+// One row of the forward, y (d) from x, w, b (d each); __restrict as in dyt_backward_row.
+template <typename T>
+void dyt_forward_row(const T* __restrict x, const T* __restrict w, const T* __restrict b, T alpha, int64_t d,
+                     T* __restrict y) {
+    for (int64_t j = 0; j < d; ++j) y[j] = cpu_math::tanh_of(alpha * x[j]) * w[j] + b[j];
+}
+
+template <typename T>
+void dyt_forward_impl(const DytForwardArgs& a) {
+    const DType dtype = a.dtype;
+    const int64_t rows = a.rows, d = a.d;
+    std::vector<T> alpha_buffer, w_buffer, b_buffer;
+    const T alpha = param_row<T>(dtype, a.alpha, 1, 0.0, alpha_buffer)[0];
+    const T* w = param_row<T>(dtype, a.weight, d, 1.0, w_buffer);  // (d)
+    const T* b = param_row<T>(dtype, a.bias, d, 0.0, b_buffer);    // (d)
+    const bool convert = !cpu_rows::stored_as<T>(dtype);
+    const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
+#pragma omp parallel if (rows * d > kParallelElements)
+    {
+        std::vector<T> x_scratch(convert ? d : 0), y_scratch(convert || streaming ? d : 0);  // (d) each
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const T* xr = cpu_rows::load<T>(dtype, a.x, r, d, x_scratch.data());  // (d)
+            T* yr = row_out<T>(dtype, a.y, r, d, streaming, y_scratch.data());     // (d)
+            dyt_forward_row<T>(xr, w, b, alpha, d, yr);
+            finish_row<T>(dtype, a.y, r, d, streaming, yr);
+        }
+        if (streaming) cpu_rows::stream_fence();
+    }
+}
+
+// One row of the backward: dx (d), and the row's terms added to the column sums da, dw, db (d each).
+// __restrict: the rows and the sums never overlap, and saying so lets the compiler vectorize the loop
+// (with seven pointers it gives up on the run-time overlap checks, and the loop ran ~10x slower).
+template <typename T>
+void dyt_backward_row(const T* __restrict x, const T* __restrict dy, const T* __restrict w, T alpha, int64_t d,
+                      T* __restrict dx, T* __restrict da, T* __restrict dw, T* __restrict db) {
+    for (int64_t j = 0; j < d; ++j) {
+        const T t = cpu_math::tanh_of(alpha * x[j]);
+        const T dt = dy[j] * w[j] * (T(1) - t * t);  // d loss / d (alpha x_j)
+        dx[j] = dt * alpha;
+        da[j] += dt * x[j];
+        dw[j] += dy[j] * t;
+        db[j] += dy[j];
+    }
+}
+
+template <typename T>
+void dyt_backward_impl(const DytBackwardArgs& a) {
+    const DType dtype = a.dtype;
+    const int64_t rows = a.rows, d = a.d;
+    std::vector<T> alpha_buffer, w_buffer;
+    const T alpha = param_row<T>(dtype, a.alpha, 1, 0.0, alpha_buffer)[0];
+    const T* w = param_row<T>(dtype, a.weight, d, 1.0, w_buffer);  // (d)
+    const bool convert = !cpu_rows::stored_as<T>(dtype);
+    const bool streaming = !convert && cpu_rows::stream_output(rows * d * static_cast<int64_t>(sizeof(T)));
+    const bool want_dalpha = a.dalpha != nullptr, want_dweight = a.dweight != nullptr, want_dbias = a.dbias != nullptr;
+    // The chunks depend on `rows` only (see norm_backward_impl).
+    const int64_t chunks = std::clamp((rows + kMinChunkRows - 1) / kMinChunkRows, int64_t{1}, kMaxChunks);
+    std::vector<double> da_partial(chunks, 0.0);                   // (chunks)
+    std::vector<double> dw_partial(want_dweight ? chunks * d : 0);  // (chunks, d)
+    std::vector<double> db_partial(want_dbias ? chunks * d : 0);    // (chunks, d)
+#pragma omp parallel if (rows * d > kParallelElements)
+    {
+        std::vector<T> x_scratch(convert ? d : 0), dy_scratch(convert ? d : 0);  // (d) each
+        std::vector<T> dx_scratch(convert || streaming ? d : 0);                 // (d)
+        std::vector<T> da_acc(d), dw_acc(d), db_acc(d);  // (d) each: a kRowBlock's terms per column
+#pragma omp for schedule(static)
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            const int64_t row_begin = chunk * rows / chunks, row_end = (chunk + 1) * rows / chunks;
+            double* dw_row = want_dweight ? dw_partial.data() + chunk * d : nullptr;  // (d)
+            double* db_row = want_dbias ? db_partial.data() + chunk * d : nullptr;    // (d)
+            for (int64_t block = row_begin; block < row_end; block += kRowBlock) {
+                std::fill(da_acc.begin(), da_acc.end(), T(0));
+                std::fill(dw_acc.begin(), dw_acc.end(), T(0));
+                std::fill(db_acc.begin(), db_acc.end(), T(0));
+                for (int64_t r = block; r < std::min(row_end, block + kRowBlock); ++r) {
+                    const T* xr = cpu_rows::load<T>(dtype, a.x, r, d, x_scratch.data());     // (d)
+                    const T* dyr = cpu_rows::load<T>(dtype, a.dy, r, d, dy_scratch.data());  // (d)
+                    T* dxr = row_out<T>(dtype, a.dx, r, d, streaming, dx_scratch.data());    // (d)
+                    dyt_backward_row<T>(xr, dyr, w, alpha, d, dxr, da_acc.data(), dw_acc.data(), db_acc.data());
+                    finish_row<T>(dtype, a.dx, r, d, streaming, dxr);
+                }
+                double da = 0.0;
+                for (int64_t j = 0; want_dalpha && j < d; ++j) da += static_cast<double>(da_acc[j]);
+                da_partial[chunk] += da;
+                for (int64_t j = 0; dw_row != nullptr && j < d; ++j) dw_row[j] += static_cast<double>(dw_acc[j]);
+                for (int64_t j = 0; db_row != nullptr && j < d; ++j) db_row[j] += static_cast<double>(db_acc[j]);
+            }
+        }
+        if (streaming) cpu_rows::stream_fence();
+    }
+    if (want_dalpha) {
+        double da = 0.0;
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) da += da_partial[chunk];
+        T value = static_cast<T>(da);
+        T* out = cpu_rows::output<T>(dtype, a.dalpha, 0, 1, &value);
+        *out = value;
+        cpu_rows::store<T>(dtype, a.dalpha, 0, 1, out);
+    }
+    if (want_dweight) sum_partials<T>(dtype, d, dw_partial, chunks, a.dweight);
+    if (want_dbias) sum_partials<T>(dtype, d, db_partial, chunks, a.dbias);
 }
 
 }  // namespace
@@ -552,6 +680,24 @@ void CpuBackend::norm_backward(const NormBackwardArgs& a) {
         norm_backward_impl<double>(a);
     } else {
         norm_backward_impl<float>(a);
+    }
+}
+
+void CpuBackend::dyt_forward(const DytForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        dyt_forward_impl<double>(a);
+    } else {
+        dyt_forward_impl<float>(a);
+    }
+}
+
+void CpuBackend::dyt_backward(const DytBackwardArgs& a) {
+    check_kernel_args(a);
+    if (a.dtype == DType::F64) {
+        dyt_backward_impl<double>(a);
+    } else {
+        dyt_backward_impl<float>(a);
     }
 }
 

@@ -54,6 +54,8 @@ public:
     // cuda_norms.cu
     void norm_forward(const NormForwardArgs& a) override;
     void norm_backward(const NormBackwardArgs& a) override;
+    void dyt_forward(const DytForwardArgs& a) override;
+    void dyt_backward(const DytBackwardArgs& a) override;
 
     // cuda_loss.cu
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override;

@@ -1,5 +1,6 @@
 // CUDA kernels for the fused norms (LayerNorm, RMSNorm, RMSNorm with bias, pRMSNorm's first-k
-// statistics); the formulas are in core/backend.h and derived in core/cpu/cpu_norms.cpp.
+// statistics) and DyT's pair (no statistic: elementwise, with its dalpha/dweight/dbias reduced as the
+// norms' dweight); the formulas are in core/backend.h and derived in core/cpu/cpu_norms.cpp.
 //
 // One block per row. bf16/f16 are converted to f32 on load and rounded once on store, with all math
 // and accumulation in f32 (f64 for f64). Statistics are two-pass (mean, then squared deviations),
@@ -15,6 +16,7 @@
 // summed per column in a fixed order (sum_partials_kernel). So the bits are the same on every run and
 // every GPU.
 #include <algorithm>
+#include <tuple>
 
 #include "core/cuda/cuda_backend.cuh"
 #include "core/cuda/cuda_common.cuh"
@@ -277,6 +279,118 @@ void norm_backward_typed(int device, const NormBackwardArgs& a) {
     }
 }
 
+// ---- DyT: y = tanh(alpha * x) * w + b (core/backend.h) ----
+
+// One block per row (a grid-stride loop over rows), the row read in tiles as the norms' kernels do.
+// alpha is read from device memory by every thread (one L1/L2 hit), so the host never waits for it.
+template <typename T>
+__global__ void __launch_bounds__(kMaxNormThreads)
+    dyt_forward_kernel(DType dtype, const void* x, const void* alpha, const void* weight, const void* bias, void* y,
+                       int64_t rows, int64_t d) {
+    const T a = cuda::load_as<T>(dtype, alpha, 0);
+    const int64_t tiles = row_tiles(d);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t base = r * d;  // row r of x, y: (d)
+        for (int64_t t = 0; t < tiles; ++t) {
+            T xv[kTileItems], w[kTileItems], b[kTileItems];  // x, weight (ones without), bias (zeros without) tiles
+            load_tile(dtype, x, base, d, t, T(0), xv);
+            load_tile(dtype, weight, 0, weight ? d : 0, t, T(1), w);
+            load_tile(dtype, bias, 0, bias ? d : 0, t, T(0), b);
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                const int64_t j = tile_column(t, i);
+                if (j < d) cuda::store_as<T>(dtype, y, base + j, cuda::m_tanh(a * xv[i]) * w[i] + b[i]);
+            }
+        }
+    }
+}
+
+// Block c handles rows [c * rows / chunks, (c + 1) * rows / chunks): dx for each, its partial rows
+// dw_partial[c] (d) and db_partial[c] (d) when wanted (null otherwise), as norm_backward_kernel, and
+// da_partial[c]: the block's sum of dy * w * x * (1 - t^2) (each thread's running sum over its columns
+// of the chunk's rows in order, then block_sum).
+template <typename T>
+__global__ void __launch_bounds__(kMaxNormThreads)
+    dyt_backward_kernel(DType dtype, const void* dy, const void* x, const void* alpha, const void* weight, void* dx,
+                        T* da_partial, T* dw_partial, T* db_partial, int64_t rows, int64_t d, int64_t chunks) {
+    __shared__ T scratch[32];
+    const int64_t c = blockIdx.x;
+    const int64_t tiles = row_tiles(d);
+    const T a = cuda::load_as<T>(dtype, alpha, 0);
+    T* dw_row = dw_partial ? dw_partial + c * d : nullptr;  // (d)
+    T* db_row = db_partial ? db_partial + c * d : nullptr;  // (d)
+    // One-tile rows sum their columns in registers and store once; wider rows add into the partial rows
+    // in place, which start at zero. Column j is touched only by thread j % blockDim.x: no barrier.
+    T dw_acc[kTileItems], db_acc[kTileItems];
+#pragma unroll
+    for (int i = 0; i < kTileItems; ++i) dw_acc[i] = db_acc[i] = T(0);
+    for (int64_t j = threadIdx.x; tiles > 1 && j < d; j += blockDim.x) {
+        if (dw_row) dw_row[j] = T(0);
+        if (db_row) db_row[j] = T(0);
+    }
+    T da = T(0);
+    const int64_t row_end = (c + 1) * rows / chunks;
+    for (int64_t r = c * rows / chunks; r < row_end; ++r) {
+        const int64_t base = r * d;
+        for (int64_t t = 0; t < tiles; ++t) {
+            T xv[kTileItems], dyv[kTileItems], w[kTileItems];  // this thread's tiles of x, dy and the weight
+            load_tile(dtype, x, base, d, t, T(0), xv);
+            load_tile(dtype, dy, base, d, t, T(0), dyv);
+            load_tile(dtype, weight, 0, weight ? d : 0, t, T(1), w);
+#pragma unroll
+            for (int i = 0; i < kTileItems; ++i) {
+                const int64_t j = tile_column(t, i);
+                if (j >= d) continue;
+                const T th = cuda::m_tanh(a * xv[i]);
+                const T dt = dyv[i] * w[i] * (T(1) - th * th);  // d loss / d (alpha x_j)
+                cuda::store_as<T>(dtype, dx, base + j, dt * a);
+                da += dt * xv[i];
+                if (tiles == 1) {
+                    dw_acc[i] += dyv[i] * th;
+                    db_acc[i] += dyv[i];
+                } else {
+                    if (dw_row) dw_row[j] += dyv[i] * th;
+                    if (db_row) db_row[j] += dyv[i];
+                }
+            }
+        }
+    }
+    if (tiles == 1) {
+#pragma unroll
+        for (int i = 0; i < kTileItems; ++i) {
+            const int64_t j = tile_column(0, i);
+            if (j >= d) continue;
+            if (dw_row) dw_row[j] = dw_acc[i];
+            if (db_row) db_row[j] = db_acc[i];
+        }
+    }
+    da = cuda::block_sum(da, scratch);  // every thread of the block reaches it
+    if (threadIdx.x == 0 && da_partial) da_partial[c] = da;
+}
+
+template <typename T>
+void dyt_backward_typed(int device, const DytBackwardArgs& a) {
+    const int64_t chunks = std::min(a.rows, kMaxChunks), d = a.d;
+    const size_t partial_bytes = static_cast<size_t>(chunks * d) * sizeof(T);
+    Scratch da_partial(device, a.dalpha ? static_cast<size_t>(chunks) * sizeof(T) : 0);  // (chunks)
+    Scratch dw_partial(device, a.dweight ? partial_bytes : 0);                          // (chunks, d)
+    Scratch db_partial(device, a.dbias ? partial_bytes : 0);                            // (chunks, d)
+    if (chunks > 0) {
+        NL_LAUNCH(dyt_backward_kernel<T>, static_cast<unsigned>(chunks), norm_threads(d))(
+            a.dtype, a.dy, a.x, a.alpha, a.weight, a.dx, da_partial.as<T>(), dw_partial.as<T>(), db_partial.as<T>(),
+            a.rows, d, chunks);
+        NL_CUDA_CHECK_LAUNCH();
+    }
+    // The (chunks) dalpha partials are a (chunks, 1) partial-row matrix: the same fixed-order sum.
+    for (auto [partial, out, width] : {std::tuple{&da_partial, a.dalpha, int64_t{1}},
+                                       std::tuple{&dw_partial, a.dweight, d}, std::tuple{&db_partial, a.dbias, d}}) {
+        if (out == nullptr) continue;
+        NL_LAUNCH(sum_partials_kernel<T>, cuda::blocks_for((width + 31) / 32, 1), kSumGroups * 32)(
+            a.dtype, partial->template as<T>(), out, chunks, width);
+        NL_CUDA_CHECK_LAUNCH();
+    }
+}
+
 }  // namespace
 
 void CudaBackend::norm_forward(const NormForwardArgs& a) {
@@ -303,6 +417,31 @@ void CudaBackend::norm_backward(const NormBackwardArgs& a) {
         norm_backward_typed<double>(index_, a);
     } else {
         norm_backward_typed<float>(index_, a);
+    }
+}
+
+void CudaBackend::dyt_forward(const DytForwardArgs& a) {
+    check_kernel_args(a);
+    if (a.rows == 0) return;
+    cuda::DeviceGuard guard(index_);
+    const unsigned blocks = cuda::row_blocks(a.rows);
+    if (a.dtype == DType::F64) {
+        NL_LAUNCH(dyt_forward_kernel<double>, blocks, norm_threads(a.d))(a.dtype, a.x, a.alpha, a.weight, a.bias, a.y,
+                                                                         a.rows, a.d);
+    } else {
+        NL_LAUNCH(dyt_forward_kernel<float>, blocks, norm_threads(a.d))(a.dtype, a.x, a.alpha, a.weight, a.bias, a.y,
+                                                                        a.rows, a.d);
+    }
+    NL_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::dyt_backward(const DytBackwardArgs& a) {
+    check_kernel_args(a);
+    cuda::DeviceGuard guard(index_);
+    if (a.dtype == DType::F64) {
+        dyt_backward_typed<double>(index_, a);
+    } else {
+        dyt_backward_typed<float>(index_, a);
     }
 }
 

@@ -1,4 +1,5 @@
-// `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm, fused vs composed, forward and forward+backward,
+// `normlab bench norms [CONFIG]`: LayerNorm vs RMSNorm (and DyT where `norms` lists it), fused vs composed,
+// forward and forward+backward,
 // in each dtype asked for (f32 by default; bf16, f16), at the seed article's shapes (hidden 128..2048 x
 // batch 32..128, 100 repetitions) and at large shapes. Reports the median time (and its spread), GB/s
 // counted as the bytes a fused kernel must move (fwd 2 x element size per element: read x, write y, so
@@ -8,12 +9,15 @@
 // for backward. Prints tables and writes a CSV.
 //
 // Four implementations, from the bare kernel up to what a model runs:
-//   kernel:   the backend's norm_forward/norm_backward on preallocated buffers (no allocation at all)
-//   op:       core/fused.h norm_forward/norm_backward (allocates its outputs, as tensor ops do)
+//   kernel:   the backend's norm_forward/norm_backward (dyt_forward/dyt_backward) on preallocated buffers
+//             (no allocation at all)
+//   op:       core/fused.h norm_forward/norm_backward (dyt_forward/dyt_backward; allocates its outputs, as
+//             tensor ops do)
 //   fused:    make_norm({fused = true}) through autograd (one node, closed-form backward)
 //   composed: make_norm({fused = false}) through autograd (primitive ops, derived backward)
 // The modules are nn.LayerNorm-like (weight and bias) and LLaMA's RMSNorm (weight only), the pair the
-// seed article compares. "device": "cuda" runs every case on the GPU: the inputs are drawn on the
+// seed article compares, and DyT (alpha 0.5, weight and bias; Zhu et al. 2025), which moves the same bytes
+// with no statistic. "device": "cuda" runs every case on the GPU: the inputs are drawn on the
 // host (the same numbers on every device) and moved, the copy is a device-to-device tensor copy,
 // each timed call ends with a device synchronize, and peak memory is the GPU allocator's. In bf16/f16 the
 // modules are built in that dtype and the kernels read and write it themselves (statistics in f32).
@@ -62,7 +66,7 @@ struct NormsBenchConfig {
     std::vector<int64_t> batch;              // seed shapes: rows
     std::vector<std::string> large_shapes;   // "ROWSxHIDDEN"
     int64_t large_reps = 0;                  // samples per case at the large shapes
-    std::vector<std::string> norms;          // "layernorm", "rmsnorm"
+    std::vector<std::string> norms;          // "layernorm", "rmsnorm", "dyt"
     std::vector<std::string> impls;          // "kernel", "op", "fused", "composed"
     std::vector<std::string> passes;         // "fwd", "fwd+bwd"
     std::vector<std::string> dtypes;         // every case runs in each
@@ -176,7 +180,9 @@ struct HostInputs {
 struct ShapeData {
     DType dtype = DType::F32;
     Tensor x, dy, weight, bias;                 // (rows, d), (rows, d), (d), (d); dtype
+    Tensor alpha;                               // (1), dtype: DyT's alpha, its default 0.5
     Tensor y, dx, dweight, dbias, mean, rstd;   // kernel outputs: (rows, d) x2, (d) x2 in dtype; (rows) x2 f32
+    Tensor dalpha;                              // (1), dtype: DyT's kernel output
     Tensor copy_src, copy_dst;                  // (rows * d) each, dtype: the copy's buffers
 
     ShapeData(const HostInputs& h, DType type, Device device) : dtype(type) {
@@ -186,10 +192,12 @@ struct ShapeData {
         dy = h.dy.to(dtype).to(device);
         weight = h.weight.to(dtype).to(device);
         bias = h.bias.to(dtype).to(device);
+        alpha = full({1}, NormOptions{}.alpha_init, dtype, device);
         y = zeros(xs, dtype, device);
         dx = zeros(xs, dtype, device);
         dweight = zeros({hidden}, dtype, device);
         dbias = zeros({hidden}, dtype, device);
+        dalpha = zeros({1}, dtype, device);
         mean = zeros({rows}, DType::F32, device);
         rstd = zeros({rows}, DType::F32, device);
         copy_src = h.copy_src.to(dtype).to(device);
@@ -232,6 +240,27 @@ std::function<void()> make_call(const std::string& norm_type, const std::string&
     const int64_t rows = d.x.size(0), hidden = d.x.size(1);
     Tensor bias = layer ? d.bias : Tensor();
     const Device device = d.x.device();
+    if (norm_type == "dyt" && impl == "kernel") {
+        Backend* be = &backend_for(device);
+        return [be, &d, backward, rows, hidden, device] {
+            be->dyt_forward({.dtype = d.dtype, .x = d.x.data_ptr(), .alpha = d.alpha.data_ptr(),
+                             .weight = d.weight.data_ptr(), .bias = d.bias.data_ptr(), .y = d.y.data_ptr(),
+                             .rows = rows, .d = hidden});
+            if (backward)
+                be->dyt_backward({.dtype = d.dtype, .dy = d.dy.data_ptr(), .x = d.x.data_ptr(),
+                                  .alpha = d.alpha.data_ptr(), .weight = d.weight.data_ptr(), .dx = d.dx.data_ptr(),
+                                  .dalpha = d.dalpha.data_ptr(), .dweight = d.dweight.data_ptr(),
+                                  .dbias = d.dbias.data_ptr(), .rows = rows, .d = hidden});
+            device_synchronize(device);
+        };
+    }
+    if (norm_type == "dyt" && impl == "op") {
+        return [&d, backward, device] {
+            Tensor y = dyt_forward(d.x, d.alpha, d.weight, d.bias);
+            if (backward) DytBackward g = dyt_backward(d.dy, d.x, d.alpha, d.weight);
+            device_synchronize(device);
+        };
+    }
     if (impl == "kernel") {
         Backend* be = &backend_for(device);
         return [be, &d, layer, backward, eps, rows, hidden, device] {
@@ -294,7 +323,7 @@ std::shared_ptr<Norm> build_module(const std::string& norm_type, const std::stri
     o.dtype = d.dtype;
     std::shared_ptr<Norm> m = make_norm(o);
     m->to(d.x.device());
-    // The same random affine parameters for every impl.
+    // The same random affine parameters for every impl (DyT's alpha stays at its init, as the kernel's).
     m->parameter("weight").data().copy_(d.weight);
     if (m->has_parameter("bias")) m->parameter("bias").data().copy_(d.bias);
     return m;
@@ -537,7 +566,8 @@ void run_bench_norms(const NormsCommand& cmd) {
 void register_bench_norms(CLI::App& bench) {
     auto cmd = std::make_shared<NormsCommand>();
     CLI::App* sub = bench.add_subcommand(
-        "norms", "LayerNorm vs RMSNorm, fused vs composed, fwd and fwd+bwd: time, GB/s vs a memory copy, memory");
+        "norms", "LayerNorm vs RMSNorm (and DyT), fused vs composed, fwd and fwd+bwd: time, GB/s vs a memory copy, "
+                 "memory");
     sub->add_option("config", cmd->config, "JSON config (see configs/bench_norms.json); defaults when absent");
     sub->add_option("--set", cmd->overrides, "override a config key, e.g. --set reps=20 (repeatable)")
         ->allow_extra_args(false);  // one KEY=VALUE per --set, so a config path after it stays positional

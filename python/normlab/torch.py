@@ -4,10 +4,10 @@ all ``torch.autograd.Function``s on PyTorch CPU tensors, so a PyTorch model can 
 its own.
 
 The norm classes (LayerNorm, RMSNorm, RMSNormWithBias, PRMSNorm, AdaptiveRMSNorm, HybridNorm,
-ScaleNorm, ...) are generated from the registry when the module is imported, as normlab.nn's are, so
+ScaleNorm, DyT, ...) are generated from the registry when the module is imported, as normlab.nn's are, so
 a norm added to the registry in C++ is a class here too. Each has PyTorch's signature,
 ``(normalized_shape, eps=<the entry's default>, <the options the entry reads>, device=None,
-dtype=None)``, the options (elementwise_affine, bias, p, alpha: ``entry.option_names``) defaulting to
+dtype=None)``, the options (elementwise_affine, bias, p, alpha, alpha_init: ``entry.option_names``) defaulting to
 C++ NormOptions' defaults and RMSNorm's eps=None being torch.nn.RMSNorm's (the machine epsilon of the
 dtype the statistic is computed in). Its parameters have the C++ module's state-dict names and
 initial values (HybridNorm's rms_norm.weight, layer_norm.weight, layer_norm.bias), so state dicts
@@ -16,7 +16,7 @@ cross between normlab.nn and normlab.torch by name.
 A norm whose fused form is one node over normlab's norm kernel pair (LayerNorm, RMSNorm,
 RMSNormWithBias, PRMSNorm) runs that pair directly (_NormFunction: the forward saves x and its row
 statistics, the backward is the closed form), which costs less per call than an autograd graph. Any
-other (AdaptiveRMSNorm, HybridNorm, ScaleNorm, ...) runs its entry's fused functional form through
+other (AdaptiveRMSNorm, HybridNorm, ScaleNorm, DyT, ...) runs its entry's fused functional form through
 normlab's own autograd (_RegistryNormFunction), the backward being normlab's backward of that graph.
 The tensors cross by DLPack, without a copy: normlab reads PyTorch's memory and PyTorch reads the
 results in normlab's. The gradients equal PyTorch's own within rounding (tests/python/test_torch.py).

@@ -182,6 +182,7 @@ const char* init_name(ParameterInit init) {
         case ParameterInit::Ones: return "ones";
         case ParameterInit::Zeros: return "zeros";
         case ParameterInit::SqrtDim: return "sqrt_dim";
+        case ParameterInit::AlphaInit: return "alpha_init";
     }
     return "?";
 }
@@ -201,6 +202,7 @@ void bind_norm_options(nb::module_& m) {
         .def_rw("bias", &NormOptions::bias, "layernorm and hybridnorm: a bias (nn.LayerNorm's bias=True).")
         .def_rw("p", &NormOptions::p, "prmsnorm: the fraction of each row its RMS is computed over.")
         .def_rw("alpha", &NormOptions::alpha, "hybridnorm: the fixed weight of the RMSNorm branch.")
+        .def_rw("alpha_init", &NormOptions::alpha_init, "dyt: the initial value of its learnable scalar alpha.")
         .def_rw("dtype", &NormOptions::dtype)
         .def("resolved_eps", &NormOptions::resolved_eps, "eps, or the type's default.");
 }
@@ -210,7 +212,8 @@ void bind_norm_registry(nb::module_& m) {
         .value("variance", NormStatistic::Variance, "mean-subtracting, (x - mean) / sqrt(var + eps) (LayerNorm)")
         .value("root_mean_square", NormStatistic::RootMeanSquare, "x / sqrt(mean(x^2) + eps) (RMSNorm)")
         .value("both", NormStatistic::Both, "a variance branch and an RMS branch, blended (HybridNorm)")
-        .value("l2_norm", NormStatistic::L2Norm, "x / max(||x||_2, eps) (ScaleNorm)");
+        .value("l2_norm", NormStatistic::L2Norm, "x / max(||x||_2, eps) (ScaleNorm)")
+        .value("elementwise", NormStatistic::Elementwise, "none: each element on its own, tanh(alpha * x) (DyT)");
     nb::class_<NormType>(m, "NormType",
                          "A norm registry entry (layers/norm_registry.h): what the norm computes, its parameters, "
                          "its forms, how its gradients are checked, its help.")
@@ -220,10 +223,11 @@ void bind_norm_registry(nb::module_& m) {
         .def_ro("partial_row", &NormType::partial_row, "The statistic covers ceil(p * d) elements (reads p).")
         .def_prop_ro("option_names", &norm_option_names,
                      "The NormOptions fields it reads beyond eps (its classes' arguments), from its typed fields: "
-                     "elementwise_affine, bias, p, alpha.")
+                     "elementwise_affine, bias, p, alpha, alpha_init.")
         .def_ro("statistic", &NormType::statistic, "What it divides x by: a NormStatistic.")
         .def_prop_ro("statistic_name", [](const NormType& t) { return std::string(norm_statistic_name(t.statistic)); },
-                     "The statistic for help texts: \"variance\", \"RMS\", \"variance and RMS\" or \"L2 norm\".")
+                     "The statistic for help texts: \"variance\", \"RMS\", \"variance and RMS\", \"L2 norm\" or "
+                     "\"none (elementwise)\".")
         .def_prop_ro("fused_form", [](const NormType& t) { return std::string(fused_form_name(t.fused)); },
                      "What fused=True runs: one_kernel_node, kernel_and_ops or composed (no kernel of its own).")
         .def_prop_ro("parameters", [](const NormType& t) {
@@ -239,8 +243,8 @@ void bind_norm_registry(nb::module_& m) {
                          }
                          return out;
                      },
-                     "Its parameters in state-dict order: dicts of name, child, shape (features or one), init, "
-                     "presence (always, affine, affine_and_bias).")
+                     "Its parameters in state-dict order: dicts of name, child, shape (features or one), init "
+                     "(ones, zeros, sqrt_dim, alpha_init), presence (always, affine, affine_and_bias).")
         .def_prop_ro("formula", [](const NormType& t) { return t.help.formula; })
         .def_prop_ro("reference", [](const NormType& t) { return t.help.reference; })
         .def_prop_ro("fused_help", [](const NormType& t) { return t.help.fused_form; })
@@ -284,6 +288,7 @@ void bind_norms(nb::module_& m) {
     nb::class_<RMSNorm, Norm>(m, "RMSNorm").def_prop_ro("stat_count", &RMSNorm::stat_count);
     nb::class_<AdaptiveRMSNorm, Norm>(m, "AdaptiveRMSNorm");
     nb::class_<HybridNorm, Norm>(m, "HybridNorm").def_prop_ro("alpha", &HybridNorm::alpha);
+    nb::class_<DyT, Norm>(m, "DyT").def_prop_ro("alpha_init", &DyT::alpha_init);
     nb::class_<RegistryNorm, Norm>(m, "RegistryNorm");
     m.def("make_norm", [](const NormOptions& options) { return make_norm(options); }, nb::arg("options"),
           "Builds the norm options.type names through the registry.");

@@ -607,6 +607,13 @@ def test_norm_options_and_errors():
     assert nn.make_norm("rmsnorm", 8).eps == 1e-5 and nn.RMSNorm(8).eps is None
     assert nn.PRMSNorm(64, p=0.25)._cxx.stat_count == 16 and nn.HybridNorm(8, alpha=0.25)._cxx.alpha == 0.25
     assert nn.LayerNorm(8, elementwise_affine=False).weight is None and nn.LayerNorm(8, bias=False).bias is None
+    dyt = nn.DyT(8, alpha_init=0.25)  # the paper's DyT: alpha, weight, bias, alpha from alpha_init
+    assert [n for n, _ in dyt.named_parameters()] == ["alpha", "weight", "bias"] and dyt._cxx.alpha_init == 0.25
+    assert dyt.alpha.item() == 0.25 and nn.make_norm("dyt", 8).alpha.item() == 0.5
+    assert nn.DyT(8, elementwise_affine=False).weight is None and nn.DyT(8, elementwise_affine=False).bias is None
+    with pytest.raises(nl.Error, match="DyT: expected a finite alpha_init, found inf"):
+        nn.DyT(8, alpha_init=float("inf"))
+    assert nn.LayerNorm(8, elementwise_affine=False).weight is None and nn.LayerNorm(8, bias=False).bias is None
     norm = nn.LayerNorm(8)
     norm.fused = False
     assert not norm._cxx.fused

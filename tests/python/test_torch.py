@@ -105,6 +105,7 @@ FORMULAS = {
         o["alpha"] * _rms(torch, x, eps) * p["rms_norm.weight"]
         + (1 - o["alpha"]) * (_standardized(torch, x, eps) * p["layer_norm.weight"] + p["layer_norm.bias"])),
     "scalenorm": lambda torch, x, p, eps, o: p["g"] * x / x.norm(dim=-1, keepdim=True).clamp_min(eps),
+    "dyt": lambda torch, x, p, eps, o: torch.tanh(p["alpha"] * x) * p["weight"] + p["bias"],
 }
 
 
@@ -204,6 +205,13 @@ def test_pytorchs_norms_and_options(torch, nt):
     assert [n for n, _ in hybrid.named_parameters()] == ["rms_norm.weight", "layer_norm.weight"]
     assert hybrid.alpha == 0.3 and nt.ScaleNorm(16).g.item() == 4.0
     assert "(8,), eps=1e-05, elementwise_affine=True, bias=False, alpha=0.3" in repr(hybrid)
+    dyt = nt.DyT(8, alpha_init=0.25)  # the paper's DyT: alpha, weight, bias, alpha from alpha_init
+    assert [n for n, _ in dyt.named_parameters()] == ["alpha", "weight", "bias"]
+    assert dyt.alpha.item() == 0.25 and dyt.alpha.shape == (1,) and dyt.alpha_init == 0.25
+    assert "(8,), eps=1e-05, elementwise_affine=True, alpha_init=0.25" in repr(dyt)
+    assert [n for n, _ in nt.DyT(8, elementwise_affine=False).named_parameters()] == ["alpha"]
+    with pytest.raises(nl.Error, match="DyT: expected a finite alpha_init, found nan"):
+        nt.DyT(8, alpha_init=float("nan"))
     with pytest.raises(nl.Error, match="p in \\(0, 1\\]"):
         nt.PRMSNorm(8, p=0.0)
     with pytest.raises(nl.Error, match="alpha in \\[0, 1\\]"):

@@ -17,8 +17,8 @@ torch version and its hyper-parameters in its safetensors __metadata__.
 
 The modules below follow Meta's LLaMA reference code (facebookresearch/llama, llama/model.py):
 RMSNorm, FeedForward (SwiGLU), Attention with complex-pair RoPE and grouped-query heads, and
-TransformerBlock (pre-norm). They are written out here so the fixtures do not depend on any
-model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
+TransformerBlock (pre-norm); DyT is the module of Zhu et al. 2025 (Transformers without
+Normalization). They are written out here so the fixtures do not depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
 HybridNorm, StableRMSNorm, DebuggableRMSNorm, LLaMAFeedForward, migrate_layernorm_to_rmsnorm and
 the stability experiment's SimpleModel) are in article.py, copied from the article's code; the
 article_* and stability_* fixtures are made with them.
@@ -120,6 +120,21 @@ def repeat_kv(x, n_rep):
 
 def causal_mask(seq_len):
     return torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu, Chen, He, LeCun & Liu 2025, Transformers without Normalization), the paper's
+    module: a learnable scalar alpha (alpha_init_value, 0.5 by default), then weight and bias."""
+
+    def __init__(self, normalized_shape, alpha_init_value=0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1) * alpha_init_value)
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape))
+
+    def forward(self, x):
+        x = torch.tanh(self.alpha * x)
+        return x * self.weight + self.bias
 
 
 class Attention(nn.Module):
@@ -304,6 +319,23 @@ def fixture_rmsnorm_bf16():
     with torch.no_grad():
         layer.weight.copy_((1 + 0.5 * torch.randn(8)).to(torch.bfloat16))
     run_layer(fx, layer, (torch.randn(3, 4, 8) * 2 + 0.5).to(torch.bfloat16))
+    return fx
+
+
+def fixture_dyt():
+    torch.manual_seed(13)
+    fx = Fixture("dyt.safetensors",
+                 "DyT(8, alpha_init_value=0.5) (the paper's module) in F64: `torch.tanh(alpha * x) * weight + "
+                 "bias`, alpha [1], weight [8] and bias [8] randomized (alpha 0.5 + 0.3 N(0,1), weight "
+                 "1 + 0.5 N(0,1), bias 0.2 N(0,1)); input N(0,1) * 2 + 0.5 so tanh saturates in places. "
+                 "Every tensor is F64.",
+                 dim=8, alpha_init=0.5, dtype="f64")
+    layer = DyT(8, alpha_init_value=0.5).double()
+    with torch.no_grad():
+        layer.alpha.copy_(0.5 + 0.3 * torch.randn(1))
+        layer.weight.copy_(1 + 0.5 * torch.randn(8))
+        layer.bias.copy_(0.2 * torch.randn(8))
+    run_layer(fx, layer, (torch.randn(3, 4, 8) * 2 + 0.5).double())
     return fx
 
 
@@ -770,7 +802,8 @@ def main():
     torch.set_num_threads(1)  # reductions and GEMMs give the same bits on every run
     os.makedirs(FIXTURES, exist_ok=True)
     write_python_sample()
-    fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_swiglu(),
+    fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_dyt(),
+                fixture_swiglu(),
                 fixture_attention(), fixture_llama_block(), fixture_llama_block_autocast_bf16(),
                 fixture_cross_entropy(), fixture_mse(),
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),

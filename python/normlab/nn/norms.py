@@ -1,12 +1,12 @@
 """Every norm of normlab's registry (layers/norm_registry.h) as a Module class named by its class name
-(LayerNorm, RMSNorm, RMSNormWithBias, PRMSNorm, AdaptiveRMSNorm, HybridNorm, ScaleNorm, ...),
+(LayerNorm, RMSNorm, RMSNormWithBias, PRMSNorm, AdaptiveRMSNorm, HybridNorm, ScaleNorm, DyT, ...),
 generated from the registry when the package is imported, so a norm added to the registry in C++
 is a class here without a line of Python.
 
 Each class builds the C++ norm (make_norm) and is its Python face: its parameters are the C++
 module's Vars. The signature comes from the entry: ``(normalized_shape, eps=<the entry's default>,
 <the options the entry reads>, *, fused=True, dtype=None)``, the options being those the registry
-says the entry reads (``entry.option_names``: elementwise_affine, bias, p, alpha), each defaulting
+says the entry reads (``entry.option_names``: elementwise_affine, bias, p, alpha, alpha_init), each defaulting
 to C++ NormOptions' default. ``fused`` picks the fused kernel form or the composed autograd ops.
 LayerNorm's signature is PyTorch's; RMSNorm is written out below with PyTorch's (eps=None: the
 input dtype's machine epsilon, as torch.nn.RMSNorm).
