@@ -20,9 +20,9 @@ std::string resolve_checkpoint_path(const std::string& checkpoint) {
     std::error_code ec;
     if (fs::is_directory(path, ec)) {
         path = latest_checkpoint(checkpoint);
-        NL_REQUIRE(!path.empty(), "sample: ", checkpoint, ": no checkpoints/step_*.safetensors in this directory");
+        NL_REQUIRE(!path.empty(), checkpoint, ": no checkpoints/step_*.safetensors in this directory");
     }
-    NL_REQUIRE(fs::exists(path, ec), "sample: ", path, ": no such checkpoint file",
+    NL_REQUIRE(fs::exists(path, ec), path, ": no such checkpoint file",
                ec ? " (" + ec.message() + ")" : std::string());
     return path;
 }
@@ -91,11 +91,11 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
     ck.path = resolve_checkpoint_path(checkpoint);
     const std::string& path = ck.path;
     ck.info = read_checkpoint_info(path);
-    NL_REQUIRE(ck.info.metadata.count("config") == 1, "sample: ", path,
+    NL_REQUIRE(ck.info.metadata.count("config") == 1, path,
                ": not a normlab train checkpoint (no config in its metadata)");
     ck.config = read_train_config(checkpoint_metadata_json(ck.info, path, "config"), path + " (config)");
     if (ck.config.data.source == "text") {
-        NL_REQUIRE(ck.info.metadata.count("vocab") == 1, "sample: ", path, ": text checkpoint without a vocab");
+        NL_REQUIRE(ck.info.metadata.count("vocab") == 1, path, ": text checkpoint without a vocab");
         const nlohmann::json codepoints = checkpoint_metadata_json(ck.info, path, "vocab");
         try {
             ck.vocab = std::make_unique<TextVocab>(codepoints);

@@ -231,7 +231,13 @@ TEST_CASE("interop: what transformers and llama.cpp cannot hold is refused by na
     refused(o, "has no learned weight");
     o = tiny_options();
     o.norm_placement = "post";
-    refused(o, "post-norm");
+    refused(o, "the model's norm_placement is \"post\"");
+    o = tiny_options();
+    o.qk_norm = "head";
+    refused(o, "has qk_norm \"head\"");
+    o = tiny_options();
+    o.logit_softcap = 30.0;
+    refused(o, "soft-caps its logits");
 
     // An existing output is kept unless --force; with it, replaced whole.
     auto model = tiny_model();

@@ -28,6 +28,9 @@ void register_bench_torch(CLI::App& bench);
 // `normlab export CHECKPOINT --to hf DIR | --to gguf FILE`: a model for transformers or llama.cpp
 // (jobs/export.h, examples/cli/export_cmd.cpp).
 void register_export(CLI::App& app);
+// `normlab convert CHECKPOINT --to rmsnorm OUT`: a pre-norm LayerNorm model as the pre-norm RMSNorm
+// model with the same function (jobs/convert.h, examples/cli/convert_cmd.cpp).
+void register_convert(CLI::App& app);
 
 // `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/cli/stability_cmd.cpp).
 void register_stability(CLI::App& app);

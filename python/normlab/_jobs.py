@@ -1,5 +1,6 @@
 """The jobs of the ``normlab`` program as Python calls: ``train``, ``TrainSession`` (the train job a
-step at a time), ``stability``, ``sample``, ``load_checkpoint`` and ``save_checkpoint``.
+step at a time), ``stability``, ``sample``, ``export``, ``convert``, ``load_checkpoint`` and
+``save_checkpoint``.
 
 Each call runs the same C++ job as the program (``normlab._normlab.jobs``, python/src/jobs.cpp),
 so a config trains to the same bits from Python as from the command line, and writes the same run
@@ -549,6 +550,20 @@ def export(checkpoint, to, out, dtype="f32", force=False):
     """
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else _path(checkpoint, "checkpoint")
     return dict(_ext.export_model(path, str(to), _path(out, "out"), str(dtype), bool(force)))
+
+
+def convert(checkpoint, to, out, force=False):
+    """Writes a pre-norm LayerNorm model as the pre-norm RMSNorm model with the same function
+    (``normlab convert CHECKPOINT --to rmsnorm OUT``, Jiang et al. 2023) and returns a dict (source,
+    step, norms, recentered, parameters, out).
+
+    checkpoint: a checkpoint file, a run directory (its latest checkpoint) or a Checkpoint. to:
+    "rmsnorm". out: the train checkpoint to write, which load_checkpoint, sample and export read. An
+    existing ``out`` is replaced only with force=True. A post-norm model, a norm type other than
+    "layernorm" or a nonzero LayerNorm bias is normlab.Error naming it. docs/norms.md.
+    """
+    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else _path(checkpoint, "checkpoint")
+    return dict(_ext.convert_model(path, str(to), _path(out, "out"), bool(force)))
 
 
 # ---- checkpoints ----

@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "jobs/config_schema.h"
+#include "jobs/convert.h"
 #include "jobs/export.h"
 #include "jobs/run_dir.h"
 #include "jobs/sample.h"
@@ -750,6 +751,33 @@ void bind_export(nb::module_& m) {
         "step, parameters, tokenizer, out.");
 }
 
+void bind_convert(nb::module_& m) {
+    m.def(
+        "convert_model",
+        [](const std::string& checkpoint, const std::string& to, const std::string& out, bool force) {
+            ConvertOptions options;
+            options.to = to;
+            options.out = out;
+            options.force = force;
+            ConvertResult r;
+            {
+                nb::gil_scoped_release release;
+                r = run_convert(checkpoint, options);
+            }
+            nb::dict d;
+            d["source"] = r.source;
+            d["step"] = r.step;
+            d["norms"] = r.norms;
+            d["recentered"] = r.recentered;
+            d["parameters"] = r.parameters;
+            d["out"] = out;
+            return d;
+        },
+        nb::arg("checkpoint"), nb::arg("to"), nb::arg("out"), nb::arg("force"),
+        "Runs the convert job (jobs/convert.h) with the GIL released; normlab.convert wraps it. Returns a dict: "
+        "source, step, norms, recentered, parameters, out.");
+}
+
 // The config schema (jobs/config_schema.h) as JSON text: normlab.config_schema and config_defaults
 // parse it, so Python states no default of its own.
 void bind_config_schema(nb::module_& m) {
@@ -772,6 +800,7 @@ void bind_jobs(nb::module_& m) {
     bind_stability(m);
     bind_sample(m);
     bind_export(m);
+    bind_convert(m);
 }
 
 }  // namespace nl::py

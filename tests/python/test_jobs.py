@@ -259,6 +259,30 @@ def test_export_to_transformers_and_gguf_and_read_back(tmp_path):
         normlab.export(tmp_path / "run", "gguf", tmp_path / "x.gguf", dtype="f64")
 
 
+def test_convert_layernorm_to_rmsnorm_samples_the_same_text(tmp_path):
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    config = {"data": {"source": "text", "path": str(tmp_path / "text.txt"), "seq_len": 16, "eval_sequences": 8},
+              "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 16, "max_seq_len": 32,
+                        "norm": {"type": "layernorm", "bias": False}},
+              "optim": {"warmup_steps": 2},
+              "train": {"steps": 4, "batch_size": 4, "eval_every": 0}}
+    normlab.train(config, out=tmp_path / "run")
+    r = normlab.convert(tmp_path / "run", "rmsnorm", tmp_path / "rms.safetensors")
+    assert r["step"] == 4 and r["norms"] == 5 and r["recentered"] == 5
+    converted = normlab.load_checkpoint(tmp_path / "rms.safetensors")
+    assert converted.config["model"]["norm"]["type"] == "rmsnorm"
+    ln = normlab.load_checkpoint(tmp_path / "run")
+    assert converted.vocab == ln.vocab and converted.context == ln.context
+    texts = {normlab.sample(p, max_new_tokens=24, prompt="the ", temperature=0).text
+             for p in (tmp_path / "run", tmp_path / "rms.safetensors")}
+    assert len(texts) == 1
+    with pytest.raises(normlab.Error, match="already exists"):
+        normlab.convert(tmp_path / "run", "rmsnorm", tmp_path / "rms.safetensors")
+    with pytest.raises(normlab.Error, match="already RMSNorm"):
+        normlab.convert(tmp_path / "rms.safetensors", "rmsnorm", tmp_path / "again.safetensors")
+    normlab.convert(ln, "rmsnorm", tmp_path / "rms.safetensors", force=True)
+
+
 # ---- stability ----
 
 TINY_STABILITY = {"norms": ["rmsnorm", "layernorm"], "epochs": 4, "samples": 32, "in_features": 8, "hidden": 16,
