@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -102,6 +103,13 @@ AttnResult run_attention(const AttnInputs& in, bool fused, double softcap) {
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) { return a.to_vector() == b.to_vector(); }
+
+// n targets in [0, classes), spread evenly (timing only).
+Tensor random_indices_for_timing(int64_t n, int64_t classes) {
+    std::vector<int64_t> t(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 7919) % classes;
+    return from_vector(t, {n});
+}
 
 }  // namespace
 
@@ -407,4 +415,53 @@ TEST_CASE("softcap: cap * tanh(x / cap), twice differentiable, 0 is off, bad cap
     CHECK(r2.ok);
     for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()})
         CHECK_THROWS_WITH(softcap(x, bad), Catch::Contains("softcap: cap must be finite and >= 0"));
+}
+
+// ---------------------------------------------------------------- timing (hidden: run by name)
+
+namespace {
+
+// Median of 3 timings of fn, in milliseconds, after one warm-up call.
+template <typename Fn>
+double median_ms(Fn&& fn) {
+    fn();
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+        const double t0 = omp_get_wtime();
+        fn();
+        ms.push_back((omp_get_wtime() - t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[1];
+}
+
+}  // namespace
+
+// nanoGPT's shapes (B 8, T 256, H 6, hd 64; a vocabulary of 50304 over the 2048 rows): the fused
+// attention forward + backward with softcap 0 and 30, and the fused cross-entropy forward + backward
+// with z_loss 0 and 1e-4, f32. Prints the medians; `normlab_tests "[.stabilizers_timing]"`.
+TEST_CASE("stabilizers: timing of the fused kernels with the stabilizers off and on", "[.stabilizers_timing]") {
+    Generator gen(1);
+    const Tensor q = randn({8, 256, 6, 64}, gen), k = randn({8, 256, 6, 64}, gen), v = randn({8, 256, 6, 64}, gen);
+    for (double cap : {0.0, 30.0}) {
+        const double ms = median_ms([&] {
+            const AttentionForward f = attention_forward(q, k, v, cap);
+            attention_backward(f.out, q, k, v, f.out, f.lse, cap);
+        });
+        WARN("attention fwd+bwd softcap " << cap << ": " << ms << " ms");
+    }
+    const Tensor logits = randn({2048, 50304}, gen);
+    const Tensor targets = random_indices_for_timing(2048, 50304);
+    for (double z : {0.0, 1e-4}) {
+        const double ms = median_ms([&] {
+            const CrossEntropyForward f = cross_entropy_forward(logits, targets, -100, Reduction::Mean, std::nullopt, z);
+            cross_entropy_backward(scalar_tensor(1.0, DType::F32), logits, targets, f.lse, -100, Reduction::Mean, z);
+        });
+        WARN("cross-entropy fwd+bwd z_loss " << z << ": " << ms << " ms");
+    }
+    Var x(logits, true);
+    WARN("softcap(logits, 30) fwd+bwd: " << median_ms([&] {
+             x.zero_grad();
+             sum(softcap(x, 30.0)).backward();
+         }) << " ms; a copy of the logits: " << median_ms([&] { (void)logits.clone(); }) << " ms");
 }
