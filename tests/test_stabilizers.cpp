@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "core/cpu/cpu_math.h"
 #include "core/fused.h"
 #include "core/safetensors.h"
 #include "layers/activation.h"
@@ -262,6 +263,26 @@ TEST_CASE("z-loss: the CrossEntropyLoss module adds the term and reports it apar
 }
 
 // ---------------------------------------------------------------- attention soft-capping
+
+TEST_CASE("softcap attention: the CPU kernels' f32 tanh is within 4 ulp of tanh", "[stabilizers][attention]") {
+    // Both sides of the polynomial's bound 0.625, tiny values, saturation, and a sweep.
+    std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1e-6f, 0.1f, 0.6249f, 0.625f, 0.6251f, 1.0f, 3.0f, 9.0f, 20.0f,
+                             44.0f, 100.0f, 1e30f};
+    for (int i = -4000; i <= 4000; ++i) xs.push_back(static_cast<float>(i) * 2.5e-3f);
+    double worst = 0.0;
+    for (float x : xs) {
+        for (float s : {x, -x}) {
+            const double ref = std::tanh(static_cast<double>(s));
+            const double ulp = std::max(std::ldexp(1.0, std::ilogb(std::max(std::fabs(ref), 1e-38)) - 23), 1e-45);
+            worst = std::max(worst, std::fabs(static_cast<double>(cpu_math::tanh_f32(s)) - ref) / ulp);
+        }
+    }
+    INFO("worst error " << worst << " ulp");
+    CHECK(worst <= 4.0);
+    CHECK(std::isnan(cpu_math::tanh_f32(std::nanf(""))));
+    CHECK(cpu_math::tanh_f32(std::numeric_limits<float>::infinity()) == 1.0f);
+    CHECK(cpu_math::tanh_f32(-std::numeric_limits<float>::infinity()) == -1.0f);
+}
 
 TEST_CASE("softcap attention: the fused kernels match the composed form, f64 and f32", "[stabilizers][attention]") {
     for (DType dtype : {DType::F64, DType::F32}) {

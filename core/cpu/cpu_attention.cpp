@@ -190,7 +190,7 @@ inline void exp_shifted(T* x, T shift) {
 // recomputed scores are the forward's bits.
 template <typename T>
 inline T soft_cap(T x, T cap, T inv_cap, T& slope) {
-    const T t = std::tanh(x * inv_cap);
+    const T t = cpu_math::tanh_of(x * inv_cap);
     slope = T(1) - t * t;
     return cap * t;
 }
@@ -204,6 +204,7 @@ inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T de
     if (softcap > T(0)) {
         const T inv_cap = T(1) / softcap;
         T slope[Width];  // (Width): d capped / d scaled score, times scale
+#pragma omp simd
         for (int64_t c = 0; c < Width; ++c) {
             T d = T(0);
             p[c] = c < n ? soft_cap(p[c] * scale, softcap, inv_cap, d) : -std::numeric_limits<T>::infinity();
@@ -422,8 +423,10 @@ void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scal
         // Capped in place, so the mask below multiplies by 1 (exact); off, the scores are as before.
         const T inv_cap = T(1) / softcap;
         T slope = T(0);  // unused here
-        for (int64_t c = 0; c < count; ++c)
+        for (int64_t c = 0; c < count; ++c) {
+#pragma omp simd
             for (int64_t r = 0; r < kLanes; ++r) f.st[c][r] = soft_cap(f.st[c][r] * scale, softcap, inv_cap, slope);
+        }
         scale = T(1);
     }
     std::fill(f.tile_max, f.tile_max + kLanes, kNegInf);

@@ -118,6 +118,31 @@ inline T exp_of(T x) {
     }
 }
 
+// tanh for f32 with plain arithmetic and exp_f32, so loops calling it vectorize (glibc's tanhf is a
+// call per element): Cephes' tanhf. Below |x| = 0.625 its odd minimax polynomial; above,
+// 1 - 2 / (e^(2|x|) + 1) with x's sign (e^(2|x|) = inf past |x| ~ 44 gives exactly 1; NaN stays NaN).
+// Within a few ulp of the correctly rounded result (checked against std::tanh in double by
+// tests/test_stabilizers.cpp). For the attention's soft-capping.
+inline float tanh_f32(float x) {
+    const float a = std::abs(x);
+    const float z = x * x;
+    const float small =
+        ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
+         3.33332819422e-1f) * z * x + x;
+    const float large = std::copysign(1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f), x);
+    return a < 0.625f ? small : large;
+}
+
+// tanh: the vectorizable f32 tanh above, std::tanh for f64.
+template <typename T>
+inline T tanh_of(T x) {
+    if constexpr (std::is_same_v<T, float>) {
+        return tanh_f32(x);
+    } else {
+        return std::tanh(x);
+    }
+}
+
 // Stable for large |x|: never evaluates exp of a large positive number. One exp of -|x| and a
 // select instead of a branch on the sign, which mispredicts half the time on activations. The select
 // picks the numerator (1 or e), so the vectorized loop divides once, not once for each side.
