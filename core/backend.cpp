@@ -2,6 +2,8 @@
 // with CUDA, each behind the profiler's wrapper while it is on) and the fused kernels' invariants.
 #include "core/backend.h"
 
+#include <cmath>
+
 #include "core/cpu/cpu_backend.h"
 #include "core/profiler.h"
 #ifdef NORMLAB_HAVE_CUDA
@@ -79,6 +81,7 @@ void check_kernel_args(const CrossEntropyForwardArgs& a) {
 
 void check_kernel_args(const CrossEntropyBackwardArgs& a) {
     check_cross_entropy_sizes("cross_entropy_backward", a.dtype, a.rows, a.classes);
+    NL_CHECK(std::isfinite(a.z_loss) && a.z_loss >= 0.0, "cross_entropy_backward: z_loss ", a.z_loss);
 }
 
 void check_kernel_args(const AdamStepArgs& a) {
@@ -91,8 +94,14 @@ void check_kernel_args(const SgdStepArgs& a) {
     NL_CHECK(a.momentum == 0.0 || a.momentum_buffer != nullptr, "sgd_step: momentum needs a buffer");
 }
 
-void check_kernel_args(const AttentionForwardArgs& a) { check_attention(a.dtype, a.dims); }
+void check_kernel_args(const AttentionForwardArgs& a) {
+    check_attention(a.dtype, a.dims);
+    NL_CHECK(std::isfinite(a.softcap) && a.softcap >= 0.0, "attention_forward: softcap ", a.softcap);
+}
 
-void check_kernel_args(const AttentionBackwardArgs& a) { check_attention(a.dtype, a.dims); }
+void check_kernel_args(const AttentionBackwardArgs& a) {
+    check_attention(a.dtype, a.dims);
+    NL_CHECK(std::isfinite(a.softcap) && a.softcap >= 0.0, "attention_backward: softcap ", a.softcap);
+}
 
 }  // namespace nl

@@ -121,18 +121,22 @@ struct DytBackwardArgs {
 
 // Cross-entropy over contiguous logits with i64 targets, each in [0, classes) or equal to
 // ignore_index (checked by the caller). Writes lse = logsumexp(logits row) and loss = lse -
-// logit[target] (0 for ignored rows).
+// logit[target] (0 for ignored rows), and, when asked, lse_sq = lse^2 (0 for ignored rows): the
+// z-loss's statistic (PaLM, Chowdhery et al. 2022, section 5), from the lse already at hand.
 struct CrossEntropyForwardArgs {
     DType dtype = DType::F32;         // of logits: f32, f64, bf16 or f16
     const void* logits = nullptr;     // [rows, classes]
     const int64_t* targets = nullptr;  // [rows]
     void* loss = nullptr;             // [rows], f64 for f64 else f32
     void* lse = nullptr;              // [rows], f64 for f64 else f32
+    void* lse_sq = nullptr;           // [rows], f64 for f64 else f32; or null: not wanted
     int64_t rows = 0;
     int64_t classes = 0;
     int64_t ignore_index = -100;
 };
 // dlogits = (softmax(logits) - onehot(target)) * dloss[r] * scale; ignored rows get exact zeros.
+// With z_loss = c > 0 the row's loss also has c * lse^2, whose gradient is 2 c lse softmax(logits):
+//   dlogits = (softmax(logits) * (1 + 2 c lse) - onehot(target)) * dloss[r] * scale
 struct CrossEntropyBackwardArgs {
     DType dtype = DType::F32;          // of logits and dlogits: f32, f64, bf16 or f16
     const void* logits = nullptr;      // [rows, classes]
@@ -144,6 +148,7 @@ struct CrossEntropyBackwardArgs {
     int64_t rows = 0;
     int64_t classes = 0;
     int64_t ignore_index = -100;
+    double z_loss = 0.0;  // c >= 0; 0: plain cross-entropy
 };
 
 // One pass of Adam (decoupled = false, L2 decay added to the gradient) or AdamW (decoupled = true,
@@ -198,6 +203,8 @@ struct AttentionDims {
 //   s_ij = scale * q_i . k_j,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j
 // Key tiles are visited with an online softmax (running max and sum), so no (q_len x kv_len)
 // matrix is ever stored. lse holds the row statistics the backward recomputes the probabilities from.
+// With softcap = cap > 0 each scaled score is soft-capped before the mask and the softmax (Gemma 2,
+// Gemma Team 2024): s_ij = cap * tanh(scale * q_i . k_j / cap); 0 leaves the scores as they are.
 struct AttentionForwardArgs {
     DType dtype = DType::F32;  // f32 or f64, every buffer; on the CPU also bf16: q, k, v, out bf16, lse f32
     AttentionDims dims;
@@ -207,9 +214,11 @@ struct AttentionForwardArgs {
     void* out = nullptr;      // [batch, q_len, heads, head_dim]
     void* lse = nullptr;      // [batch, heads, q_len]
     double scale = 1.0;
+    double softcap = 0.0;  // cap >= 0; 0: off
 };
 // Its backward (FlashAttention-2's, with p_ij = exp(s_ij - lse_i) recomputed tile by tile):
-//   delta_i = dout_i . out_i,  dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - delta_i)
+//   delta_i = dout_i . out_i,  dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - delta_i) [* (1 - (s_ij / cap)^2)
+//   with a softcap: tanh's derivative, from the capped score]
 //   dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_{i, h in j's group} ds_ij q_i,  dv_j = sum p_ij dout_i
 // dq, dk, dv are written, not accumulated; each element is summed by one thread in a fixed order, so
 // the bits do not depend on the thread count.
@@ -227,6 +236,7 @@ struct AttentionBackwardArgs {
     void* dk = nullptr;          // [batch, kv_len, kv_heads, head_dim]
     void* dv = nullptr;          // [batch, kv_len, kv_heads, head_dim]
     double scale = 1.0;
+    double softcap = 0.0;  // the forward's
 };
 
 // The invariants of each struct (dtype, sizes, the pointers a flag requires), as NL_CHECKs: every

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/ops.h"
 
 namespace nl {
 
@@ -235,11 +236,18 @@ int64_t check_cross_entropy(const char* op, const Tensor& logits, const Tensor& 
     return count;
 }
 
+// A stabilizer's coefficient (z_loss, softcap): finite and >= 0, 0 meaning off.
+void require_coefficient(const char* op, const char* name, double value) {
+    NL_REQUIRE(std::isfinite(value) && value >= 0.0, op, ": ", name, " must be finite and >= 0 (0: off), found ",
+               value);
+}
+
 }  // namespace
 
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                          Reduction reduction, std::optional<DType> loss_dtype) {
+                                          Reduction reduction, std::optional<DType> loss_dtype, double z_loss) {
     const char* op = "cross_entropy";
+    require_coefficient(op, "z_loss", z_loss);
     CrossEntropyForward out;
     out.count = check_cross_entropy(op, logits, targets, ignore_index);
     const int64_t classes = logits.size(-1);
@@ -255,29 +263,48 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
     const Tensor tc = targets.contiguous();  // (rows)
     Tensor per_row = Tensor::empty(targets.shape(), stat_dtype, logits.device());  // (rows)
     out.lse = Tensor::empty(targets.shape(), stat_dtype, logits.device());        // (rows)
+    // (rows): lse^2 of the scored rows, 0 for the ignored ones; only with a z-loss.
+    Tensor lse_sq = z_loss > 0.0 ? Tensor::empty(targets.shape(), stat_dtype, logits.device()) : Tensor();
     if (rows > 0) {
         backend_for(logits.device())
             .cross_entropy_forward({.dtype = logits.dtype(), .logits = lc.data_ptr(),
                                     .targets = static_cast<const int64_t*>(tc.data_ptr()),
-                                    .loss = per_row.data_ptr(), .lse = out.lse.data_ptr(), .rows = rows,
-                                    .classes = classes, .ignore_index = ignore_index});
+                                    .loss = per_row.data_ptr(), .lse = out.lse.data_ptr(),
+                                    .lse_sq = mut_ptr_or_null(lse_sq), .rows = rows, .classes = classes,
+                                    .ignore_index = ignore_index});
     }
     if (reduction == Reduction::None) {
-        out.loss = per_row.to(out_dtype);
+        if (z_loss > 0.0) {
+            const Tensor z_rows = lse_sq * z_loss;  // (rows)
+            out.z_loss = z_rows.to(out_dtype);
+            out.loss = (per_row + z_rows).to(out_dtype);
+        } else {
+            out.loss = per_row.to(out_dtype);
+        }
         return out;
     }
     // Summed in row order in double: deterministic, and exact enough for any batch.
-    double total = 0.0;
-    for (double v : per_row.to_vector()) total += v;
-    // Mean over zero rows is 0/0 = NaN, as PyTorch's cross_entropy gives.
-    const double value = reduction == Reduction::Mean ? total / static_cast<double>(out.count) : total;
-    out.loss = scalar_tensor(value, out_dtype, logits.device());
+    auto reduce = [&](const Tensor& rows_values) {
+        double total = 0.0;
+        for (double v : rows_values.to_vector()) total += v;
+        // Mean over zero rows is 0/0 = NaN, as PyTorch's cross_entropy gives.
+        return reduction == Reduction::Mean ? total / static_cast<double>(out.count) : total;
+    };
+    const double value = reduce(per_row);
+    if (z_loss > 0.0) {
+        const double z_value = z_loss * reduce(lse_sq);
+        out.z_loss = scalar_tensor(z_value, out_dtype, logits.device());
+        out.loss = scalar_tensor(value + z_value, out_dtype, logits.device());
+    } else {
+        out.loss = scalar_tensor(value, out_dtype, logits.device());
+    }
     return out;
 }
 
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
-                              const Tensor& lse, int64_t ignore_index, Reduction reduction) {
+                              const Tensor& lse, int64_t ignore_index, Reduction reduction, double z_loss) {
     const char* op = "cross_entropy_backward";
+    require_coefficient(op, "z_loss", z_loss);
     const int64_t count = check_cross_entropy(op, logits, targets, ignore_index);
     const int64_t classes = logits.size(-1);
     const int64_t rows = targets.numel();
@@ -312,7 +339,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                                      .targets = static_cast<const int64_t*>(tc.data_ptr()), .lse = sc.data_ptr(),
                                      .dloss = ptr_or_null(dloss_rows), .scale = scale,
                                      .dlogits = dlogits.data_ptr(), .rows = rows, .classes = classes,
-                                     .ignore_index = ignore_index});
+                                     .ignore_index = ignore_index, .z_loss = z_loss});
     }
     return dlogits;
 }
@@ -480,8 +507,9 @@ std::array<int64_t, 6> attention_dims(const char* op, const Tensor& q, const Ten
 
 }  // namespace
 
-AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double softcap) {
     const auto [B, T, L, H, KV, hd] = attention_dims("attention", q, k, v);
+    require_coefficient("attention", "softcap", softcap);
     const DType compute = compute_dtype(q.dtype()), io = kernel_io_dtype(q);
     const Tensor qc = q.to(io).contiguous(), kc = k.to(io).contiguous(), vc = v.to(io).contiguous();
     AttentionForward f;
@@ -491,15 +519,17 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
         backend_for(q.device())
             .attention_forward({.dtype = io, .dims = {B, T, L, H, KV, hd}, .q = qc.data_ptr(),
                                 .k = kc.data_ptr(), .v = vc.data_ptr(), .out = f.out.data_ptr(),
-                                .lse = f.lse.data_ptr(), .scale = 1.0 / std::sqrt(static_cast<double>(hd))});
+                                .lse = f.lse.data_ptr(), .scale = 1.0 / std::sqrt(static_cast<double>(hd)),
+                                .softcap = softcap});
     f.out = f.out.to(q.dtype());
     return f;
 }
 
 AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, const Tensor& lse) {
+                                     const Tensor& out, const Tensor& lse, double softcap) {
     const char* op = "attention_backward";
     const auto [B, T, L, H, KV, hd] = attention_dims(op, q, k, v);
+    require_coefficient(op, "softcap", softcap);
     require_like(op, "dout", dout, "q", q, false);
     require_like(op, "out", out, "q", q, false);
     const DType compute = compute_dtype(q.dtype());
@@ -524,7 +554,7 @@ AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const 
                                      .k = kc.data_ptr(), .v = vc.data_ptr(), .out = oc.data_ptr(),
                                      .dout = dc.data_ptr(), .lse = lc.data_ptr(), .delta = delta.data_ptr(),
                                      .dq = g.dq.data_ptr(), .dk = g.dk.data_ptr(), .dv = g.dv.data_ptr(),
-                                     .scale = 1.0 / std::sqrt(static_cast<double>(hd))});
+                                     .scale = 1.0 / std::sqrt(static_cast<double>(hd)), .softcap = softcap});
         }
     }
     g.dq = g.dq.to(q.dtype());

@@ -67,6 +67,8 @@ struct CrossEntropyForward {
     Tensor loss;    // [] for Mean/Sum, targets' shape for None; logits' dtype, or the loss_dtype asked for
     Tensor lse;     // targets' shape, logsumexp of each row (saved for backward); f64 for f64 else f32
     int64_t count;  // rows whose target != ignore_index: Mean's divisor
+    Tensor z_loss;  // with z_loss = c > 0: the term that loss includes, c * lse^2 reduced as the loss
+                    // (loss's shape and dtype; loss - z_loss is the cross-entropy); undefined when c == 0
 };
 // PyTorch's F.cross_entropy(logits.view(-1, C), targets.view(-1), ignore_index, reduction), except
 // the class dim is the last one. Ignored rows contribute 0 loss and 0 gradient; Mean divides by the
@@ -74,14 +76,18 @@ struct CrossEntropyForward {
 // gradient is all zeros, as in PyTorch). Targets outside [0, C) other than ignore_index are errors.
 // loss_dtype: the loss's dtype, the logits' by default; f32 for bf16/f16 logits gives the loss of
 // their f32 widening (exact, so the same bits) without making the f32 copy: autocast's f32 loss.
+// z_loss = c (finite, >= 0): PaLM's auxiliary z-loss (Chowdhery et al. 2022, section 5; Wortsman et
+// al. 2023), which pulls each row's log-normalizer lse toward 0: every scored row's loss gains
+// c * lse^2, so Mean adds c * mean(lse^2) over the scored rows, Sum c * sum(lse^2), None c * lse^2 per
+// row. The kernel squares the lse it computes anyway; c = 0 is the plain cross-entropy, bit for bit.
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                           int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
-                                          std::optional<DType> loss_dtype = std::nullopt);
+                                          std::optional<DType> loss_dtype = std::nullopt, double z_loss = 0.0);
 // dloss: [] (or any one-element tensor) for Mean/Sum, targets' shape for None. Returns dlogits with
-// logits' shape and dtype.
+// logits' shape and dtype. z_loss: the forward's (its gradient 2 c lse softmax joins the kernel's pass).
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
                               const Tensor& lse, int64_t ignore_index = -100,
-                              Reduction reduction = Reduction::Mean);
+                              Reduction reduction = Reduction::Mean, double z_loss = 0.0);
 // Just the loss of cross_entropy_forward.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::Mean);
@@ -143,7 +149,10 @@ struct AttentionForward {
 // h / (H / KV), query row i sits at position L - T + i (the first L - T keys are cached positions) and
 // sees keys 0..L - T + i; scores are scaled by 1 / sqrt(hd). No (T x L) matrix is stored. bf16/f16
 // inputs are computed in f32 and the output rounded once.
-AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v);
+// softcap = cap > 0 soft-caps the scaled scores before the mask and the softmax, s -> cap * tanh(s / cap)
+// (Gemma 2's attention logit soft-capping); 0 (the default) is off, with the same bits and speed.
+// cap must be finite and >= 0.
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double softcap = 0.0);
 
 struct AttentionBackward {
     Tensor dq;  // q's shape and dtype
@@ -151,8 +160,8 @@ struct AttentionBackward {
     Tensor dv;  // v's shape and dtype
 };
 // The gradients given dout (out's shape) and the forward's out and lse (the probabilities are
-// recomputed from lse, tile by tile).
+// recomputed from lse, tile by tile). softcap: the forward's.
 AttentionBackward attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, const Tensor& lse);
+                                     const Tensor& out, const Tensor& lse, double softcap = 0.0);
 
 }  // namespace nl

@@ -1,7 +1,15 @@
-// Dropout: inverted dropout with a mask drawn from a seeded Generator.
+// Soft-capping, and inverted dropout with a mask drawn from a seeded Generator.
 #include "layers/activation.h"
 
+#include <cmath>
+
 namespace nl {
+
+Var softcap(const Var& x, double cap) {
+    NL_REQUIRE(std::isfinite(cap) && cap >= 0.0, "softcap: cap must be finite and >= 0 (0: off), found ", cap);
+    if (cap == 0.0) return x;
+    return tanh(x / cap) * cap;
+}
 
 Var dropout(const Var& x, double p, bool training, Generator& generator) {
     NL_REQUIRE(p >= 0.0 && p <= 1.0, "dropout: expected p in [0, 1], found ", p);

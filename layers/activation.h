@@ -28,6 +28,11 @@ public:
     Var forward(const Var& x) override { return gelu(x); }
 };
 
+// Soft-capping (Gemma 2, Gemma Team 2024; Grok-1): cap * tanh(x / cap), which bounds x to (-cap, cap)
+// smoothly and leaves small values nearly as they are (slope 1 at 0); Gemma 2 caps its final logits at
+// 30. cap must be finite and >= 0; 0 returns x itself (off). From autograd ops: twice differentiable.
+Var softcap(const Var& x, double cap);
+
 // Inverted dropout (as PyTorch): in training each element is kept with probability 1 - p and
 // scaled by 1 / (1 - p); p = 1 zeroes everything. The mask is drawn from `generator` in row-major
 // order (uniform u, keep when u >= p). Outside training, or when p == 0, x is returned as is.

@@ -1,6 +1,7 @@
-// Losses: MSE (mean) and cross-entropy over logits with ignore_index. Cross-entropy exists fused
-// (one node over core/fused.h's cross_entropy kernels: saves logits + per-row logsumexp) and
-// composed (log_softmax + gather + masked mean from autograd ops) so tests can check they agree.
+// Losses: MSE (mean) and cross-entropy over logits with ignore_index, optionally with PaLM's z-loss.
+// Cross-entropy exists fused (one node over core/fused.h's cross_entropy kernels: saves logits +
+// per-row logsumexp) and composed (log_softmax + gather + masked mean from autograd ops) so tests can
+// check they agree.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,26 @@ Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_
 Var cross_entropy_loss_composed(const Var& logits, const Tensor& targets, int64_t ignore_index = -100,
                                 Reduction reduction = Reduction::Mean);
 
+// Cross-entropy plus PaLM's z-loss (Chowdhery et al. 2022, section 5; Wortsman et al. 2023, "Small-scale
+// proxies for large-scale Transformer training instabilities"): each scored row's loss gains
+// z_loss * lse^2, lse = logsumexp(logits row), which keeps the softmax's normalizer near 1 (lse near 0)
+// and the output logits from drifting. Mean adds z_loss * mean(lse^2) over the non-ignored rows, Sum
+// z_loss * sum(lse^2), None z_loss * lse^2 per row.
+struct CrossEntropyTerms {
+    Var loss;       // cross-entropy + the z term: what to differentiate
+    Tensor z_loss;  // the z term alone, loss's shape and dtype, no grad (a metrics column; loss - z_loss
+                    // is the cross-entropy); zeros when z_loss == 0
+};
+// z_loss (the coefficient c) must be finite and >= 0. The fused form is one node over the kernels
+// (the z term from the lse they compute anyway; first-order only); with z_loss == 0 its loss is
+// cross_entropy_loss's, the same bits and speed.
+CrossEntropyTerms cross_entropy_z_loss(const Var& logits, const Tensor& targets, double z_loss,
+                                       int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+// The same from autograd ops (lse = m + log(sum(exp(logits - m))), m the rows' max, held constant):
+// twice differentiable.
+CrossEntropyTerms cross_entropy_z_loss_composed(const Var& logits, const Tensor& targets, double z_loss,
+                                                int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+
 class MSELoss : public Module {
 public:
     std::string type_name() const override { return "MSELoss"; }
@@ -36,6 +57,7 @@ struct CrossEntropyOptions {
     int64_t ignore_index = -100;
     Reduction reduction = Reduction::Mean;
     bool fused = true;
+    double z_loss = 0.0;  // the z-loss coefficient (cross_entropy_z_loss); 0: off
 };
 
 class CrossEntropyLoss : public Module {
@@ -43,7 +65,10 @@ public:
     explicit CrossEntropyLoss(const CrossEntropyOptions& options = {}) : options_(options) {}
     std::string type_name() const override { return "CrossEntropyLoss"; }
     std::string extra_repr() const override;
+    // The loss (with the z term when options().z_loss > 0).
     Var forward(const Var& logits, const Tensor& targets);
+    // The loss and the z term apart (for logging).
+    CrossEntropyTerms forward_terms(const Var& logits, const Tensor& targets);
     void set_fused(bool fused) { options_.fused = fused; }
     const CrossEntropyOptions& options() const { return options_; }
 

@@ -293,8 +293,8 @@ Var Attention::qk_normalized(const char* name, const Var& x) {
 namespace {
 
 // One node over the fused kernel pair. Saved: q, k, v, out, lse (the probabilities are recomputed).
-Var fused_causal_attention(const Var& q, const Var& k, const Var& v) {
-    AttentionForward f = attention_forward(q.data(), k.data(), v.data());
+Var fused_causal_attention(const Var& q, const Var& k, const Var& v, double softcap) {
+    AttentionForward f = attention_forward(q.data(), k.data(), v.data(), softcap);
     std::vector<SavedTensor> saved;
     saved.emplace_back("q", q.data());
     saved.emplace_back("k", k.data());
@@ -302,18 +302,18 @@ Var fused_causal_attention(const Var& q, const Var& k, const Var& v) {
     saved.emplace_back("out", f.out);
     saved.emplace_back("lse", f.lse);
     return make_result(f.out, "attention", {q, k, v}, std::move(saved),
-                       [](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
+                       [softcap](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
                            NL_REQUIRE(!is_grad_enabled(), "attention (fused): the fused backward is first-order "
                                       "only; use the composed form (fused_attention = false) for "
                                       "backward(create_graph=true)");
                            AttentionBackward g = attention_backward(dout.data(), s[0].data(), s[1].data(),
-                                                                    s[2].data(), s[3].data(), s[4].data());
+                                                                    s[2].data(), s[3].data(), s[4].data(), softcap);
                            return {Var(g.dq), Var(g.dk), Var(g.dv)};
                        });
 }
 
 // LLaMA's attention in autograd ops (meta-llama/llama model.py, Attention.forward).
-Var composed_causal_attention(const Var& q, Var k, Var v) {
+Var composed_causal_attention(const Var& q, Var k, Var v, double softcap) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3);
     const int64_t L = k.size(1), KV = k.size(2), start = L - T;
     if (KV != H) {
@@ -327,6 +327,11 @@ Var composed_causal_attention(const Var& q, Var k, Var v) {
     const Var vh = transpose(v, 1, 2);  // (B, H, L, hd)
     // Under autocast the two products take bf16 inputs (q, k, v already are: wq/wk/wv made them).
     Var scores = autocast_matmul(qh, transpose(kh, 2, 3)) / std::sqrt(static_cast<double>(hd));  // (B, H, T, L)
+    // Gemma 2's soft-capping, before the mask: cap * tanh(scores / cap), in f32 at least (as the softmax).
+    if (softcap > 0.0) {
+        scores = nl::to(scores, scores.dtype() == DType::F64 ? DType::F64 : DType::F32);
+        scores = tanh(scores / softcap) * softcap;
+    }
     // Causal mask: key position j > query position start + i is -inf (LLaMA adds a -inf upper
     // triangle; with a cache, LLaMA's mask is hstack([zeros(T, start), triu(-inf)]), the same rule).
     std::vector<double> future(static_cast<size_t>(T * L), 0.0);  // (T, L)
@@ -343,13 +348,15 @@ Var composed_causal_attention(const Var& q, Var k, Var v) {
 
 }  // namespace
 
-Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused) {
+Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused, double softcap) {
     NL_REQUIRE(q.defined() && k.defined() && v.defined(), "causal_attention: q, k and v must be defined");
     NL_REQUIRE(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && k.size(0) == q.size(0) &&
                    k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0 && k.size(1) >= q.size(1),
                "causal_attention: expected q (B, T, H, hd) and k, v (B, L, KV, hd) with L >= T and KV dividing H, "
                "found q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
-    return fused ? fused_causal_attention(q, k, v) : composed_causal_attention(q, k, v);
+    NL_REQUIRE(std::isfinite(softcap) && softcap >= 0.0, "causal_attention: softcap must be finite and >= 0 (0: off), "
+               "found ", softcap);
+    return fused ? fused_causal_attention(q, k, v, softcap) : composed_causal_attention(q, k, v, softcap);
 }
 
 // ---------------------------------------------------------------- blocks

@@ -82,7 +82,10 @@ Var apply_rope(const Var& x, const RopeTables& tables);
 // - composed: LLaMA's code in autograd ops (repeat_kv, q k^T / sqrt(hd), a -inf mask above the
 //   diagonal, softmax, @ v): the reference, twice differentiable. Under autocast its two products
 //   run in bf16.
-Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused);
+// softcap = cap > 0: Gemma 2's attention logit soft-capping (Gemma Team 2024), the scaled scores
+// become cap * tanh(scores / cap) before the mask and the softmax; 0 (the default) is off, with the
+// same bits and speed as without it. cap must be finite and >= 0.
+Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused, double softcap = 0.0);
 
 // One layer's part of a KV cache (generation, no autograd): the keys (after RoPE) and values of the
 // positions 0..start-1 already seen, in buffers with room for `capacity` positions.

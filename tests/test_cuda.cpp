@@ -615,6 +615,30 @@ TEST_CASE("cuda: fused cross-entropy forward and backward match the CPU, with ig
     }
 }
 
+TEST_CASE("cuda: the cross-entropy's z-loss forward and backward match the CPU", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        const Tensor logits = (random_normal({4, 6, 300}, 134, DType::F64) * 3.0 + 2.0).to(dtype);
+        Tensor targets = random_indices({4, 6}, 300, 135);
+        std::vector<int64_t> t = targets.to_vector_as<int64_t>();
+        t[5] = -100;
+        targets = from_vector(t, {4, 6});
+        for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+            const std::string what = std::string("z-loss ") + dtype_name(dtype) + " reduction " +
+                                     std::to_string(static_cast<int>(red));
+            const CrossEntropyForward f = cross_entropy_forward(logits, targets, -100, red, std::nullopt, 0.01);
+            const CrossEntropyForward fg = cross_entropy_forward(gpu(logits), gpu(targets), -100, red, std::nullopt, 0.01);
+            require_close(f.loss, fg.loss, 2 * tolerance(dtype), "loss " + what);
+            require_close(f.z_loss, fg.z_loss, 2 * tolerance(dtype), "z_loss " + what);
+            const Tensor dloss = red == Reduction::None ? random_normal({4, 6}, 136, f.loss.dtype())
+                                                        : full({}, 1.5, f.loss.dtype());
+            const Tensor dl = cross_entropy_backward(dloss, logits, targets, f.lse, -100, red, 0.01);
+            const Tensor dlg = cross_entropy_backward(gpu(dloss), gpu(logits), gpu(targets), fg.lse, -100, red, 0.01);
+            require_close(dl, dlg, 2 * tolerance(dtype), "dlogits " + what);
+        }
+    }
+}
+
 TEST_CASE("cuda: Adam, AdamW, AMSGrad and SGD steps match the CPU over several steps", "[cuda]") {
     CUDA_TEST_OR_SKIP();
     for (DType dtype : {DType::F32, DType::F64}) {
@@ -690,6 +714,33 @@ TEST_CASE("cuda: fused causal attention forward and backward match the CPU (GQA,
             require_close(host.lse, dev.lse, 10 * tolerance(dtype), what + " lse");
             const AttentionBackward hg = attention_backward(dout, q, k, v, host.out, host.lse);
             const AttentionBackward dg = attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), dev.out, dev.lse);
+            require_close(hg.dq, dg.dq, 10 * tolerance(dtype), what + " dq");
+            require_close(hg.dk, dg.dk, 10 * tolerance(dtype), what + " dk");
+            require_close(hg.dv, dg.dv, 10 * tolerance(dtype), what + " dv");
+        }
+    }
+}
+
+TEST_CASE("cuda: soft-capped causal attention forward and backward match the CPU (GQA, cached offset)", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    struct Case {
+        int64_t B, T, L, H, KV, hd;
+    };
+    for (const Case& c : {Case{2, 5, 5, 4, 2, 6}, Case{1, 3, 9, 3, 1, 4}, Case{1, 70, 70, 2, 2, 8}}) {
+        for (DType dtype : {DType::F32, DType::F64}) {
+            const std::string what = std::string("softcap attention ") + dtype_name(dtype) + " T " +
+                                     std::to_string(c.T) + " L " + std::to_string(c.L);
+            const Tensor q = random_normal({c.B, c.T, c.H, c.hd}, 141, dtype) * 2.0;
+            const Tensor k = random_normal({c.B, c.L, c.KV, c.hd}, 142, dtype) * 2.0;
+            const Tensor v = random_normal({c.B, c.L, c.KV, c.hd}, 143, dtype);
+            const Tensor dout = random_normal({c.B, c.T, c.H, c.hd}, 144, dtype);
+            const double cap = 1.5;
+            const AttentionForward host = attention_forward(q, k, v, cap);
+            const AttentionForward dev = attention_forward(gpu(q), gpu(k), gpu(v), cap);
+            require_close(host.out, dev.out, 10 * tolerance(dtype), what + " out");
+            require_close(host.lse, dev.lse, 10 * tolerance(dtype), what + " lse");
+            const AttentionBackward hg = attention_backward(dout, q, k, v, host.out, host.lse, cap);
+            const AttentionBackward dg = attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), dev.out, dev.lse, cap);
             require_close(hg.dq, dg.dq, 10 * tolerance(dtype), what + " dq");
             require_close(hg.dk, dg.dk, 10 * tolerance(dtype), what + " dk");
             require_close(hg.dv, dg.dv, 10 * tolerance(dtype), what + " dv");

@@ -185,11 +185,36 @@ inline void exp_shifted(T* x, T shift) {
     for (int64_t c = 0; c < Width; ++c) x[c] = exp_of(x[c] - shift);
 }
 
+// A soft-capped score (Gemma 2): cap * tanh(x / cap) of the scaled score x, and tanh's derivative
+// 1 - tanh^2 through `slope`. One expression for the forward and the backward, so the backward's
+// recomputed scores are the forward's bits.
+template <typename T>
+inline T soft_cap(T x, T cap, T inv_cap, T& slope) {
+    const T t = cpu_math::tanh_of(x * inv_cap);
+    slope = T(1) - t * t;
+    return cap * t;
+}
+
 // The backward's p = exp(scale * s - lse) (0 past n) and ds = p * (dp - delta) * scale of one row of
 // a tile: `p` holds the scores s and `ds` the products dp = dout . v on entry. (ds carries the scale
-// that dq and dk take.)
+// that dq and dk take.) With softcap = cap > 0 the score is cap * tanh(scale * s / cap) and ds also
+// carries tanh's derivative; cap = 0 takes the plain loops.
 template <int64_t Width, typename T>
-inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta) {
+inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta, T softcap) {
+    if (softcap > T(0)) {
+        const T inv_cap = T(1) / softcap;
+        T slope[Width];  // (Width): d capped / d scaled score, times scale
+#pragma omp simd
+        for (int64_t c = 0; c < Width; ++c) {
+            T d = T(0);
+            p[c] = c < n ? soft_cap(p[c] * scale, softcap, inv_cap, d) : -std::numeric_limits<T>::infinity();
+            slope[c] = d * scale;
+        }
+        exp_shifted<Width>(p, lse);
+#pragma omp simd
+        for (int64_t c = 0; c < Width; ++c) ds[c] = p[c] * (ds[c] - delta) * slope[c];
+        return;
+    }
 #pragma omp simd
     for (int64_t c = 0; c < Width; ++c) p[c] = c < n ? p[c] * scale : -std::numeric_limits<T>::infinity();
     exp_shifted<Width>(p, lse);  // exp(scale * s - lse); the masked keys' -inf gives 0
@@ -198,8 +223,10 @@ inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T de
 }
 
 template <typename T>
-inline void gradient_tile_row(int64_t width, T* p, T* ds, int64_t n, T scale, T lse, T delta) {
-    with_tile_width(width, [&](auto w) { gradient_tile_row_fixed<decltype(w)::value>(p, ds, n, scale, lse, delta); });
+inline void gradient_tile_row(int64_t width, T* p, T* ds, int64_t n, T scale, T lse, T delta, T softcap) {
+    with_tile_width(width, [&](auto w) {
+        gradient_tile_row_fixed<decltype(w)::value>(p, ds, n, scale, lse, delta, softcap);
+    });
 }
 
 // y[r] = y[r] * y_scale[r] (when given) + sum_{c < count} w[r][c] * x[c] for kRowBlock rows, where x[c]
@@ -331,6 +358,7 @@ struct ForwardOperands {
     const T *q, *k, *v;
     T *out, *lse;
     T scale;
+    T softcap;  // 0: off
 };
 
 // One thread's buffers and running state for its forward tasks.
@@ -385,12 +413,22 @@ void tile_scores(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t 
 }
 
 // The online softmax over keys [j0, j0 + count), each lane its own row (Dao et al. 2022, Algorithm
-// 1): the scaled scores, -inf where a row does not see the key; the new running max; the rescale of
-// the earlier sums (0 on the first tile, where row_max is -inf; 1 for a row that sees no key here);
-// the probabilities exp(scaled - max) (into st) and their sum.
+// 1): the scaled scores (soft-capped when softcap > 0), -inf where a row does not see the key; the
+// new running max; the rescale of the earlier sums (0 on the first tile, where row_max is -inf; 1 for
+// a row that sees no key here); the probabilities exp(scaled - max) (into st) and their sum.
 template <typename T>
-void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scale) {
+void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scale, T softcap) {
     constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    if (softcap > T(0)) {
+        // Capped in place, so the mask below multiplies by 1 (exact); off, the scores are as before.
+        const T inv_cap = T(1) / softcap;
+        T slope = T(0);  // unused here
+        for (int64_t c = 0; c < count; ++c) {
+#pragma omp simd
+            for (int64_t r = 0; r < kLanes; ++r) f.st[c][r] = soft_cap(f.st[c][r] * scale, softcap, inv_cap, slope);
+        }
+        scale = T(1);
+    }
     std::fill(f.tile_max, f.tile_max + kLanes, kNegInf);
     for (int64_t c = 0; c < count; ++c) {
         const T key = static_cast<T>(j0 + c);
@@ -442,7 +480,7 @@ void forward_task(const Dims& s, const ForwardOperands<T>& o, int64_t task, int6
     for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
         const int64_t count = std::min(kKeyTile, keys - j0);  // keys of the tile some row sees
         tile_scores(s, o, b, g, j0, count, f);
-        online_softmax_tile(f, j0, count, o.scale);
+        online_softmax_tile(f, j0, count, o.scale, o.softcap);
         // acc = acc * rescale + P V over the tile's keys.
         values_times_probabilities(f.st, count, f.head_values.data() + j0 * hd, hd, f.rescale, hd, f.acc_t.data());
     }
@@ -457,8 +495,8 @@ void forward_task(const Dims& s, const ForwardOperands<T>& o, int64_t task, int6
 // The forward: one task per (batch, head, tile of kLanes query rows), the tasks shared out among
 // the threads, each with its own buffers.
 template <typename T>
-void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
-    const ForwardOperands<T> o{q, k, v, out, lse, scale};
+void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* lse, T scale, T softcap) {
+    const ForwardOperands<T> o{q, k, v, out, lse, scale, softcap};
     const int64_t tiles = (s.q_len + kLanes - 1) / kLanes;
     const int64_t tasks = s.batch * s.heads * tiles;
     const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep;
@@ -484,8 +522,8 @@ void forward_impl(const Dims& s, const T* q, const T* k, const T* v, T* out, T* 
 template <typename T>
 inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse, const T* delta, const T* keys_t,
                           const T* values_t, int64_t stride, int64_t width, int64_t b, int64_t h, int64_t i0,
-                          int64_t rows, const int64_t* n, T scale, const T* zero_row, T (*p)[kKeyTile],
-                          T (*ds)[kKeyTile]) {
+                          int64_t rows, const int64_t* n, T scale, T softcap, const T* zero_row,
+                          T (*p)[kKeyTile], T (*ds)[kKeyTile]) {
     const int64_t hd = s.head_dim;
     const T* q_rows[kRowBlock];
     const T* dout_rows[kRowBlock];
@@ -499,7 +537,7 @@ inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse
         const int64_t nr = r < rows ? n[r] : 0;
         const T l = r < rows ? lse[s.stat(b, h, i0 + r)] : T(0), di = r < rows ? delta[s.stat(b, h, i0 + r)] : T(0);
         // The keys past n get -inf, so their probability is exp(-inf) = 0.
-        gradient_tile_row(width, p[r], ds[r], nr, scale, l, di);
+        gradient_tile_row(width, p[r], ds[r], nr, scale, l, di, softcap);
         zero_values(p[r] + width, stride - width);  // keys no row of the block sees
         zero_values(ds[r] + width, stride - width);
     }
@@ -524,6 +562,7 @@ struct BackwardOperands {
     const T *q, *k, *v, *dout, *lse, *delta;
     T *dq, *dk, *dv;
     T scale;
+    T softcap;  // 0: off
 };
 
 // One thread's buffers for its backward tasks.
@@ -562,8 +601,8 @@ void chunk_probabilities(const Dims& s, const BackwardOperands<T>& o, const KeyT
         T(*p_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(buffers.p.data() + r0 * kKeyTile);
         T(*ds_block)[kKeyTile] = reinterpret_cast<T(*)[kKeyTile]>(buffers.ds.data() + r0 * kKeyTile);
         probabilities(s, o.q, o.dout, o.lse, o.delta, buffers.keys_t.data(), buffers.values_t.data(), t.width,
-                      tile_width(n[rows - 1]), t.b, h, c0 + r0, rows, n, o.scale, buffers.zero_row.data(), p_block,
-                      ds_block);
+                      tile_width(n[rows - 1]), t.b, h, c0 + r0, rows, n, o.scale, o.softcap, buffers.zero_row.data(),
+                      p_block, ds_block);
         T* dq_rows[kRowBlock];
         for (int64_t r = 0; r < kRowBlock; ++r)
             dq_rows[r] = r < rows ? o.dq + s.q_row(t.b, c0 + r0 + r, h) : buffers.spare_row.data();
@@ -643,7 +682,7 @@ void backward_task(const Dims& s, const BackwardOperands<T>& o, int64_t task, in
 // with its own buffers.
 template <typename T>
 void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* out, const T* dout, const T* lse,
-                   T* delta, T* dq, T* dk, T* dv, T scale) {
+                   T* delta, T* dq, T* dk, T* dv, T scale, T softcap) {
     const bool parallel = s.work() > kParallelFlops;
     row_deltas(s, out, dout, delta, parallel);
 
@@ -652,7 +691,7 @@ void backward_impl(const Dims& s, const T* q, const T* k, const T* v, const T* o
     // tiles in order, then heads, then rows; no atomics, the same bits for any thread count). The
     // query rows go in chunks of kRowChunk: P and dS of a chunk are kept so that dV
     // += P^T dO and dK += dS^T Q are register-blocked sums over the chunk's rows, four keys at a time.
-    const BackwardOperands<T> o{q, k, v, dout, lse, delta, dq, dk, dv, scale};
+    const BackwardOperands<T> o{q, k, v, dout, lse, delta, dq, dk, dv, scale, softcap};
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
     const int64_t tasks = s.batch * s.kv_heads;
 #pragma omp parallel if (parallel)
@@ -716,7 +755,7 @@ void narrow_rows(const float* src, int64_t b, int64_t len, int64_t heads, int64_
 }
 
 void forward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out, float* lse,
-                  float scale) {
+                  float scale, float softcap) {
     const Dims sub = slice_dims(s);
     const int64_t group = s.group(), hd = s.head_dim;
     const int64_t tiles = (s.q_len + kLanes - 1) / kLanes;
@@ -726,7 +765,7 @@ void forward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uin
         Bf16Slices slices(s, false);
         ForwardBuffers<float> buffers(hd, key_groups);
         const ForwardOperands<float> o{slices.q.data(), slices.k.data(), slices.v.data(), slices.out.data(),
-                                       slices.lse.data(), scale};
+                                       slices.lse.data(), scale, softcap};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) {
             const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
@@ -744,7 +783,7 @@ void forward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uin
 
 void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* out,
                    const uint16_t* dout, const float* lse, float* delta, uint16_t* dq, uint16_t* dk, uint16_t* dv,
-                   float scale) {
+                   float scale, float softcap) {
     const Dims sub = slice_dims(s);
     const int64_t group = s.group(), hd = s.head_dim;
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
@@ -754,7 +793,7 @@ void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const ui
         BackwardBuffers<float> buffers(hd);
         const BackwardOperands<float> o{slices.q.data(),     slices.k.data(),  slices.v.data(),  slices.dout.data(),
                                         slices.lse.data(),   slices.delta.data(), slices.dq.data(), slices.dk.data(),
-                                        slices.dv.data(),    scale};
+                                        slices.dv.data(),    scale,            softcap};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) {
             const int64_t b = task / s.kv_heads, g = task % s.kv_heads, h0 = g * group;
@@ -795,17 +834,18 @@ void CpuBackend::attention_forward(const AttentionForwardArgs& a) {
         check_kernel_args(as_f32(a));
         return forward_bf16(s, static_cast<const uint16_t*>(a.q), static_cast<const uint16_t*>(a.k),
                             static_cast<const uint16_t*>(a.v), static_cast<uint16_t*>(a.out), static_cast<float*>(a.lse),
-                            static_cast<float>(a.scale));
+                            static_cast<float>(a.scale), static_cast<float>(a.softcap));
     }
     check_kernel_args(a);
     if (a.dtype == DType::F64) {
         using T = double;
         forward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                     static_cast<T*>(a.out), static_cast<T*>(a.lse), a.scale);
+                     static_cast<T*>(a.out), static_cast<T*>(a.lse), a.scale, a.softcap);
     } else {
         using T = float;
         forward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                     static_cast<T*>(a.out), static_cast<T*>(a.lse), static_cast<T>(a.scale));
+                     static_cast<T*>(a.out), static_cast<T*>(a.lse), static_cast<T>(a.scale),
+                     static_cast<T>(a.softcap));
     }
 }
 
@@ -817,7 +857,7 @@ void CpuBackend::attention_backward(const AttentionBackwardArgs& a) {
         return backward_bf16(s, static_cast<const H*>(a.q), static_cast<const H*>(a.k), static_cast<const H*>(a.v),
                              static_cast<const H*>(a.out), static_cast<const H*>(a.dout), static_cast<const float*>(a.lse),
                              static_cast<float*>(a.delta), static_cast<H*>(a.dq), static_cast<H*>(a.dk),
-                             static_cast<H*>(a.dv), static_cast<float>(a.scale));
+                             static_cast<H*>(a.dv), static_cast<float>(a.scale), static_cast<float>(a.softcap));
     }
     check_kernel_args(a);
     if (a.dtype == DType::F64) {
@@ -825,13 +865,13 @@ void CpuBackend::attention_backward(const AttentionBackwardArgs& a) {
         backward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
                       static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
                       static_cast<T*>(a.delta), static_cast<T*>(a.dq), static_cast<T*>(a.dk), static_cast<T*>(a.dv),
-                      a.scale);
+                      a.scale, a.softcap);
     } else {
         using T = float;
         backward_impl(s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
                       static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
                       static_cast<T*>(a.delta), static_cast<T*>(a.dq), static_cast<T*>(a.dk), static_cast<T*>(a.dv),
-                      static_cast<T>(a.scale));
+                      static_cast<T>(a.scale), static_cast<T>(a.softcap));
     }
 }
 

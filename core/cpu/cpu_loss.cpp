@@ -58,6 +58,7 @@ void cross_entropy_forward_impl(const CrossEntropyForwardArgs& a) {
     const int64_t* targets = a.targets;  // (rows)
     T* loss = static_cast<T*>(a.loss);   // (rows)
     T* lse = static_cast<T*>(a.lse);     // (rows)
+    T* lse_sq = static_cast<T*>(a.lse_sq);  // (rows) or null
     const bool convert = !cpu_rows::stored_as<T>(dtype);
 #pragma omp parallel if (rows * classes > kParallelElements)
     {
@@ -71,11 +72,13 @@ void cross_entropy_forward_impl(const CrossEntropyForwardArgs& a) {
             lse[r] = static_cast<T>(row_lse);
             const int64_t t = targets[r];
             loss[r] = t == ignore_index ? T(0) : static_cast<T>(row_lse - static_cast<double>(z[t]));
+            if (lse_sq != nullptr) lse_sq[r] = t == ignore_index ? T(0) : static_cast<T>(row_lse * row_lse);
         }
     }
 }
 
-// dlogits (rows, classes) = (exp(z - lse) - onehot(target)) * dloss[r] * scale; ignored rows are 0.
+// dlogits (rows, classes) = (exp(z - lse) * (1 + 2 c lse) - onehot(target)) * dloss[r] * scale, c the
+// z_loss (0: the plain cross-entropy's gradient, the same bits); ignored rows are 0.
 template <typename T>
 void cross_entropy_backward_impl(const CrossEntropyBackwardArgs& a) {
     const DType dtype = a.dtype;
@@ -100,7 +103,11 @@ void cross_entropy_backward_impl(const CrossEntropyBackwardArgs& a) {
                 const T* z = cpu_rows::load<T>(dtype, a.logits, r, classes, z_scratch.data());
                 const T g = static_cast<T>((dloss != nullptr ? static_cast<double>(dloss[r]) : 1.0) * scale);
                 const T row_lse = lse[r];
-                for (int64_t j = 0; j < classes; ++j) dz[j] = cpu_math::exp_of(z[j] - row_lse) * g;
+                // The softmax's factor: g, and with a z-loss g (1 + 2 c lse) (d(c lse^2) = 2 c lse softmax).
+                const T gp = a.z_loss != 0.0
+                                 ? static_cast<T>(static_cast<double>(g) * (1.0 + 2.0 * a.z_loss * static_cast<double>(row_lse)))
+                                 : g;
+                for (int64_t j = 0; j < classes; ++j) dz[j] = cpu_math::exp_of(z[j] - row_lse) * gp;
                 dz[t] -= g;
             }
             cpu_rows::store<T>(dtype, dlogits, r, classes, dz);

@@ -29,9 +29,23 @@ __device__ __forceinline__ T dot_row(const T* a, const T* b, int64_t n) {
     return sum;
 }
 
+// The score of query row qi and key row kj: scale * qi . kj, soft-capped to cap * tanh(score / cap) when
+// softcap = cap > 0 (Gemma 2), with tanh's derivative 1 - tanh^2 through `slope` (1 when off). The
+// forward and both backward passes call this one function, so they see the same scores.
+template <typename T>
+__device__ __forceinline__ T attention_score(const T* qi, const T* kj, int64_t hd, T scale, T softcap, T& slope) {
+    const T score = scale * dot_row(qi, kj, hd);
+    slope = T(1);
+    if (softcap <= T(0)) return score;
+    const T t = cuda::m_tanh(score / softcap);
+    slope = T(1) - t * t;
+    return softcap * t;
+}
+
 // One thread per (b, i, h) query row.
 template <typename T>
-__global__ void attention_forward_kernel(AttentionDims s, const T* q, const T* k, const T* v, T* out, T* lse, T scale) {
+__global__ void attention_forward_kernel(AttentionDims s, const T* q, const T* k, const T* v, T* out, T* lse, T scale,
+                                         T softcap) {
     const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
          row += int64_t(gridDim.x) * blockDim.x) {
@@ -42,7 +56,8 @@ __global__ void attention_forward_kernel(AttentionDims s, const T* q, const T* k
         for (int64_t d = 0; d < hd; ++d) o[d] = T(0);
         T m = T(0), sum = T(0);
         for (int64_t j = 0; j < keys; ++j) {
-            const T score = scale * dot_row(qi, k + kv_row(s, b, j, g), hd);
+            T slope;
+            const T score = attention_score(qi, k + kv_row(s, b, j, g), hd, scale, softcap, slope);
             const T m_new = j == 0 ? score : (score > m ? score : m);
             const T rescale = j == 0 ? T(0) : cuda::m_exp(m - m_new);  // online softmax
             const T p = cuda::m_exp(score - m_new);
@@ -60,7 +75,7 @@ __global__ void attention_forward_kernel(AttentionDims s, const T* q, const T* k
 // Query pass: delta and dq, one thread per (b, i, h) query row.
 template <typename T>
 __global__ void attention_backward_query_kernel(AttentionDims s, const T* q, const T* k, const T* v, const T* out,
-                                                const T* dout, const T* lse, T* delta, T* dq, T scale) {
+                                                const T* dout, const T* lse, T* delta, T* dq, T scale, T softcap) {
     const int64_t rows = s.batch * s.q_len * s.heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
          row += int64_t(gridDim.x) * blockDim.x) {
@@ -75,8 +90,9 @@ __global__ void attention_backward_query_kernel(AttentionDims s, const T* q, con
         for (int64_t d = 0; d < hd; ++d) dqi[d] = T(0);
         for (int64_t j = 0; j < keys; ++j) {
             const T* kj = k + kv_row(s, b, j, g);
-            const T p = cuda::m_exp(scale * dot_row(qi, kj, hd) - l);
-            const T ds = p * (dot_row(doi, v + kv_row(s, b, j, g), hd) - di);
+            T slope;
+            const T p = cuda::m_exp(attention_score(qi, kj, hd, scale, softcap, slope) - l);
+            const T ds = p * (dot_row(doi, v + kv_row(s, b, j, g), hd) - di) * slope;
             for (int64_t d = 0; d < hd; ++d) dqi[d] += scale * ds * kj[d];
         }
     }
@@ -86,7 +102,7 @@ __global__ void attention_backward_query_kernel(AttentionDims s, const T* q, con
 // that see it. Reads the query pass's delta.
 template <typename T>
 __global__ void attention_backward_key_kernel(AttentionDims s, const T* q, const T* k, const T* v, const T* dout,
-                                              const T* lse, const T* delta, T* dk, T* dv, T scale) {
+                                              const T* lse, const T* delta, T* dk, T* dv, T scale, T softcap) {
     const int64_t rows = s.batch * s.kv_len * s.kv_heads, hd = s.head_dim, group = s.heads / s.kv_heads;
     const int64_t offset = s.kv_len - s.q_len;  // query row i is at position offset + i
     for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
@@ -102,8 +118,9 @@ __global__ void attention_backward_key_kernel(AttentionDims s, const T* q, const
             for (int64_t i = first; i < s.q_len; ++i) {
                 const T* qi = q + q_row(s, b, i, h);
                 const T* doi = dout + q_row(s, b, i, h);
-                const T p = cuda::m_exp(scale * dot_row(qi, kj, hd) - lse[stat(s, b, h, i)]);
-                const T ds = p * (dot_row(doi, vj, hd) - delta[stat(s, b, h, i)]);
+                T slope;
+                const T p = cuda::m_exp(attention_score(qi, kj, hd, scale, softcap, slope) - lse[stat(s, b, h, i)]);
+                const T ds = p * (dot_row(doi, vj, hd) - delta[stat(s, b, h, i)]) * slope;
                 for (int64_t d = 0; d < hd; ++d) {
                     dvj[d] += p * doi[d];
                     dkj[d] += scale * ds * qi[d];
@@ -120,7 +137,7 @@ void attention_forward_typed(const AttentionForwardArgs& a) {
     if (rows == 0) return;
     NL_LAUNCH(attention_forward_kernel<T>, cuda::blocks_for(rows), cuda::kThreads)(
         s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
-        static_cast<T*>(a.lse), T(a.scale));
+        static_cast<T*>(a.lse), T(a.scale), T(a.softcap));
     NL_CUDA_CHECK_LAUNCH();
 }
 
@@ -132,12 +149,12 @@ void attention_backward_typed(const AttentionBackwardArgs& a) {
     NL_LAUNCH(attention_backward_query_kernel<T>, cuda::blocks_for(query_rows), cuda::kThreads)(
         s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
         static_cast<const T*>(a.out), static_cast<const T*>(a.dout), static_cast<const T*>(a.lse),
-        static_cast<T*>(a.delta), static_cast<T*>(a.dq), T(a.scale));
+        static_cast<T*>(a.delta), static_cast<T*>(a.dq), T(a.scale), T(a.softcap));
     NL_CUDA_CHECK_LAUNCH();
     NL_LAUNCH(attention_backward_key_kernel<T>, cuda::blocks_for(key_rows), cuda::kThreads)(
         s, static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
         static_cast<const T*>(a.dout), static_cast<const T*>(a.lse), static_cast<const T*>(a.delta),
-        static_cast<T*>(a.dk), static_cast<T*>(a.dv), T(a.scale));
+        static_cast<T*>(a.dk), static_cast<T*>(a.dv), T(a.scale), T(a.softcap));
     NL_CUDA_CHECK_LAUNCH();
 }
 

@@ -438,8 +438,9 @@ void bind_functional(nb::module_& m) {
           "mean((input - target)^2); the shapes must match exactly.");
     m.def("swiglu", &swiglu, nb::arg("a"), nb::arg("b"), nb::arg("fused") = true, Guard(), "silu(a) * b.");
     m.def("causal_attention", &causal_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fused") = true,
-          Guard(),
-          "Causal attention of q (B, T, H, hd) over k, v (B, L, KV, hd), KV dividing H, scaled by 1/sqrt(hd).");
+          nb::arg("softcap") = 0.0, Guard(),
+          "Causal attention of q (B, T, H, hd) over k, v (B, L, KV, hd), KV dividing H, scaled by 1/sqrt(hd); "
+          "softcap > 0 caps the scaled scores to softcap * tanh(s / softcap) before the softmax (0: off).");
     m.def("embedding", [](const Var& ids, const Var& weight) { return embedding(weight, ids.data()); },
           nb::arg("input"), nb::arg("weight"), Guard(), "F.embedding: the rows of weight at the int64 ids.");
     m.def("dropout", [](const Var& x, double p, bool training, Generator* generator) {

@@ -481,6 +481,80 @@ def fixture_cross_entropy():
     return fx
 
 
+def fixture_cross_entropy_z_loss_f64():
+    torch.manual_seed(20)
+    N, C, z = 9, 11, 1e-2
+    fx = Fixture("cross_entropy_z_loss_f64.safetensors",
+                 f"Cross-entropy plus PaLM's z-loss in f64 on logits ({N}, {C}) (N(0,1) * 3 + 2, so lse is far from "
+                 f"0): `F.cross_entropy(logits, target, ignore_index=-100, reduction='mean') + {z} * "
+                 "(torch.logsumexp(logits, -1)[target != -100] ** 2).mean()`; targets 2 and 6 are -100. `z_term` is "
+                 "the added term alone; the loss and `grad_output` are 0-d. `sum.*`: the same with "
+                 "reduction='sum' (the z term summed), upstream gradient 1.",
+                 ignore_index=-100, reduction="mean", z_loss=z)
+    logits = (torch.randn(N, C, dtype=torch.float64) * 3 + 2).requires_grad_(True)
+    target = torch.randint(0, C, (N,))
+    target[2] = -100
+    target[6] = -100
+    keep = target != -100
+
+    def terms(reduction):
+        ce = F.cross_entropy(logits, target, ignore_index=-100, reduction=reduction)
+        lse_sq = torch.logsumexp(logits, -1)[keep] ** 2
+        z_term = z * (lse_sq.mean() if reduction == "mean" else lse_sq.sum())
+        return ce + z_term, z_term
+
+    out, z_term = terms("mean")
+    grad_output = torch.randn((), dtype=torch.float64)
+    out.backward(grad_output)
+    fx.add("input", logits, "logits (N, C), F64")
+    fx.add("target", target, "class indices (I64); -100 = ignored")
+    fx.add("output", out, "cross-entropy + z_loss * mean(lse^2) over the non-ignored rows (0-d, F64)")
+    fx.add("z_term", z_term, "z_loss * mean(lse^2) alone (0-d, F64)")
+    fx.add("grad_output", grad_output, "upstream gradient (0-d, random, F64)")
+    fx.add("grad_input", logits.grad, "d(output * grad_output) / d(logits); ignored rows are 0 (F64)")
+    logits.grad = None
+    out_sum, z_sum = terms("sum")
+    out_sum.backward()
+    fx.add("sum.output", out_sum, "reduction='sum': cross-entropy + z_loss * sum(lse^2) (0-d, F64)")
+    fx.add("sum.z_term", z_sum, "z_loss * sum(lse^2) alone (0-d, F64)")
+    fx.add("sum.grad_input", logits.grad, "d(sum.output) / d(logits) (F64)")
+    return fx
+
+
+def fixture_attention_softcap_f64():
+    torch.manual_seed(21)
+    B, T, L, H, KV, hd, cap = 2, 5, 9, 4, 2, 8, 2.0
+    fx = Fixture("attention_softcap_f64.safetensors",
+                 f"Causal attention with Gemma 2's score soft-capping in f64, at the kernel's level: q (B={B}, T={T}, "
+                 f"H={H}, hd={hd}), k and v (B, L={L}, KV={KV}, hd) (grouped-query: query head h reads kv head "
+                 f"`h // (H / KV)`; L > T: query row i sits at position L - T + i, as after a KV cache, and sees keys "
+                 f"0..L - T + i). Scores `q k^T / sqrt(hd)` (q, k N(0,1) * 2, so the cap {cap} bites), then "
+                 f"`{cap} * tanh(scores / {cap})`, then the causal mask (-inf), softmax, `probs @ v`; `output` is "
+                 "(B, T, H, hd). Gradients are those of `sum(output * grad_output)`.",
+                 softcap=cap, causal=True)
+    q = (torch.randn(B, T, H, hd, dtype=torch.float64) * 2).requires_grad_(True)
+    k = (torch.randn(B, L, KV, hd, dtype=torch.float64) * 2).requires_grad_(True)
+    v = torch.randn(B, L, KV, hd, dtype=torch.float64).requires_grad_(True)
+    keys = repeat_kv(k, H // KV).transpose(1, 2)     # (B, H, L, hd)
+    values = repeat_kv(v, H // KV).transpose(1, 2)   # (B, H, L, hd)
+    scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) / math.sqrt(hd)  # (B, H, T, L)
+    scores = cap * torch.tanh(scores / cap)
+    mask = torch.triu(torch.full((T, L), float("-inf"), dtype=torch.float64), diagonal=L - T + 1)
+    probs = F.softmax(scores + mask, dim=-1)
+    out = torch.matmul(probs, values).transpose(1, 2).contiguous()  # (B, T, H, hd)
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    fx.add("q", q, "queries (B, T, H, hd), F64")
+    fx.add("k", k, "keys (B, L, KV, hd), F64")
+    fx.add("v", v, "values (B, L, KV, hd), F64")
+    fx.add("output", out, "attention output (B, T, H, hd), F64")
+    fx.add("grad_output", grad_output, "upstream gradient (random), F64")
+    fx.add("grad.q", q.grad, "d(sum(output * grad_output)) / d(q), F64")
+    fx.add("grad.k", k.grad, "d(sum(output * grad_output)) / d(k), F64")
+    fx.add("grad.v", v.grad, "d(sum(output * grad_output)) / d(v), F64")
+    return fx
+
+
 def fixture_mse():
     torch.manual_seed(9)
     fx = Fixture("mse.safetensors", "`F.mse_loss(input, target, reduction='mean')`; loss and upstream gradient are 0-d.",
@@ -804,8 +878,9 @@ def main():
     write_python_sample()
     fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_dyt(),
                 fixture_swiglu(),
-                fixture_attention(), fixture_llama_block(), fixture_llama_block_autocast_bf16(),
-                fixture_cross_entropy(), fixture_mse(),
+                fixture_attention(), fixture_attention_softcap_f64(), fixture_llama_block(),
+                fixture_llama_block_autocast_bf16(),
+                fixture_cross_entropy(), fixture_cross_entropy_z_loss_f64(), fixture_mse(),
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
                 fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
