@@ -63,9 +63,9 @@ Var forward_logits(Transformer& model, const Tensor& inputs, bool autocast, Auto
 // The loss of logits from forward_logits, under the same autocast, so it is computed in f32 as
 // torch.autocast computes it: the fused cross-entropy reads bf16 logits as they are and returns an
 // f32 loss (layers/loss.h), with no f32 copy of the (B, T, V) logits.
-Var loss_of(CrossEntropyLoss& criterion, const Var& logits, const Tensor& targets, bool autocast) {
+CrossEntropyTerms loss_of(CrossEntropyLoss& criterion, const Var& logits, const Tensor& targets, bool autocast) {
     AutocastGuard guard(DType::BF16, autocast);
-    return criterion.forward(logits, targets);
+    return criterion.forward_terms(logits, targets);
 }
 
 // The batch on `device` (a no-op on the CPU): the data pipeline always makes batches on the host,
@@ -91,7 +91,7 @@ EvalResult evaluate_on(Transformer& model, const std::vector<Batch>& batches, bo
          index += static_cast<size_t>(dist::world_size())) {
         const Batch& batch = batches[index];
         Var logits = forward_logits(model, batch.inputs, autocast);  // (B, T, V), bf16 under autocast
-        batch_loss[index] = loss_of(summed, logits, batch.targets, autocast).item();
+        batch_loss[index] = loss_of(summed, logits, batch.targets, autocast).loss.item();
         // Counted on the host (the batches may live on a GPU).
         Tensor predicted = argmax(logits.data(), -1).to(Device::cpu()).contiguous();  // (B, T) i64
         Tensor targets = batch.targets.to(Device::cpu()).contiguous();
@@ -192,7 +192,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 const std::vector<std::string> kMetricsColumns = {"step",          "lr",           "train_loss",
                                                   "grad_norm",     "val_loss",     "val_accuracy",
-                                                  "val_token_accuracy", "tokens_per_s", "elapsed_s"};
+                                                  "val_token_accuracy", "tokens_per_s", "elapsed_s",
+                                                  "z_loss"};
 
 }  // namespace
 
@@ -217,7 +218,7 @@ struct TrainSession::State {
     std::unique_ptr<DataParallel> data_parallel;
     std::unique_ptr<AdamW> optimizer;
     LrSchedule schedule;
-    CrossEntropyLoss criterion{CrossEntropyOptions{kIgnoreIndex}};
+    std::optional<CrossEntropyLoss> criterion;  // with train.z_loss
     std::optional<Generator> data_gen;
     std::map<std::string, std::string> metadata;  // each checkpoint's: the config, T, the text vocab
     CsvWriter metrics;                            // rank 0's metrics.csv
@@ -335,6 +336,7 @@ void build_model(State& s) {
     }
     s.model->to(config.device);
     s.params = s.model->named_parameters();
+    s.criterion.emplace(CrossEntropyOptions{.ignore_index = kIgnoreIndex, .z_loss = config.train.z_loss});
     // The same seed gives the same weights on every rank; on the CPU rank 0's are sent anyway.
     if (dist::world_size() > 1 && config.device.is_cpu())
         for (auto& [name, p] : s.params) dist::broadcast(p.data().data<float>(), p.numel() * 4);
@@ -401,18 +403,25 @@ void save_checkpoint_at(State& s, int64_t step) {
 }
 
 // The forward and backward of every shard this rank computes of the step's global batch, leaving
-// the batch's gradient in .grad; returns the batch's mean loss (the same on every rank).
-double forward_backward(State& s, int64_t step, StepProbe* probe) {
+// the batch's gradient in .grad; returns the batch's mean cross-entropy and z-loss term (the same on
+// every rank): the gradient is the sum's.
+struct StepLoss {
+    double cross_entropy = 0.0;
+    double z_loss = 0.0;
+};
+StepLoss forward_backward(State& s, int64_t step, StepProbe* probe) {
     const ShardPlan& plan = s.plan;
     // The global batch, the same on every rank; this rank computes its shards' rows.
     const Batch batch = s.data->train_batch(s.config.train.batch_size, *s.data_gen);  // (B, T) on the host
     const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
     s.optimizer->zero_grad();
     AutocastCache casts;  // the weights' bf16 copies, made once for all of this step's shards
-    std::vector<double> shard_losses;  // (local_shards,) each shard's weighted loss
+    std::vector<double> shard_losses;  // (local_shards,) each shard's weighted loss (cross-entropy + z term)
+    std::vector<double> shard_z;       // (local_shards,) each shard's weighted z term
     for (int64_t j = 0; j < plan.local_shards; ++j) {
         const int64_t first = (plan.first_shard + j) * plan.shard_rows;
         Var loss;
+        double z_term = 0.0;
         {
             profiler::PhaseGuard forward(profiler::Phase::Forward);
             const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
@@ -422,22 +431,27 @@ double forward_backward(State& s, int64_t step, StepProbe* probe) {
             if (probe && j == 0) probe->begin();
             Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V)
             if (probe && j == 0) probe->end_forward();
-            loss = loss_of(s.criterion, logits, shard.targets, s.autocast);  // f32: mean over the shard's targets
+            const CrossEntropyTerms terms = loss_of(*s.criterion, logits, shard.targets, s.autocast);
+            loss = terms.loss;  // f32: mean over the shard's targets
+            z_term = terms.z_loss.item();
             if (plan.shards > 1) {
                 // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.
                 const int64_t shard_scored = scored_targets(batch.targets, first, plan.shard_rows);
                 NL_REQUIRE(shard_scored > 0, "train: shard rows [", first, ", ", first + plan.shard_rows, ") of step ",
                            step, " have no scored targets; lower /train/grad_shards");
-                loss = loss * (static_cast<double>(shard_scored) / static_cast<double>(batch_scored));
+                const double share = static_cast<double>(shard_scored) / static_cast<double>(batch_scored);
+                loss = loss * share;
+                z_term *= share;
             }
         }
         shard_losses.push_back(loss.item());
+        shard_z.push_back(z_term);
         s.data_parallel->backward(loss, j);  // the engine counts its kernels as backward
     }
     inject_test_fault(step);
-    double loss_value = tree_sum(shard_losses);
-    dist::allreduce_sum(&loss_value, 1);
-    return loss_value;
+    double sums[2] = {tree_sum(shard_losses), tree_sum(shard_z)};
+    dist::allreduce_sum(sums, 2);
+    return {sums[0] - sums[1], sums[1]};  // z_loss 0: the loss's own bits
 }
 
 // The optimizer step of `step` (1-based): lr from the schedule, forward and backward, clipping, AdamW.
@@ -451,7 +465,9 @@ TrainStep train_step(State& s, int64_t step) {
     const int64_t probe_every = s.config.train.probe_every;
     std::optional<StepProbe> probe;
     if (probe_every > 0 && step % probe_every == 0) probe.emplace(*s.model);
-    out.train_loss = forward_backward(s, step, probe ? &*probe : nullptr);
+    const StepLoss loss = forward_backward(s, step, probe ? &*probe : nullptr);
+    out.train_loss = loss.cross_entropy;
+    out.z_loss = loss.z_loss;
     profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
     if (probe) probe->gradients();  // the batch's gradient, before clipping
     const double clip = s.config.optim.grad_clip;
@@ -468,7 +484,7 @@ void write_metrics_row(State& s, const TrainStep& t) {
     s.metrics.row({std::to_string(t.step), format_number(t.lr), format_number(t.train_loss),
                    format_number(t.grad_norm), e ? format_number(t.eval.loss) : "", e ? format_cell(t.eval.accuracy) : "",
                    e ? format_number(t.eval.token_accuracy) : "", format_number(t.tokens_per_s),
-                   format_number(t.elapsed_seconds)});
+                   format_number(t.elapsed_seconds), format_number(t.z_loss)});
 }
 
 void write_probes_row(State& s, const TrainStep& t) {

@@ -58,6 +58,7 @@ struct TrainStep {
     double lr = 0.0;
     double train_loss = 0.0;
     double grad_norm = 0.0;       // before clipping
+    double z_loss = 0.0;          // the z-loss term the step's loss added (train.z_loss); train_loss excludes it
     double tokens_per_s = 0.0;    // over the steps this session ran
     double elapsed_seconds = 0.0; // since the session's loop started
     bool evaluated = false;       // this step ran an evaluation

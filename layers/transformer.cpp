@@ -9,6 +9,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/fused.h"
+#include "layers/activation.h"
 #include "layers/autocast.h"
 #include "layers/norms.h"
 
@@ -276,7 +277,7 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
         v = Var(slot->values.narrow(1, 0, L));
     }
     if (probing_) last_max_score_ = max_attention_score(q.data(), k.data());
-    const Var out = causal_attention(q, k, v, options_.fused);  // (B, T, H, hd)
+    const Var out = causal_attention(q, k, v, options_.fused, options_.softcap);  // (B, T, H, hd)
     return wo_->forward(reshape(out, {B, T, H * hd}));
 }
 
@@ -720,6 +721,7 @@ Var Transformer::run(const Tensor& ids, KVCache* cache) {
     }
     if (has_child("norm")) h = typed_child<UnaryModule>(*this, "norm")->forward(h);
     Var logits = typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
+    if (options_.logit_softcap > 0.0) logits = softcap(logits, options_.logit_softcap);  // Gemma 2
     if (probing_) {
         // The output's log-partition per row (Wortsman et al. 2023's output-logit drift; the z-loss
         // pulls it to 0), in at least f32.

@@ -42,7 +42,7 @@ Checkpoint = _ext.Checkpoint
 
 # metrics.csv's columns, the keys of TrainResult.metrics.
 METRICS_COLUMNS = ("step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy", "val_token_accuracy",
-                   "tokens_per_s", "elapsed_s")
+                   "tokens_per_s", "elapsed_s", "z_loss")
 
 
 # ---- the config schema ----
@@ -235,7 +235,7 @@ class TrainResult:
     run_dir: the run directory. complete: every step has run (summary.json exists). last_step: the
     step the run is at (its latest checkpoint's). summary: what summary.json holds, None when the run
     stopped early. metrics: the steps this call ran, by metrics.csv's column (step, lr, train_loss,
-    grad_norm, val_loss, val_accuracy, val_token_accuracy, tokens_per_s, elapsed_s), each a NumPy
+    grad_norm, val_loss, val_accuracy, val_token_accuracy, tokens_per_s, elapsed_s, z_loss), each a NumPy
     array; the val_* columns are NaN at steps without an evaluation. probes: the probed steps this call
     ran (train.probe_every), by probes.csv's column (step, attn_score_max.block0, residual_rms.block0,
     ..., logsumexp_mean, logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>),

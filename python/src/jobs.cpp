@@ -152,6 +152,7 @@ nb::dict step_dict(const TrainStep& t) {
     d["val_token_accuracy"] = t.evaluated ? t.eval.token_accuracy : NAN;
     d["tokens_per_s"] = t.tokens_per_s;
     d["elapsed_s"] = t.elapsed_seconds;
+    d["z_loss"] = t.z_loss;
     d["evaluated"] = t.evaluated;
     d["threads"] = t.threads;
     d["max_threads"] = t.max_threads;
