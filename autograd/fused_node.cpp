@@ -10,27 +10,31 @@ Var make_fused_result(Tensor out, std::string name, std::vector<Var> inputs, std
                       std::vector<int> input_saved, BackwardFn kernel_backward, TwinFn twin) {
     NL_CHECK(input_saved.size() == inputs.size(), "make_fused_result(", name, "): ", input_saved.size(),
              " input_saved entries for ", inputs.size(), " inputs");
-    std::vector<bool> wanted(inputs.size());  // the inputs that require grad: the twin's variables
-    std::vector<Var> held(inputs.size());     // the inputs not saved (input_saved -1), held by the node
+    bool any_requires_grad = false;
+    for (const Var& v : inputs) any_requires_grad = any_requires_grad || (v.defined() && v.requires_grad());
+    if (!is_grad_enabled() || !any_requires_grad) return Var(std::move(out));  // no node: nothing to build
+    std::vector<Var> held;  // the inputs not saved (input_saved -1), held by the node; empty when none
     for (size_t i = 0; i < inputs.size(); ++i) {
-        wanted[i] = inputs[i].defined() && inputs[i].requires_grad();
         const int s = input_saved[i];
         NL_CHECK(s >= -1 && s < static_cast<int>(saved.size()), "make_fused_result(", name, "): input ", i,
                  " points at saved entry ", s, " of ", saved.size());
-        if (s == -1) held[i] = inputs[i];
+        if (s != -1) continue;
+        if (held.empty()) held.resize(inputs.size());
+        held[i] = inputs[i];
     }
     BackwardFn fn = [kernel_backward = std::move(kernel_backward), twin = std::move(twin),
-                     input_saved = std::move(input_saved), wanted = std::move(wanted), held = std::move(held)](
+                     input_saved = std::move(input_saved), held = std::move(held)](
                         const Var& dy, const std::vector<Var>& s) -> std::vector<Var> {
         if (!is_grad_enabled()) return kernel_backward(dy, s);
-        // create_graph: Node::apply handed the saved inputs over as the Vars themselves (their graph).
+        // create_graph: Node::apply hands a saved input that requires grad over as the Var itself
+        // (its graph), and one that does not as a constant.
         std::vector<Var> twin_inputs(input_saved.size());
-        std::vector<Var> variables;  // the stand-ins of the wanted inputs, in input order
+        std::vector<Var> variables;  // the stand-ins of the inputs that require grad, in input order
         std::vector<size_t> variable_input;
         for (size_t i = 0; i < input_saved.size(); ++i) {
             const Var x = input_saved[i] >= 0 ? s[static_cast<size_t>(input_saved[i])] : held[i];
             if (!x.defined()) continue;  // an absent input (no bias)
-            if (!wanted[i]) {
+            if (!x.requires_grad()) {
                 twin_inputs[i] = Var(x.data());
                 continue;
             }
