@@ -7,8 +7,9 @@ fused RMSNorm, attention, SwiGLU and cross-entropy nodes), in float64.
 The model, its weights, the batch and the start vector come from tests/reference/fixtures/
 sharpness.safetensors, which tests/reference/make_fixtures.py wrote with PyTorch running the same
 power iteration with torch.autograd.functional.hvp; the script prints both sequences and exits
-non-zero when they differ by more than 1e-8 relative (both are the same f64 computation, apart from
-rounding, which power iteration does not amplify).
+non-zero when they differ by more than 1e-10 relative. Both are the same f64 computation apart from
+rounding, which power iteration does not amplify: they agree to about 2e-14; the margin is for
+other CPUs and BLAS kernels.
 """
 import argparse
 import json
@@ -53,7 +54,7 @@ def main():
                               norm_eps=float(meta["norm_eps"]), rope_theta=float(meta["rope_theta"]),
                               dtype=nl.float64)  # fused norms, attention and SwiGLU: the defaults
     names = [name for name, _ in model.named_parameters()]
-    model.load_state_dict([(name, nl.tensor(tensors[name])) for name in names])
+    model.load_state_dict({name: nl.tensor(tensors[name]) for name in names})
     ids, targets = nl.tensor(tensors["ids"]), nl.tensor(tensors["targets"])
     vocab = int(meta["vocab_size"])
 
@@ -82,10 +83,10 @@ def main():
     low, high = tensors["hessian_eigenvalue_extremes"]
     print(f"sharpness after {iterations} iterations: {eigenvalue:.12g} (the full Hessian's eigenvalues, by "
           f"PyTorch, lie in [{low:.6g}, {high:.6g}])")
-    if worst > 1e-8:
-        print(f"FAILED: normlab and PyTorch differ by {worst:.2e} relative (more than 1e-8)")
+    if worst > 1e-10:
+        print(f"FAILED: normlab and PyTorch differ by {worst:.2e} relative (more than 1e-10)")
         return 1
-    print("normlab's power iteration matches PyTorch's to 1e-8 relative at every iteration")
+    print("normlab's power iteration matches PyTorch's to 1e-10 relative at every iteration")
     return 0
 
 
