@@ -1,5 +1,5 @@
 // Hessian-vector products (autograd/functional.h) and double backward through whole models built
-// from fused nodes (autograd/fused_node.h): hvp against an explicit Hessian and against central
+// from fused nodes (autograd/fused_node.h): partial_gradients and alias, hvp against an explicit Hessian and against central
 // differences of the gradient in f64, its argument checks and strict mode, gradgradcheck of a
 // Transformer block with the default (fused) options, H v of a whole model's loss against
 // differences of its gradient, and the sharpness (top Hessian eigenvalue by power iteration) of a
@@ -51,6 +51,31 @@ std::vector<Tensor> gradient_difference(const std::function<Var()>& loss, const 
 }
 
 }  // namespace
+
+TEST_CASE("partial_gradients: each input an independent variable, the walk ending at the inputs", "[autograd]") {
+    Var a(from_vector(std::vector<double>{1.5, -2.0}, {2}, DType::F64), true);
+    Var up = a * 3.0;     // a non-leaf the walk must not go below
+    Var b = up * up;      // b computed from up
+    Var out = sum(up * b);
+    // gradients: d/d(up) goes through b too (3 up^2); partial_gradients holds b fixed (d/d(up) = b, d/db = up).
+    std::vector<Var> total = gradients(out, {up, b}, Var(), /*retain_graph=*/true);
+    std::vector<Var> partial = partial_gradients(out, {up, b}, Var(), false);
+    const std::vector<double> u = up.data().to_vector();
+    CHECK(total[0].data().to_vector() == std::vector<double>{3 * u[0] * u[0], 3 * u[1] * u[1]});
+    CHECK(partial[0].data().to_vector() == b.data().to_vector());
+    CHECK(partial[1].data().to_vector() == u);
+    // Nothing below the inputs ran or was freed: a backward without retain_graph still works after it.
+    out.backward();
+    CHECK(a.grad().data().to_vector() == std::vector<double>{9 * u[0] * u[0], 9 * u[1] * u[1]});
+
+    // One Var twice, through alias: each use its own variable.
+    Var x(from_vector(std::vector<double>{2.0}, {1}, DType::F64), true);
+    Var x1 = alias(x), x2 = alias(x);
+    std::vector<Var> g = partial_gradients(x1 * x2 * x2, {x1, x2}, Var(), false);
+    CHECK(g[0].item() == 4.0);  // x2^2
+    CHECK(g[1].item() == 8.0);  // 2 x1 x2
+    CHECK(alias(x).grad_fn()->name() == "alias");
+}
 
 TEST_CASE("hvp: a cubic's Hessian times v, against the explicit Hessian", "[autograd][hvp]") {
     // f(x, y) = sum(x^3) + sum(x * y)^2 / 2 + x0 y1:  H_xx = diag(6 x) + y y^T, H_xy = (x.y) I + y x^T + e0 e1^T,
