@@ -24,7 +24,7 @@ std::vector<std::shared_ptr<Node>> nodes_above(const Var& root, const std::unord
     visited.insert(root.grad_fn().get());
     while (!stack.empty()) {
         auto& [node, next] = stack.back();
-        if (next < node->inputs().size() && !boundary.count(node.get())) {
+        if (next < node->inputs().size() && (boundary.empty() || !boundary.count(node.get()))) {
             const std::shared_ptr<Node>& child = node->inputs()[next++].node;
             if (child && visited.insert(child.get()).second) stack.emplace_back(child, 0);
         } else {
