@@ -135,7 +135,7 @@ TEST_CASE("hvp: a nonlinear function against central differences of its gradient
     REQUIRE(third[0].defined());
 }
 
-TEST_CASE("hvp: v defaults to 1 for single-element inputs; bad v, bad output and strict mode are errors",
+TEST_CASE("hvp: v defaults to 1 for single-element inputs, and bad v, bad output and strict mode are errors",
           "[autograd][hvp]") {
     Var x(from_vector(std::vector<double>{2.0}, {1}, DType::F64), true);
     HvpResult r = hvp([](const std::vector<Var>& in) { return sum(in[0] * in[0] * in[0]); }, {x}, {});
