@@ -11,8 +11,10 @@
 
 namespace nl {
 
-// Declared in graph.h; defined here because backward walks the same order.
-std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) {
+namespace {
+
+// graph_nodes, not descending below the nodes in `boundary` (they are listed, their inputs are not).
+std::vector<std::shared_ptr<Node>> nodes_above(const Var& root, const std::unordered_set<const Node*>& boundary) {
     std::vector<std::shared_ptr<Node>> post_order;  // every node after the nodes it depends on
     if (!root.defined() || !root.grad_fn()) return post_order;
     std::unordered_set<const Node*> visited;
@@ -22,7 +24,7 @@ std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) {
     visited.insert(root.grad_fn().get());
     while (!stack.empty()) {
         auto& [node, next] = stack.back();
-        if (next < node->inputs().size()) {
+        if (next < node->inputs().size() && (boundary.empty() || !boundary.count(node.get()))) {
             const std::shared_ptr<Node>& child = node->inputs()[next++].node;
             if (child && visited.insert(child.get()).second) stack.emplace_back(child, 0);
         } else {
@@ -32,6 +34,11 @@ std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) {
     }
     return {post_order.rbegin(), post_order.rend()};
 }
+
+}  // namespace
+
+// Declared in graph.h; defined here because backward walks the same order.
+std::vector<std::shared_ptr<Node>> graph_nodes(const Var& root) { return nodes_above(root, {}); }
 
 namespace {
 
@@ -104,7 +111,9 @@ Var root_gradient(const Var& root, const Var& grad_root) {
 // yet walked into each leaf.
 class BackwardWalk {
 public:
-    BackwardWalk(const std::vector<Var>* capture, bool create_graph);
+    // stop_at_capture: a captured non-leaf is where the walk ends (partial_gradients), not a node
+    // it goes through.
+    BackwardWalk(const std::vector<Var>* capture, bool create_graph, bool stop_at_capture = false);
 
     // A leaf's gradient: accumulated into its .grad, or summed into its captured slot.
     void to_leaf(VarImpl& leaf, Var g);
@@ -122,6 +131,7 @@ private:
 
     const bool capture_;
     const bool create_graph_;
+    const bool stop_at_capture_;
     // Where captured gradients go: leaves by their impl, non-leaves by their producing node.
     std::unordered_map<const VarImpl*, size_t> capture_leaf_;
     std::unordered_map<const Node*, size_t> capture_node_;
@@ -132,8 +142,8 @@ private:
     std::unordered_map<VarImpl*, int64_t> edges_left_;  // leaf -> edges into it not yet walked
 };
 
-BackwardWalk::BackwardWalk(const std::vector<Var>* capture, bool create_graph)
-    : capture_(capture != nullptr), create_graph_(create_graph) {
+BackwardWalk::BackwardWalk(const std::vector<Var>* capture, bool create_graph, bool stop_at_capture)
+    : capture_(capture != nullptr), create_graph_(create_graph), stop_at_capture_(stop_at_capture) {
     if (capture) {
         captured_.resize(capture->size());
         for (size_t i = 0; i < capture->size(); ++i) {
@@ -210,6 +220,7 @@ void BackwardWalk::walk(const std::vector<std::shared_ptr<Node>>& order, const N
         Var g = std::move(it->second);
         grads.erase(it);
         to_node_output(*node, g);
+        if (stop_at_capture_ && capture_node_.count(node.get())) continue;  // an input of partial_gradients
         std::vector<Var> input_grads = node->apply(g);
         g = Var();
         to_inputs(*node, input_grads, grads);
@@ -221,18 +232,23 @@ void BackwardWalk::walk(const std::vector<std::shared_ptr<Node>>& order, const N
 
 // Runs backward from `root`. With `capture` (gradients()), the grads of those inputs are returned
 // instead of accumulated into any .grad.
+// With stop_at_capture, the walk ends at the captured inputs (partial_gradients).
 std::vector<Var> run_backward(const Var& root, const Var& grad_root, bool retain_graph, bool create_graph,
-                              const std::vector<Var>* capture) {
+                              const std::vector<Var>* capture, bool stop_at_capture = false) {
     const Var grad = root_gradient(root, grad_root);
     retain_graph = retain_graph || create_graph;
     GradModeGuard mode(create_graph);  // record the backward pass only when asked
     profiler::PhaseGuard phase(profiler::Phase::Backward);  // the profiler's table separates backward kernels
-    BackwardWalk walk(capture, create_graph);
+    BackwardWalk walk(capture, create_graph, stop_at_capture);
     if (!root.grad_fn()) {  // a leaf: its gradient is the given one
         walk.to_leaf(*root.impl(), grad);
         return walk.take_captured();
     }
-    const std::vector<std::shared_ptr<Node>> order = graph_nodes(root);
+    std::unordered_set<const Node*> boundary;
+    if (stop_at_capture)
+        for (const Var& v : *capture)
+            if (v.grad_fn()) boundary.insert(v.grad_fn().get());
+    const std::vector<std::shared_ptr<Node>> order = nodes_above(root, boundary);
     walk.walk(order, root.grad_fn().get(), grad, retain_graph);
     return walk.take_captured();
 }
@@ -249,6 +265,11 @@ void Var::backward(const Var& grad, bool retain_graph, bool create_graph) const 
 std::vector<Var> gradients(const Var& output, const std::vector<Var>& inputs, const Var& grad_output,
                            bool retain_graph, bool create_graph) {
     return run_backward(output, grad_output, retain_graph, create_graph, &inputs);
+}
+
+std::vector<Var> partial_gradients(const Var& output, const std::vector<Var>& inputs, const Var& grad_output,
+                                   bool create_graph) {
+    return run_backward(output, grad_output, /*retain_graph=*/true, create_graph, &inputs, /*stop_at_capture=*/true);
 }
 
 }  // namespace nl

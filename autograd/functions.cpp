@@ -536,6 +536,10 @@ Var clone(const Var& a) {
     return make_result(a.data().clone(), "clone", {a}, {}, [](const Var& g, const Saved&) -> Grads { return {g}; });
 }
 
+Var alias(const Var& a) {
+    return make_result(a.data(), "alias", {a}, {}, [](const Var& g, const Saved&) -> Grads { return {g}; });
+}
+
 Var to(const Var& a, DType dtype) {
     if (a.dtype() == dtype) return a;
     Tensor out = a.data().to(dtype);

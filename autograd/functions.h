@@ -92,6 +92,9 @@ Var unsqueeze(const Var& a, int64_t dim);
 Var flatten(const Var& a);
 Var contiguous(const Var& a);
 Var clone(const Var& a);
+// a again as a node of its own (the same data, the gradient passed through; torch's a.view_as(a)):
+// a separate variable for partial_gradients even where two inputs are one Var.
+Var alias(const Var& a);
 Var to(const Var& a, DType dtype);  // cast; the gradient is cast back to a's dtype
 
 // ---- indexing ----

@@ -112,4 +112,12 @@ std::vector<Var> gradients(const Var& output, const std::vector<Var>& inputs,
                            const Var& grad_output = Var(), bool retain_graph = false,
                            bool create_graph = false);
 
+// d(output)/d(inputs[i]) with each input an independent variable: the walk ends at the inputs and
+// never goes below them, so it covers only the graph between output and inputs (kept: no saved
+// tensor is freed), holding the other inputs fixed even where one input was computed from another.
+// A node's own backward in terms of a graph recorded inside it (make_fused_result). Inputs must be
+// distinct Vars that require grad; one the output does not depend on gets an undefined Var.
+std::vector<Var> partial_gradients(const Var& output, const std::vector<Var>& inputs, const Var& grad_output,
+                                   bool create_graph);
+
 }  // namespace nl

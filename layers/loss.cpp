@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "autograd/fused_node.h"
 #include "layers/autocast.h"
 
 namespace nl {
@@ -56,15 +57,20 @@ Var fused_cross_entropy(const Var& logits, const Tensor& targets, int64_t ignore
     if (z_term != nullptr) *z_term = f.z_loss;
     // Saves the logits, each row's logsumexp and the targets: the backward recomputes
     // softmax = exp(logit - lse) instead of keeping a (..., C) probability tensor.
-    return make_result(
+    // The logits are saved as a Var (the same storage): under create_graph the backward is the
+    // composed form's autograd (make_fused_result), which differentiates through them.
+    return make_fused_result(
         f.loss, "cross_entropy", {logits},
-        {{"logits", logits.data()}, {"lse", f.lse}, {"targets", targets}},
+        {{"logits", logits}, {"lse", f.lse}, {"targets", targets}}, {0},
         [ignore_index, reduction, z_loss](const Var& dloss, const std::vector<Var>& saved) -> std::vector<Var> {
-            NL_REQUIRE(!is_grad_enabled(), "cross_entropy (fused): the fused backward is first-order only; "
-                                           "use cross_entropy_loss_composed for create_graph");
             Tensor dlogits = cross_entropy_backward(dloss.data(), saved[0].data(), saved[2].data(),
                                                     saved[1].data(), ignore_index, reduction, z_loss);
             return {Var(dlogits)};
+        },
+        [targets, ignore_index, reduction, z_loss, loss_dtype = f.loss.dtype()](const std::vector<Var>& in) {
+            // Half logits give an f32 loss whether or not autocast is still on when backward runs.
+            const Var logits = in[0].dtype() == loss_dtype ? in[0] : to(in[0], loss_dtype);
+            return cross_entropy_z_loss_composed(logits, targets, z_loss, ignore_index, reduction).loss;
         });
 }
 

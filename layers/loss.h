@@ -17,8 +17,9 @@ Var mse_loss(const Var& input, const Var& target);
 
 // F.cross_entropy with the class dim LAST: logits (..., C), targets (...) of i64. Rows whose
 // target == ignore_index contribute nothing; Mean divides by the non-ignored count (NaN when all
-// rows are ignored, as PyTorch). The fused node's backward is first-order only: it runs a kernel,
-// so backward(create_graph=true) through it throws; use the composed form for double backward.
+// rows are ignored, as PyTorch). The fused node's backward is a kernel; under
+// backward(create_graph=true) it is the composed form's autograd (autograd/fused_node.h), so the
+// loss is twice differentiable (Hessian-vector products) in either form.
 // Under autocast (layers/autocast.h) bf16/f16 logits give an f32 loss, as torch.autocast's
 // cross_entropy does: the fused kernel reads them as they are, without an f32 copy.
 Var cross_entropy_loss(const Var& logits, const Tensor& targets, int64_t ignore_index = -100,

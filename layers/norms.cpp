@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/fused_node.h"
 #include "core/fused.h"
 #include "layers/norm_registry.h"
 
@@ -60,32 +61,38 @@ Var affine(Var y, const Var& weight, const Var& bias) {
     return y;
 }
 
-// One make_result node over norm_forward/norm_backward. Saved: x, (mean,) rstd. The weight is
-// referenced by the closure (a parameter, alive anyway), not saved: see norms.h.
+Var layer_norm_unchecked(const Var& x, const Var& weight, const Var& bias, double eps, bool fused);
+Var rms_norm_unchecked(const Var& x, const Var& weight, const Var& bias, double eps, bool fused, int64_t stat_count);
+
+// One node over norm_forward/norm_backward (make_fused_result: the kernel backward for first order,
+// the composed form's autograd under create_graph). Saved: x (as a Var: the same storage, so the
+// twin can differentiate through it), (mean,) rstd. The weight and bias are held by the node
+// (parameters, alive anyway), not saved: see norms.h.
 Var fused_norm_node(const char* name, const Var& x, const Var& weight, const Var& bias, double eps,
                     bool subtract_mean, int64_t stat_count) {
     Tensor w = weight.defined() ? weight.data() : Tensor();
     Tensor b = bias.defined() ? bias.data() : Tensor();
     NormForward f = norm_forward(x.data(), w, b, eps, subtract_mean, stat_count);
     std::vector<SavedTensor> saved;
-    saved.emplace_back("x", x.data());
+    saved.emplace_back("x", x);
     if (subtract_mean) saved.emplace_back("mean", f.mean);
     saved.emplace_back("rstd", f.rstd);
     const bool need_dweight = weight.defined() && weight.requires_grad();
     const bool need_dbias = bias.defined() && bias.requires_grad();
-    std::string op = name;
-    return make_result(
-        f.y, name, {x, weight, bias}, std::move(saved),
-        [w, op, subtract_mean, stat_count, need_dweight, need_dbias](
+    return make_fused_result(
+        f.y, name, {x, weight, bias}, std::move(saved), {0, -1, -1},
+        [w, subtract_mean, stat_count, need_dweight, need_dbias](
             const Var& dy, const std::vector<Var>& saved) -> std::vector<Var> {
-            NL_REQUIRE(!is_grad_enabled(), op, " (fused): the fused backward is first-order only; use the "
-                       "composed form (fused = false) for backward(create_graph=true)");
             const Tensor& xs = saved.front().data();
             Tensor mean = subtract_mean ? saved[1].data() : Tensor();
             const Tensor& rstd = saved.back().data();
             NormBackward g = norm_backward(dy.data(), xs, w, mean, rstd, subtract_mean, stat_count,
                                            need_dweight, need_dbias);
             return {Var(g.dx), need_dweight ? Var(g.dweight) : Var(), need_dbias ? Var(g.dbias) : Var()};
+        },
+        [eps, subtract_mean, stat_count](const std::vector<Var>& in) {
+            return subtract_mean ? layer_norm_unchecked(in[0], in[1], in[2], eps, false)
+                                 : rms_norm_unchecked(in[0], in[1], in[2], eps, false, stat_count);
         });
 }
 

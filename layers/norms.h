@@ -1,15 +1,16 @@
 // Normalization layers, each in two forms selectable per module (options.fused / set_fused):
 //   composed: built from autograd ops, so autograd derives the backward (and double backward);
-//   fused:    one make_result node over core/fused.h norm_forward/norm_backward, the closed-form
-//             backward, saving only x and rstd (plus mean for LayerNorm) for backward.
+//   fused:    one node over core/fused.h norm_forward/norm_backward, the closed-form backward,
+//             saving only x and rstd (plus mean for LayerNorm) for backward.
 // All normalize over the last dim. Statistics are computed in f32 for bf16/f16 inputs (f64 stays
 // f64) and the result is cast back to the input dtype, as LLaMA's RMSNorm does.
 //
 // What the fused node keeps: its saved tensors are exactly x, rstd (and mean); DyT's, x alone. The weight, which
 // the backward also needs, is a parameter that is alive anyway; the closure holds a reference to
-// it instead of saving it, so graph inspection counts activation memory only. The fused backward is
-// first-order only (a kernel, not Var ops): backward(create_graph=true) through a fused norm throws
-// an nl::Error saying so; gradgradcheck and double backward use the composed forms.
+// it instead of saving it, so graph inspection counts activation memory only. Both forms support
+// double backward: the fused node is a make_fused_result (autograd/fused_node.h) whose first-order
+// backward is the kernel and whose backward under create_graph is the composed form's autograd,
+// re-run on the saved x (PyTorch's nn.RMSNorm and nn.LayerNorm allow double backward too).
 //
 // Checks: the functional forms below are the op boundary. Each checks its arguments once (x
 // defined, floating, (..., d) with d > 0; each parameter's shape, dtype and device against x; eps

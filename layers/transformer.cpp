@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/fused_node.h"
 #include "autograd/grad_mode.h"
 #include "core/fused.h"
 #include "layers/activation.h"
@@ -54,16 +55,15 @@ std::string FeedForward::extra_repr() const {
 
 Var swiglu(const Var& a, const Var& b, bool fused) {
     if (!fused) return silu(a) * b;
-    std::vector<SavedTensor> saved;
-    saved.emplace_back("a", a.data());
-    saved.emplace_back("b", b.data());
-    return make_result(swiglu_forward(a.data(), b.data()), "swiglu", {a, b}, std::move(saved),
-                       [](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
-                           NL_REQUIRE(!is_grad_enabled(), "swiglu (fused): the fused backward is first-order only; "
-                                      "use the composed form (fused_swiglu = false) for backward(create_graph=true)");
-                           SwigluBackward g = swiglu_backward(dout.data(), s[0].data(), s[1].data());
-                           return {Var(g.da), Var(g.db)};
-                       });
+    std::vector<SavedTensor> saved;  // as Vars: the composed twin differentiates through them
+    saved.emplace_back("a", a);
+    saved.emplace_back("b", b);
+    return make_fused_result(swiglu_forward(a.data(), b.data()), "swiglu", {a, b}, std::move(saved), {0, 1},
+                             [](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
+                                 SwigluBackward g = swiglu_backward(dout.data(), s[0].data(), s[1].data());
+                                 return {Var(g.da), Var(g.db)};
+                             },
+                             [](const std::vector<Var>& in) { return silu(in[0]) * in[1]; });
 }
 
 Var FeedForward::forward(const Var& x) {
@@ -293,23 +293,26 @@ Var Attention::qk_normalized(const char* name, const Var& x) {
 
 namespace {
 
-// One node over the fused kernel pair. Saved: q, k, v, out, lse (the probabilities are recomputed).
+Var composed_causal_attention(const Var& q, Var k, Var v, double softcap);
+
+// One node over the fused kernel pair. Saved: q, k, v (as Vars, for the composed twin under
+// create_graph), out, lse (the probabilities are recomputed).
 Var fused_causal_attention(const Var& q, const Var& k, const Var& v, double softcap) {
     AttentionForward f = attention_forward(q.data(), k.data(), v.data(), softcap);
     std::vector<SavedTensor> saved;
-    saved.emplace_back("q", q.data());
-    saved.emplace_back("k", k.data());
-    saved.emplace_back("v", v.data());
+    saved.emplace_back("q", q);
+    saved.emplace_back("k", k);
+    saved.emplace_back("v", v);
     saved.emplace_back("out", f.out);
     saved.emplace_back("lse", f.lse);
-    return make_result(f.out, "attention", {q, k, v}, std::move(saved),
+    return make_fused_result(f.out, "attention", {q, k, v}, std::move(saved), {0, 1, 2},
                        [softcap](const Var& dout, const std::vector<Var>& s) -> std::vector<Var> {
-                           NL_REQUIRE(!is_grad_enabled(), "attention (fused): the fused backward is first-order "
-                                      "only; use the composed form (fused_attention = false) for "
-                                      "backward(create_graph=true)");
                            AttentionBackward g = attention_backward(dout.data(), s[0].data(), s[1].data(),
                                                                     s[2].data(), s[3].data(), s[4].data(), softcap);
                            return {Var(g.dq), Var(g.dk), Var(g.dv)};
+                       },
+                       [softcap](const std::vector<Var>& in) {
+                           return composed_causal_attention(in[0], in[1], in[2], softcap);
                        });
 }
 

@@ -36,7 +36,8 @@ struct FeedForwardOptions {
 };
 
 // SwiGLU's gate, silu(a) * b (a, b one shape). fused: one graph node over a kernel pair
-// (core/fused.h), saving a and b; composed: silu and mul in autograd ops, twice differentiable.
+// (core/fused.h), saving a and b, whose backward under create_graph is the composed form's
+// autograd (autograd/fused_node.h); composed: silu and mul in autograd ops. Both twice differentiable.
 Var swiglu(const Var& a, const Var& b, bool fused);
 
 // out = w2(silu(w1 x) * w3 x); w1, w3 (hidden, dim), w2 (dim, hidden), no biases.
@@ -78,7 +79,8 @@ Var apply_rope(const Var& x, const RopeTables& tables);
 // f32. Returns (B, T, H, hd).
 // - fused: one graph node over a FlashAttention kernel pair (core/fused.h): no (T x L) matrix is
 //   formed or saved, only q, k, v, the output and one logsumexp per row; the repeated K/V heads are
-//   never materialized. First-order only (backward(create_graph=true) needs the composed form).
+//   never materialized. Twice differentiable: under backward(create_graph=true) the node's
+//   backward is the composed form's autograd (autograd/fused_node.h).
 // - composed: LLaMA's code in autograd ops (repeat_kv, q k^T / sqrt(hd), a -inf mask above the
 //   diagonal, softmax, @ v): the reference, twice differentiable. Under autocast its two products
 //   run in bf16.

@@ -1,5 +1,5 @@
-// Autograd from Python: grad mode, requires_grad and .grad, backward, autograd.grad, gradcheck and
-// gradgradcheck on Python functions, and graph inspection (each node with the tensors it saved and
+// Autograd from Python: grad mode, requires_grad and .grad, backward, autograd.grad, gradcheck,
+// gradgradcheck and hvp on Python functions, and graph inspection (each node with the tensors it saved and
 // their bytes, the graph's total, a text summary, Graphviz DOT).
 #include <memory>
 #include <vector>
@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "autograd/functional.h"
 #include "autograd/graph.h"
 #include "bindings.h"
 
@@ -127,6 +128,13 @@ void bind_checks(nb::module_& m) {
           },
           nb::arg("fn"), nb::arg("inputs"), nb::arg("eps") = 1e-6, nb::arg("atol") = 1e-5, nb::arg("rtol") = 1e-3,
           "gradcheck of the gradient: the second derivatives, through backward(create_graph=True).");
+    m.def("_hvp", [](nb::callable fn, const std::vector<Var>& inputs, const std::vector<Var>& v, bool create_graph,
+                     bool strict) {
+              HvpResult r = hvp(python_fn(fn), inputs, v, create_graph, strict);
+              return nb::make_tuple(r.output, r.hvp);
+          },
+          nb::arg("fn"), nb::arg("inputs"), nb::arg("v"), nb::arg("create_graph") = false, nb::arg("strict") = false,
+          "(fn(*inputs), H v) for the Hessian H of fn's single-element output (normlab.autograd.functional.hvp).");
     m.def("_grad", &grad, nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs").none() = nb::none(),
           nb::arg("retain_graph").none() = nb::none(), nb::arg("create_graph") = false, nb::arg("allow_unused") = false);
 }

@@ -1,5 +1,5 @@
-"""The Python examples run as a user runs them: examples/python/norm_autograd.py (its own checks
-decide the exit status) and bench_vs_torch.py's smoke run (torch only)."""
+"""The Python examples run as a user runs them: examples/python/norm_autograd.py and sharpness.py (their
+own checks decide the exit status) and bench_vs_torch.py's smoke run (torch only)."""
 import os
 import subprocess
 import sys
@@ -20,6 +20,12 @@ def test_norm_autograd_example_passes_its_checks(tmp_path):
     assert "every check passed" in result.stdout
     assert "FAILED" not in result.stdout
     assert (tmp_path / "stability").is_dir()  # the stability run's directory, where --out said
+
+
+def test_sharpness_example_matches_pytorchs_power_iteration():
+    result = run_example("sharpness.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "matches PyTorch's to 1e-10 relative at every iteration" in result.stdout
 
 
 def test_bench_vs_torch_smoke_run_prints_every_ratio(torch):

@@ -11,8 +11,8 @@ import normlab
 
 EXTENSION_MODULES = ["normlab._normlab", "normlab._normlab.nn", "normlab._normlab.optim",
                      "normlab._normlab.jobs", "normlab._normlab.kernels"]
-PYTHON_MODULES = ["normlab", "normlab.autograd", "normlab.nn", "normlab.nn.functional",
-                  "normlab.nn.utils", "normlab.optim", "normlab.optim.lr_scheduler"]
+PYTHON_MODULES = ["normlab", "normlab.autograd", "normlab.autograd.functional", "normlab.nn",
+                  "normlab.nn.functional", "normlab.nn.utils", "normlab.optim", "normlab.optim.lr_scheduler"]
 
 
 def stub_path(module_name):

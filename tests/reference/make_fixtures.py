@@ -185,6 +185,31 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+class Transformer(nn.Module):
+    """LLaMA's Transformer: tok_embeddings, the pre-norm blocks, a final RMSNorm and the output head."""
+
+    def __init__(self, vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps)
+                                     for _ in range(n_layers)])
+        self.norm = RMSNorm(dim, eps=norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, ids, freqs_cis, mask):
+        h = self.tok_embeddings(ids)
+        for layer in self.layers:
+            h = layer(h, freqs_cis, mask)
+        return self.output(self.norm(h))
+
+
+def precompute_freqs_cis_f64(head_dim, seq_len, theta=10000.0):
+    """precompute_freqs_cis in float64 throughout (complex128), as normlab's f64 RoPE tables are."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64)[: (head_dim // 2)] / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
 # ---------------------------------------------------------------------------------------------
 # Fixture bookkeeping: every tensor is written with a one-line meaning, which goes to the README.
 # ---------------------------------------------------------------------------------------------
@@ -627,6 +652,81 @@ def fixture_optimizer(filename, opt_name, weight_decay):
     return fx
 
 
+SHARPNESS_ITERATIONS = 20
+
+
+def fixture_sharpness():
+    """The top Hessian eigenvalue (sharpness) of a small LLaMA model's training loss, by power iteration
+    on Hessian-vector products (torch.autograd.functional.hvp) in float64, from a fixed start vector."""
+    torch.manual_seed(31)
+    vocab, dim, n_layers, n_heads, n_kv_heads, hidden_arg, multiple_of, eps, B, T = 11, 8, 2, 2, 1, 32, 4, 1e-5, 2, 6
+    fx = Fixture("sharpness.safetensors",
+                 f"Power iteration for the top Hessian eigenvalue of a LLaMA `Transformer`'s training loss (vocab "
+                 f"{vocab}, dim {dim}, {n_layers} pre-norm blocks, n_heads {n_heads}, n_kv_heads {n_kv_heads}, FFN "
+                 f"hidden_dim arg {hidden_arg} with multiple_of {multiple_of}, RMSNorm eps {eps} with weights "
+                 "1 + 0.5 N(0,1), the final RMSNorm and a bias-free output head) in float64, after 100 SGD "
+                 "steps (lr 0.1) on its batch: `F.cross_entropy(model(ids).view(-1, vocab), targets.view(-1))` "
+                 "(mean). The parameters stored are those after training. RoPE's table in "
+                 "float64 (complex128). From `v0.*` (normalized over all parameters), iteration i computes "
+                 "`hv = H v` by `torch.autograd.functional.hvp` over the parameters (functional_call), "
+                 "`eigenvalue[i] = <v, hv>` and `v = hv / ||hv||`.",
+                 vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                 ffn_hidden_dim_arg=hidden_arg, multiple_of=multiple_of, norm_eps=eps, rope_theta=10000.0,
+                 sgd_steps=100, sgd_lr=0.1, iterations=SHARPNESS_ITERATIONS)
+    model = Transformer(vocab, dim, n_layers, n_heads, n_kv_heads, hidden_arg, multiple_of, eps).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.5 * torch.randn(dim, dtype=torch.float64))
+    ids = torch.randint(0, vocab, (B, T))
+    targets = torch.randint(0, vocab, (B, T))
+    freqs_cis = precompute_freqs_cis_f64(dim // n_heads, T)
+    mask = causal_mask(T).double()
+    # 100 SGD steps (lr 0.1) on the batch first: near a minimum, as sharpness is usually measured,
+    # the top eigenvalue is positive and well separated (about 10 and 4.7), so power iteration
+    # converges in a few steps; at the random init the largest |eigenvalue| is negative.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(100):
+        opt.zero_grad()
+        F.cross_entropy(model(ids, freqs_cis, mask).view(-1, vocab), targets.view(-1)).backward()
+        opt.step()
+    names = [name for name, _ in model.named_parameters()]
+    params = tuple(p.detach() for _, p in model.named_parameters())
+
+    def loss_fn(*values):
+        logits = torch.func.functional_call(model, dict(zip(names, values)), (ids, freqs_cis, mask))
+        return F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+
+    v = [torch.randn(p.shape, dtype=torch.float64) for p in params]
+    norm = torch.sqrt(sum((x * x).sum() for x in v))
+    v = [x / norm for x in v]
+    for name, p in zip(names, params):
+        fx.add(name, p, "parameter (F64)")
+    fx.add("ids", ids, "input token ids (I64)")
+    fx.add("targets", targets, "target token ids (I64)")
+    fx.add("loss", loss_fn(*params), "the loss at the parameters (F64, 0-d)")
+    for name, x in zip(names, v):
+        fx.add(f"v0.{name}", x, "the power iteration's start vector, this parameter's part (F64)")
+    eigenvalues = []
+    for _ in range(SHARPNESS_ITERATIONS):
+        _, hv = torch.autograd.functional.hvp(loss_fn, params, tuple(v))
+        eigenvalues.append(sum((a * b).sum() for a, b in zip(v, hv)))
+        norm = torch.sqrt(sum((h * h).sum() for h in hv))
+        v = [h / norm for h in hv]
+    fx.add("eigenvalue", torch.stack(eigenvalues), "<v, H v> at each iteration (F64); the last is the sharpness")
+    # The exact top eigenvalue (largest |lambda|) of the whole Hessian, for the README and the docs.
+    flat = torch.cat([p.reshape(-1) for p in params])
+    sizes = [p.numel() for p in params]
+
+    def flat_loss(x):
+        return loss_fn(*[c.view(p.shape) for c, p in zip(torch.split(x, sizes), params)])
+
+    lambdas = torch.linalg.eigvalsh(torch.autograd.functional.hessian(flat_loss, flat))
+    fx.add("hessian_eigenvalue_extremes", torch.stack([lambdas[0], lambdas[-1]]),
+           "the smallest and largest eigenvalue of the full Hessian (F64), by torch.linalg.eigvalsh")
+    return fx
+
+
 # ---------------------------------------------------------------------------------------------
 # The article's modules, one fixture each, in f32 and in f64 (article.py)
 # ---------------------------------------------------------------------------------------------
@@ -880,7 +980,7 @@ def main():
                 fixture_swiglu(),
                 fixture_attention(), fixture_attention_softcap_f64(), fixture_llama_block(),
                 fixture_llama_block_autocast_bf16(),
-                fixture_cross_entropy(), fixture_cross_entropy_z_loss_f64(), fixture_mse(),
+                fixture_cross_entropy(), fixture_cross_entropy_z_loss_f64(), fixture_mse(), fixture_sharpness(),
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
                 fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]

@@ -1,11 +1,13 @@
 """Autograd: grad mode (``no_grad``), ``grad`` (torch.autograd.grad), ``gradcheck`` and
-``gradgradcheck`` against f64 central differences, and graph inspection: the nodes a tensor's
-graph holds, what each saved for backward and how many bytes, a text summary, Graphviz DOT.
+``gradgradcheck`` against f64 central differences, graph inspection (the nodes a tensor's graph
+holds, what each saved for backward and how many bytes, a text summary, Graphviz DOT), and
+``functional.hvp`` (torch.autograd.functional.hvp).
 """
 import functools
 
-from . import _normlab as C
-from ._normlab import GradcheckResult, Node, graph_nodes, graph_saved_bytes, graph_summary, graph_to_dot  # noqa: F401
+from .. import _normlab as C
+from .._normlab import GradcheckResult, Node, graph_nodes, graph_saved_bytes, graph_summary, graph_to_dot  # noqa: F401
+from . import functional  # noqa: F401
 
 
 class GradcheckError(RuntimeError):
