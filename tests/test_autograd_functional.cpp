@@ -171,7 +171,7 @@ TEST_CASE("double backward: gradgradcheck of a Transformer block with the defaul
         o.n_heads = 2;
         o.n_kv_heads = 1;
         o.multiple_of = 2;
-        o.pre_norm = pre_norm;
+        o.norm_placement = pre_norm ? "pre" : "post";
         o.dtype = DType::F64;
         o.generator = &gen;
         TransformerBlock block(o);
