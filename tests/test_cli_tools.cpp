@@ -7,6 +7,7 @@
 #include <string>
 
 #include "layers/norm_registry.h"
+#include "layers/transformer.h"
 #include "tests/cli_test_util.h"
 
 using nl_test::CliRun;
@@ -39,9 +40,10 @@ TEST_CASE("normlab gradcheck passes every norm (both forms, composed to 2nd orde
         CHECK(std::regex_search(run.output, std::regex("\\n" + norm + " +composed +1st .* ok")));
         CHECK(std::regex_search(run.output, std::regex("\\n" + norm + " +composed +2nd .* ok")));
     }
-    for (const char* layer : {"\nlinear ", "\nembedding ", "\nswiglu ", "\nattention ", "\nblock (pre-norm) ",
-                              "\nblock (post-norm) ", "\nmse_loss ", "\ncross_entropy "})
+    for (const char* layer : {"\nlinear ", "\nembedding ", "\nswiglu ", "\nattention ", "\nmse_loss ", "\ncross_entropy "})
         CHECK_THAT(run.output, Catch::Contains(layer));
+    for (const std::string& placement : nl::norm_placement_names())  // a block per placement (mix is the model's)
+        if (placement != "mix") CHECK_THAT(run.output, Catch::Contains("\nblock (" + placement + ") "));
     CHECK_THAT(run.output, Catch::Contains("checks passed"));
     CHECK_THAT(run.output, !Catch::Contains("FAILED"));
 }
