@@ -25,8 +25,14 @@ Outputs (all overwritten) in tests/reference/interop/:
                                                 rope_theta 5000, an odd intermediate_size (45),
                                                 norm weights not all ones; one file, 3 shards, and a
                                                 tied-embeddings variant
+    hf_tiny_qwen3/, hf_tiny_olmo2/              a random Qwen3ForCausalLM (QK-norm per head, pre-norm)
+                                                and Olmo2ForCausalLM (QK-norm over the whole q and k,
+                                                norms on the sublayers' outputs) of the same sizes,
+                                                every norm weight (q_norm and k_norm too) not all ones
     hf_tiny_logits.safetensors                  ids (2, 12); transformers' logits (2, 12, 40) of
-                                                hf_tiny and logits_tied of hf_tiny_tied; greedy (20,):
+                                                hf_tiny, logits_tied of hf_tiny_tied, logits_qwen3 of
+                                                hf_tiny_qwen3, logits_olmo2 of hf_tiny_olmo2; greedy,
+                                                greedy_qwen3, greedy_olmo2 (20,):
                                                 generate(do_sample=False) from ids[0, :4]
     normlab_char.gguf                           `normlab export --to gguf` of a character model
                                                 `normlab train` made here (its text: the first 400
@@ -77,15 +83,42 @@ def fixed_ids(vocab, seed):
     return torch.randint(0, vocab, IDS_SHAPE, generator=g, dtype=torch.int64)
 
 
+# The sizes every tiny model shares: grouped-query heads (4 heads, 2 key/value heads of 8 dims), an
+# odd intermediate_size.
+TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=45, rope_theta=5000.0, rms_norm_eps=1e-6, max_position_embeddings=64,
+            hidden_act="silu", attention_bias=False, attn_implementation="eager")
+
+
 def tiny_llama(seed, tied):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=45, rope_theta=5000.0, rms_norm_eps=1e-6,
-                         max_position_embeddings=64, tie_word_embeddings=tied, hidden_act="silu",
-                         attention_bias=False, mlp_bias=False, attn_implementation="eager")
-    model = LlamaForCausalLM(config).eval()
+    return randomized(LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=tied, mlp_bias=False)).eval())
+
+
+def tiny_qwen3(seed):
+    """Qwen3: pre-norm LLaMA plus an RMSNorm on each head's q and k (q_norm, k_norm over head_dim)
+    before RoPE; head_dim explicit; full attention in every layer (no sliding window)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(**TINY, head_dim=8, tie_word_embeddings=False, use_sliding_window=False)
+    return randomized(Qwen3ForCausalLM(config).eval())
+
+
+def tiny_olmo2(seed):
+    """OLMo 2: no input norms; post_attention_layernorm and post_feedforward_layernorm on the
+    sublayers' outputs before the residual sum; q_norm over the whole q (heads * head_dim) and
+    k_norm over the whole k (key/value heads * head_dim) before RoPE."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Olmo2Config(**TINY, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
+    return randomized(Olmo2ForCausalLM(config).eval())
+
+
+def randomized(model):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -105,13 +138,18 @@ def greedy_hf(model, prompt, n):
 def transformers_part(out, versions):
     import transformers
 
-    for d in ("hf_tiny", "hf_tiny_sharded", "hf_tiny_tied"):
+    for d in ("hf_tiny", "hf_tiny_sharded", "hf_tiny_tied", "hf_tiny_qwen3", "hf_tiny_olmo2"):
         shutil.rmtree(os.path.join(out, d), ignore_errors=True)
     model = tiny_llama(0, tied=False)
     model.save_pretrained(os.path.join(out, "hf_tiny"), safe_serialization=True)
     model.save_pretrained(os.path.join(out, "hf_tiny_sharded"), safe_serialization=True, max_shard_size="30KB")
     tied = tiny_llama(1, tied=True)
     tied.save_pretrained(os.path.join(out, "hf_tiny_tied"), safe_serialization=True)
+    # Seeds whose greedy continuations do not settle on one repeated token.
+    qwen3 = tiny_qwen3(4)
+    qwen3.save_pretrained(os.path.join(out, "hf_tiny_qwen3"), safe_serialization=True)
+    olmo2 = tiny_olmo2(8)
+    olmo2.save_pretrained(os.path.join(out, "hf_tiny_olmo2"), safe_serialization=True)
     shards = [f for f in os.listdir(os.path.join(out, "hf_tiny_sharded")) if f.endswith(".safetensors")]
     assert len(shards) >= 2, shards
 
@@ -120,8 +158,13 @@ def transformers_part(out, versions):
         logits = model(ids).logits.float()
         logits_tied = tied(ids).logits.float()
         greedy = greedy_hf(model, ids[:1, :4], 16)
-    save_file({"ids": ids, "logits": logits.contiguous(), "logits_tied": logits_tied.contiguous(),
-               "greedy": greedy.to(torch.int64).contiguous()},
+        tensors = {"ids": ids, "logits": logits.contiguous(), "logits_tied": logits_tied.contiguous(),
+                   "greedy": greedy.to(torch.int64).contiguous()}
+        for name, m in (("qwen3", qwen3), ("olmo2", olmo2)):
+            tensors["logits_" + name] = m(ids).logits.float().contiguous()
+            tensors["greedy_" + name] = greedy_hf(m, ids[:1, :4], 16).to(torch.int64).contiguous()
+            print(f"hf_tiny_{name}: greedy", tensors["greedy_" + name].tolist())
+    save_file(tensors,
               os.path.join(out, "hf_tiny_logits.safetensors"),
               metadata={"torch": torch.__version__, "transformers": transformers.__version__})
     versions["transformers"] = transformers.__version__
