@@ -30,10 +30,10 @@ Outputs (all overwritten) in tests/reference/interop/:
                                                 norms on the sublayers' outputs) of the same sizes,
                                                 every norm weight (q_norm and k_norm too) not all ones
     hf_tiny_logits.safetensors                  ids (2, 12); transformers' logits (2, 12, 40) of
-                                                hf_tiny, logits_tied of hf_tiny_tied, logits_qwen3 of
-                                                hf_tiny_qwen3, logits_olmo2 of hf_tiny_olmo2; greedy,
-                                                greedy_qwen3, greedy_olmo2 (20,):
+                                                hf_tiny and logits_tied of hf_tiny_tied; greedy (20,):
                                                 generate(do_sample=False) from ids[0, :4]
+    hf_tiny_qwen3_olmo2_logits.safetensors      the same ids; logits_qwen3 and logits_olmo2 (2, 12,
+                                                40); greedy_qwen3 and greedy_olmo2 (20,) as greedy
     normlab_char.gguf                           `normlab export --to gguf` of a character model
                                                 `normlab train` made here (its text: the first 400
                                                 characters of examples/data/tinyshakespeare.txt)
@@ -158,15 +158,16 @@ def transformers_part(out, versions):
         logits = model(ids).logits.float()
         logits_tied = tied(ids).logits.float()
         greedy = greedy_hf(model, ids[:1, :4], 16)
-        tensors = {"ids": ids, "logits": logits.contiguous(), "logits_tied": logits_tied.contiguous(),
-                   "greedy": greedy.to(torch.int64).contiguous()}
+        architectures = {"ids": ids}
         for name, m in (("qwen3", qwen3), ("olmo2", olmo2)):
-            tensors["logits_" + name] = m(ids).logits.float().contiguous()
-            tensors["greedy_" + name] = greedy_hf(m, ids[:1, :4], 16).to(torch.int64).contiguous()
-            print(f"hf_tiny_{name}: greedy", tensors["greedy_" + name].tolist())
-    save_file(tensors,
-              os.path.join(out, "hf_tiny_logits.safetensors"),
-              metadata={"torch": torch.__version__, "transformers": transformers.__version__})
+            architectures["logits_" + name] = m(ids).logits.float().contiguous()
+            architectures["greedy_" + name] = greedy_hf(m, ids[:1, :4], 16).to(torch.int64).contiguous()
+            print(f"hf_tiny_{name}: greedy", architectures["greedy_" + name].tolist())
+    metadata = {"torch": torch.__version__, "transformers": transformers.__version__}
+    save_file({"ids": ids, "logits": logits.contiguous(), "logits_tied": logits_tied.contiguous(),
+               "greedy": greedy.to(torch.int64).contiguous()},
+              os.path.join(out, "hf_tiny_logits.safetensors"), metadata=metadata)
+    save_file(architectures, os.path.join(out, "hf_tiny_qwen3_olmo2_logits.safetensors"), metadata=metadata)
     versions["transformers"] = transformers.__version__
     print("hf_tiny: logits", tuple(logits.shape), "greedy", greedy.tolist())
 
