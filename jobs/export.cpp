@@ -7,7 +7,7 @@ namespace nl {
 
 ExportResult run_export(const std::string& checkpoint, const ExportOptions& options) {
     TrainCheckpoint ck = load_train_checkpoint(checkpoint);
-    check_exportable(ck.config.model);  // before anything else is done
+    check_exportable(ck.config.model, options.to);  // before anything else is done
     const std::vector<uint32_t> chars = ck.vocab ? ck.vocab->codepoints() : std::vector<uint32_t>{};
     export_model(*ck.model, chars, options);
     ExportResult result;
@@ -15,6 +15,7 @@ ExportResult run_export(const std::string& checkpoint, const ExportOptions& opti
     result.step = ck.info.step;
     result.parameters = count_parameters(*ck.model);
     result.tokenizer = !chars.empty();
+    result.architecture = options.to == "hf" ? hf_class_name(hf_architecture(ck.config.model)) : "llama";
     return result;
 }
 

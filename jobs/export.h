@@ -14,6 +14,7 @@ struct ExportResult {
     int64_t step = 0;         // its training step
     int64_t parameters = 0;   // elements written
     bool tokenizer = false;   // a character tokenizer was written
+    std::string architecture;  // "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM" or "llama" (GGUF)
 };
 
 // `checkpoint` as load_train_checkpoint (jobs/sample.h) reads it; nl::Error when it is missing, the

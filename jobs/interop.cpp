@@ -44,6 +44,34 @@ const std::vector<WeightName> kWeightNames = {
     {"ffn_norm.weight", "post_attention_layernorm.weight", "ffn_norm.weight", true},
 };
 
+const char* hf_class_name(HfArch arch) {
+    return arch == HfArch::Llama ? "LlamaForCausalLM" : arch == HfArch::Qwen3 ? "Qwen3ForCausalLM" : "Olmo2ForCausalLM";
+}
+const char* hf_model_type(HfArch arch) { return arch == HfArch::Llama ? "llama" : arch == HfArch::Qwen3 ? "qwen3" : "olmo2"; }
+
+const std::vector<WeightName>& hf_weight_names(HfArch arch) {
+    static const std::vector<WeightName> qk_norms = {
+        {"attention.q_norm.weight", "self_attn.q_norm.weight", "", true},
+        {"attention.k_norm.weight", "self_attn.k_norm.weight", "", true},
+    };
+    static const std::vector<WeightName> qwen3 = [] {
+        std::vector<WeightName> names = kWeightNames;
+        names.insert(names.end(), qk_norms.begin(), qk_norms.end());
+        return names;
+    }();
+    static const std::vector<WeightName> olmo2 = [] {
+        std::vector<WeightName> names;
+        for (const WeightName& w : kWeightNames)
+            if (std::strcmp(w.normlab, "attention_norm.weight") != 0 && std::strcmp(w.normlab, "ffn_norm.weight") != 0)
+                names.push_back(w);
+        names.insert(names.end(), qk_norms.begin(), qk_norms.end());
+        names.push_back({"attention_out_norm.weight", "post_attention_layernorm.weight", "", true});
+        names.push_back({"ffn_out_norm.weight", "post_feedforward_layernorm.weight", "", true});
+        return names;
+    }();
+    return arch == HfArch::Llama ? kWeightNames : arch == HfArch::Qwen3 ? qwen3 : olmo2;
+}
+
 namespace {
 
 constexpr const char* kHfLayerPrefix = "model.layers.";
@@ -71,26 +99,30 @@ bool split_layer_name(const std::string& name, const std::string& prefix, int64_
     return true;
 }
 
-// A name from one naming to another; "" when `name` is not in the table.
-std::string translate(const std::string& name, Naming from, Naming to) {
+// A name from one naming to another under `table`; "" when `name` is not in it (or has no name in
+// `to`).
+std::string translate(const std::string& name, Naming from, Naming to, const std::vector<WeightName>& table = kWeightNames) {
     int64_t layer = 0;
     std::string kind;
     const bool per_layer = split_layer_name(name, layer_prefix(from), layer, kind);
-    for (const WeightName& w : kWeightNames) {
+    for (const WeightName& w : table) {
         if (w.per_layer != per_layer) continue;
         if ((per_layer ? kind : name) != name_of(w, from)) continue;
+        if (*name_of(w, to) == '\0') return "";
         return per_layer ? layer_prefix(to) + std::to_string(layer) + "." + name_of(w, to) : std::string(name_of(w, to));
     }
     return "";
 }
 
-std::string translate_or_throw(const std::string& name, Naming from, Naming to) {
-    std::string out = translate(name, from, to);
-    NL_REQUIRE(!out.empty(), "interop: the weight '", name, "' has no name in the LLaMA weight table");
+std::string translate_or_throw(const std::string& name, Naming from, Naming to, const std::vector<WeightName>& table,
+                               const char* table_name) {
+    std::string out = translate(name, from, to, table);
+    NL_REQUIRE(!out.empty(), "interop: the weight '", name, "' has no name in the ", table_name, " weight table");
     return out;
 }
 
-// Every parameter of a Transformer with `o` and its shape, in the model's order (normlab names).
+// Every parameter of a Transformer with `o` and its shape, in the model's order (normlab names):
+// the order of Attention's, TransformerBlock's and Transformer's register_module calls.
 std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOptions& o) {
     const int64_t D = o.dim, V = o.vocab_size, hd = o.dim / o.n_heads;
     const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
@@ -98,15 +130,26 @@ std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOpt
     std::vector<std::pair<std::string, Shape>> out = {{"tok_embeddings.weight", {V, D}}};
     for (int64_t i = 0; i < o.n_layers; ++i) {
         const std::string p = "layers." + std::to_string(i) + ".";
+        const std::string placement = o.block_placement(i);
         out.push_back({p + "attention.wq.weight", {o.n_heads * hd, D}});
         out.push_back({p + "attention.wk.weight", {kv * hd, D}});
         out.push_back({p + "attention.wv.weight", {kv * hd, D}});
         out.push_back({p + "attention.wo.weight", {D, o.n_heads * hd}});
+        if (o.qk_norm != "none") {
+            out.push_back({p + "attention.q_norm.weight", {o.qk_norm == "head" ? hd : o.n_heads * hd}});
+            out.push_back({p + "attention.k_norm.weight", {o.qk_norm == "head" ? hd : kv * hd}});
+        }
         out.push_back({p + "feed_forward.w1.weight", {F, D}});
         out.push_back({p + "feed_forward.w2.weight", {D, F}});
         out.push_back({p + "feed_forward.w3.weight", {F, D}});
-        out.push_back({p + "attention_norm.weight", {D}});
-        out.push_back({p + "ffn_norm.weight", {D}});
+        if (placement != "output" && placement != "none") {
+            out.push_back({p + "attention_norm.weight", {D}});
+            out.push_back({p + "ffn_norm.weight", {D}});
+        }
+        if (placement == "peri" || placement == "output") {
+            out.push_back({p + "attention_out_norm.weight", {D}});
+            out.push_back({p + "ffn_out_norm.weight", {D}});
+        }
     }
     out.push_back({"norm.weight", {D}});
     out.push_back({"output.weight", {V, D}});
@@ -123,27 +166,46 @@ double expected_weight_bytes(const TransformerOptions& o) {
     return total;
 }
 
-bool is_rope_projection(const std::string& normlab_name, bool& is_query) {
+// The number of heads whose RoPE layout a weight carries in its rows (its elements for a 1-D
+// QK-norm weight): wq and a full q_norm n_heads, wk and a full k_norm n_kv_heads, a per-head q_norm
+// or k_norm one (its head_dim vector); 0 for every other weight, which RoPE does not touch.
+int64_t rope_heads(const std::string& normlab_name, const TransformerOptions& o) {
     const auto ends_with = [&](const char* suffix) {
         const size_t n = std::strlen(suffix);
         return normlab_name.size() >= n && normlab_name.compare(normlab_name.size() - n, n, suffix) == 0;
     };
-    is_query = ends_with(".attention.wq.weight");
-    return is_query || ends_with(".attention.wk.weight");
+    const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
+    if (ends_with(".attention.wq.weight")) return o.n_heads;
+    if (ends_with(".attention.wk.weight")) return kv;
+    if (ends_with(".attention.q_norm.weight")) return o.qk_norm == "head" ? 1 : o.n_heads;
+    if (ends_with(".attention.k_norm.weight")) return o.qk_norm == "head" ? 1 : kv;
+    return 0;
 }
 
-// Weights read under another naming, translated, checked against the architecture (every one
-// present once, with its shape, of a float dtype) and converted to f32.
+// `weight` with its RoPE rows (rope_heads) moved to transformers' half split or back; a 1-D QK-norm
+// weight is permuted as a column of rows.
+Tensor permute_for_hf(const Tensor& weight, const std::string& normlab_name, const TransformerOptions& o, bool to_hf) {
+    const int64_t heads = rope_heads(normlab_name, o);
+    if (heads == 0) return weight;
+    if (weight.dim() == 1)
+        return permute_rope_rows(weight.reshape({weight.numel(), 1}), heads, to_hf).reshape({weight.numel()});
+    return permute_rope_rows(weight, heads, to_hf);
+}
+
+// Weights read under another naming (transformers' under `hf_names`), translated, checked against
+// the architecture (every one present once, with its shape, of a float dtype) and converted to f32.
 NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& found, Naming naming,
+                             const std::vector<WeightName>& hf_names, const char* arch_name,
                              const TransformerOptions& options, bool tied, const std::string& where) {
     const std::vector<std::pair<std::string, Shape>> expected = expected_weights(options);
+    const std::vector<WeightName>& table = naming == Naming::Hf ? hf_names : kWeightNames;
     std::map<std::string, Tensor> by_name;
     for (const auto& [name, tensor] : found) {
         // Old transformers checkpoints carry RoPE's inverse frequencies: computed, not learned.
         if (naming == Naming::Hf && name.size() > 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0)
             continue;
-        const std::string ours = translate(name, naming, Naming::Normlab);
-        NL_REQUIRE(!ours.empty(), where, ": unexpected tensor '", name, "' (not a LLaMA weight)");
+        const std::string ours = translate(name, naming, Naming::Normlab, table);
+        NL_REQUIRE(!ours.empty(), where, ": unexpected tensor '", name, "' (not a ", arch_name, " weight)");
         NL_REQUIRE(by_name.count(ours) == 0, where, ": tensor '", name, "' appears twice");
         by_name.emplace(ours, tensor);
     }
@@ -153,8 +215,7 @@ NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& 
     NamedTensors out;
     for (const auto& [name, shape] : expected) {
         wanted.insert(name);
-        const std::string theirs = naming == Naming::Hf ? translate(name, Naming::Normlab, Naming::Hf)
-                                                        : translate(name, Naming::Normlab, Naming::Gguf);
+        const std::string theirs = translate(name, Naming::Normlab, naming, table);
         auto it = by_name.find(name);
         NL_REQUIRE(it != by_name.end(), where, ": missing tensor '", theirs, "'");
         const Tensor& t = it->second;
@@ -164,15 +225,11 @@ NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& 
                    theirs, "': expected F32, F16 or BF16, found ", dtype_name(t.dtype()));
         Tensor weight = t.to(DType::F32).contiguous();
         if (weight.data_ptr() == t.data_ptr()) weight = weight.clone();  // own storage (tied copies are separate)
-        bool is_query = false;
-        if (naming == Naming::Hf && is_rope_projection(name, is_query))
-            weight = permute_rope_rows(weight, is_query ? options.n_heads : options.n_kv_heads, false);
+        if (naming == Naming::Hf) weight = permute_for_hf(weight, name, options, false);
         out.push_back({name, weight});
     }
     for (const auto& [name, tensor] : by_name)
-        NL_REQUIRE(wanted.count(name) == 1, where, ": unexpected tensor '",
-                   naming == Naming::Hf ? translate(name, Naming::Normlab, Naming::Hf)
-                                        : translate(name, Naming::Normlab, Naming::Gguf),
+        NL_REQUIRE(wanted.count(name) == 1, where, ": unexpected tensor '", translate(name, Naming::Normlab, naming, table),
                    "' (the architecture has ", options.n_layers, " layers)");
     return out;
 }
@@ -369,7 +426,8 @@ PretrainedModel load_hf(const fs::path& dir, bool with_weights) {
         for (const auto& [name, shard] : weight_map)
             NL_REQUIRE(seen.count(name) == 1, where, ": tensor '", name, "' is mapped to '", shard, "', which does not hold it");
     }
-    out.weights = collect_weights(found, Naming::Hf, out.options, config.tied, out.path);
+    out.weights = collect_weights(found, Naming::Hf, hf_weight_names(config.arch), hf_class_name(config.arch), out.options,
+                                  config.tied, out.path);
     return out;
 }
 
@@ -436,7 +494,7 @@ PretrainedModel load_gguf_model(const std::string& path, bool with_weights) {
     out.char_vocab = gguf_char_vocab(file, o.vocab_size);
     if (with_weights) {
         const bool tied = !file.contains_tensor("output.weight");  // llama.cpp reuses token_embd then
-        out.weights = collect_weights(file.tensors, Naming::Gguf, o, tied, path);
+        out.weights = collect_weights(file.tensors, Naming::Gguf, kWeightNames, "LLaMA", o, tied, path);
     }
     return out;
 }
@@ -495,15 +553,14 @@ json hf_tokenizer_config_json(const TransformerOptions& o) {
 
 NamedTensors exported_tensors(const Transformer& model, DType dtype, bool hf) {
     const TransformerOptions& o = model.options();
+    const HfArch arch = hf ? hf_architecture(o) : HfArch::Llama;
     NamedTensors out;
     for (const auto& [name, tensor] : model.state_dict()) {
         Tensor t = tensor.to(Device::cpu()).contiguous();
-        bool is_query = false;
-        if (hf && is_rope_projection(name, is_query))
-            t = permute_rope_rows(t, is_query ? o.n_heads : (o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads), true);
+        if (hf) t = permute_for_hf(t, name, o, true);
         // llama.cpp keeps 1-D tensors (the norms) in f32, as its converter writes them.
         const DType want = (!hf && t.dim() == 1) ? DType::F32 : dtype;
-        out.push_back({hf ? hf_weight_name(name) : gguf_weight_name(name), t.to(want).contiguous()});
+        out.push_back({hf ? hf_weight_name(name, arch) : gguf_weight_name(name), t.to(want).contiguous()});
     }
     return out;
 }
@@ -579,11 +636,11 @@ void export_gguf(const Transformer& model, const std::vector<uint32_t>& chars, c
 
 }  // namespace
 
-std::string hf_weight_name(const std::string& normlab_name) {
-    return translate_or_throw(normlab_name, Naming::Normlab, Naming::Hf);
+std::string hf_weight_name(const std::string& normlab_name, HfArch arch) {
+    return translate_or_throw(normlab_name, Naming::Normlab, Naming::Hf, hf_weight_names(arch), hf_class_name(arch));
 }
 std::string gguf_weight_name(const std::string& normlab_name) {
-    return translate_or_throw(normlab_name, Naming::Normlab, Naming::Gguf);
+    return translate_or_throw(normlab_name, Naming::Normlab, Naming::Gguf, kWeightNames, "LLaMA");
 }
 
 Tensor permute_rope_rows(const Tensor& weight, int64_t n_heads, bool to_half_split) {
@@ -606,63 +663,119 @@ Tensor permute_rope_rows(const Tensor& weight, int64_t n_heads, bool to_half_spl
     return out;
 }
 
-void check_exportable(const TransformerOptions& o) {
-    NL_REQUIRE(o.norm.type == "rmsnorm", "export: the model's norm is \"", o.norm.type,
-               "\"; LlamaForCausalLM and llama.cpp's llama hold RMSNorm only");
-    NL_REQUIRE(o.norm.elementwise_affine, "export: the model's RMSNorm has no learned weight (elementwise_affine false); "
-               "LlamaForCausalLM and llama.cpp's llama always have one");
-    NL_REQUIRE(o.norm_placement == "pre", "export: the model's norm_placement is \"", o.norm_placement,
-               "\"; LlamaForCausalLM and llama.cpp's llama are pre-norm");
-    NL_REQUIRE(o.norm_scaling == "none", "export: the model has norm_scaling \"", o.norm_scaling,
-               "\"; LlamaForCausalLM and llama.cpp's llama have no LayerNorm Scaling");
-    NL_REQUIRE(o.qk_norm == "none", "export: the model has qk_norm \"", o.qk_norm,
-               "\"; LlamaForCausalLM and llama.cpp's llama have no QK-norm");
-    NL_REQUIRE(o.logit_softcap == 0.0 && o.attn_softcap == 0.0,
-               "export: the model soft-caps its logits or attention scores; LlamaForCausalLM and llama.cpp's llama "
-               "do not");
+namespace {
+
+// What each transformers class is, for the refusals.
+constexpr const char* kHfClasses = "LLaMA: pre; Qwen3: pre with qk_norm head; OLMo 2: output with qk_norm full";
+
+// The option of `o` no class holds, as "model.<key> <value>", with what the classes have instead;
+// empty when every option is held.
+std::pair<std::string, std::string> unexportable_option(const TransformerOptions& o) {
+    if (o.norm.type != "rmsnorm")
+        return {fmt::format("model.norm.type \"{}\"", o.norm.type), "RMSNorm only"};
+    if (!o.norm.elementwise_affine)
+        return {"model.norm.elementwise_affine false", "RMSNorm always with a learned weight"};
+    if (o.norm_scaling != "none")
+        return {fmt::format("model.norm_scaling \"{}\"", o.norm_scaling), "no LayerNorm Scaling"};
+    if (o.logit_softcap != 0.0) return {fmt::format("model.logit_softcap {}", o.logit_softcap), "no soft-capping"};
+    if (o.attn_softcap != 0.0) return {fmt::format("model.attn_softcap {}", o.attn_softcap), "no soft-capping"};
+    return {"", ""};
+}
+
+}  // namespace
+
+HfArch hf_architecture(const TransformerOptions& o) {
+    const auto [option, held] = unexportable_option(o);
+    NL_REQUIRE(option.empty(), "export --to hf: ", option, " has no Hugging Face architecture (LLaMA, Qwen3 and OLMo 2: ",
+               held, ")");
+    NL_REQUIRE(o.norm_placement == "pre" || o.norm_placement == "output", "export --to hf: model.norm_placement \"",
+               o.norm_placement, "\" has no Hugging Face architecture (", kHfClasses, ")");
+    if (o.norm_placement == "pre" && o.qk_norm == "none") return HfArch::Llama;
+    if (o.norm_placement == "pre" && o.qk_norm == "head") return HfArch::Qwen3;
+    if (o.norm_placement == "output" && o.qk_norm == "full") return HfArch::Olmo2;
+    throw Error(fmt::format("export --to hf: model.qk_norm \"{}\" with model.norm_placement \"{}\" has no Hugging Face "
+                            "architecture ({})",
+                            o.qk_norm, o.norm_placement, kHfClasses));
+}
+
+void check_exportable(const TransformerOptions& o, const std::string& to) {
+    NL_REQUIRE(to == "hf" || to == "gguf", "export: --to must be hf or gguf, got '", to, "'");
+    if (to == "hf") {
+        hf_architecture(o);
+        return;
+    }
+    // llama.cpp's "llama" is LlamaForCausalLM.
+    std::string option = unexportable_option(o).first;
+    if (option.empty() && o.norm_placement != "pre") option = fmt::format("model.norm_placement \"{}\"", o.norm_placement);
+    if (option.empty() && o.qk_norm != "none") option = fmt::format("model.qk_norm \"{}\"", o.qk_norm);
+    NL_REQUIRE(option.empty(), "export --to gguf: ", option, " has no form in llama.cpp's \"llama\" (pre-norm RMSNorm with a "
+               "learned weight, no QK-norm, no soft-capping, no LayerNorm Scaling)");
 }
 
 json hf_config_json(const TransformerOptions& o, DType dtype) {
+    const HfArch arch = hf_architecture(o);
     const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
     const int64_t ffn = swiglu_hidden_dim(o.ffn_hidden_dim > 0 ? o.ffn_hidden_dim : 4 * o.dim, o.multiple_of);
     const char* torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::F16 ? "float16" : "bfloat16";
-    return json{{"architectures", {"LlamaForCausalLM"}},
-                {"model_type", "llama"},
-                {"vocab_size", o.vocab_size},
-                {"hidden_size", o.dim},
-                {"intermediate_size", ffn},
-                {"num_hidden_layers", o.n_layers},
-                {"num_attention_heads", o.n_heads},
-                {"num_key_value_heads", kv},
-                {"head_dim", o.dim / o.n_heads},
-                {"hidden_act", "silu"},
-                {"max_position_embeddings", o.max_seq_len},
-                {"rms_norm_eps", o.norm.resolved_eps()},
-                {"rope_theta", o.rope_theta},
-                {"rope_scaling", nullptr},
-                {"attention_bias", false},
-                {"attention_dropout", 0.0},
-                {"mlp_bias", false},
-                {"pretraining_tp", 1},
-                {"tie_word_embeddings", false},
-                {"use_cache", true},
-                {"bos_token_id", nullptr},
-                {"eos_token_id", nullptr},
-                {"dtype", torch_dtype}};
+    json config = {{"architectures", {hf_class_name(arch)}},
+                   {"model_type", hf_model_type(arch)},
+                   {"vocab_size", o.vocab_size},
+                   {"hidden_size", o.dim},
+                   {"intermediate_size", ffn},
+                   {"num_hidden_layers", o.n_layers},
+                   {"num_attention_heads", o.n_heads},
+                   {"num_key_value_heads", kv},
+                   {"hidden_act", "silu"},
+                   {"max_position_embeddings", o.max_seq_len},
+                   {"rms_norm_eps", o.norm.resolved_eps()},
+                   {"rope_theta", o.rope_theta},
+                   {"rope_scaling", nullptr},
+                   {"attention_bias", false},
+                   {"attention_dropout", 0.0},
+                   {"tie_word_embeddings", false},
+                   {"use_cache", true},
+                   {"bos_token_id", nullptr},
+                   {"eos_token_id", nullptr},
+                   {"pad_token_id", nullptr},
+                   {"dtype", torch_dtype}};
+    if (arch != HfArch::Olmo2) config["head_dim"] = o.dim / o.n_heads;  // OLMo 2's is always hidden / heads
+    if (arch == HfArch::Llama) {
+        config["mlp_bias"] = false;
+        config["pretraining_tp"] = 1;
+    }
+    if (arch == HfArch::Qwen3) {
+        // Every layer full attention: no sliding window.
+        config["use_sliding_window"] = false;
+        config["sliding_window"] = nullptr;
+        config["layer_types"] = std::vector<std::string>(size_t(o.n_layers), "full_attention");
+    }
+    return config;
 }
 
 HfConfig read_hf_config(const json& config, const std::string& where) {
     NL_REQUIRE(config.is_object(), where, ": expected a JSON object (a transformers config.json), got ", json_kind(config));
     const JsonFields f{config, where};
     const std::string model_type = f.string("model_type", "");
-    if (model_type != "llama") f.fail("model_type", "expected \"llama\" (LlamaForCausalLM), got \"" + model_type + "\"");
+    HfConfig out;
+    if (model_type == "llama") {
+        out.arch = HfArch::Llama;
+    } else if (model_type == "qwen3") {
+        out.arch = HfArch::Qwen3;
+    } else if (model_type == "olmo2") {
+        out.arch = HfArch::Olmo2;
+    } else {
+        f.fail("model_type", "expected \"llama\" (LlamaForCausalLM), \"qwen3\" (Qwen3ForCausalLM) or \"olmo2\" "
+                             "(Olmo2ForCausalLM), got \"" + model_type + "\"");
+    }
+    const std::string class_name = hf_class_name(out.arch);
     if (f.has("architectures")) {
         const json& a = config["architectures"];
-        if (!a.is_array() || a.size() != 1 || !a[0].is_string() || a[0].get<std::string>() != "LlamaForCausalLM")
-            f.fail("architectures", "expected [\"LlamaForCausalLM\"], got " + brief_json(a));
+        if (!a.is_array() || a.size() != 1 || !a[0].is_string() || a[0].get<std::string>() != class_name)
+            f.fail("architectures", "expected [\"" + class_name + "\"] (model_type \"" + model_type + "\"), got " + brief_json(a));
     }
-    HfConfig out;
     TransformerOptions& o = out.options;
+    o.norm_placement = out.arch == HfArch::Olmo2 ? "output" : "pre";
+    o.qk_norm = out.arch == HfArch::Llama ? "none" : out.arch == HfArch::Qwen3 ? "head" : "full";
     o.vocab_size = f.integer("vocab_size", 1, kMaxTokenVocab);
     o.dim = f.integer("hidden_size", 2, kMaxModelDim);
     o.n_layers = f.integer("num_hidden_layers", 0, kMaxLayers);
@@ -673,15 +786,18 @@ HfConfig read_hf_config(const json& config, const std::string& where) {
     o.n_kv_heads = f.integer("num_key_value_heads", 1, o.n_heads, o.n_heads);
     if (o.n_heads % o.n_kv_heads != 0)
         f.fail("num_key_value_heads", fmt::format("expected a divisor of num_attention_heads = {}, got {}", o.n_heads, o.n_kv_heads));
-    if (f.has("head_dim") && f.integer("head_dim", 1, kMaxModelDim) != o.dim / o.n_heads)
-        f.fail("head_dim", fmt::format("normlab's heads are hidden_size / num_attention_heads = {}, got {}", o.dim / o.n_heads,
-                                       config["head_dim"].get<int64_t>()));
+    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / num_attention_heads.
+    const int64_t head_dim = f.integer("head_dim", 1, kMaxModelDim, out.arch == HfArch::Qwen3 ? 128 : o.dim / o.n_heads);
+    if (head_dim != o.dim / o.n_heads)
+        f.fail("head_dim", fmt::format("normlab's heads are hidden_size / num_attention_heads = {}, got {}{}", o.dim / o.n_heads,
+                                       head_dim, f.has("head_dim") ? "" : " (absent: " + class_name + "'s default)"));
     const int64_t hidden = f.integer("intermediate_size", 1, 4 * kMaxModelDim);
     o.multiple_of = 1;
     o.ffn_hidden_dim = (3 * hidden + 1) / 2;
-    o.max_seq_len = f.integer("max_position_embeddings", 1, 1 << 20, 2048);
+    // The defaults are each config class's.
+    o.max_seq_len = f.integer("max_position_embeddings", 1, 1 << 20, out.arch == HfArch::Qwen3 ? 32768 : 2048);
     o.norm.type = "rmsnorm";
-    o.norm.eps = f.real("rms_norm_eps", 0.0, 1.0, 1e-6);
+    o.norm.eps = f.real("rms_norm_eps", 0.0, 1.0, out.arch == HfArch::Olmo2 ? 1e-5 : 1e-6);
     // transformers 5 keeps RoPE's settings in rope_parameters; earlier versions at the top level.
     o.rope_theta = f.real("rope_theta", 1e-9, 1e300, 10000.0);
     if (f.has("rope_parameters")) {
@@ -698,6 +814,18 @@ HfConfig read_hf_config(const json& config, const std::string& where) {
     if (f.boolean("mlp_bias", false)) f.fail("mlp_bias", "normlab's feed-forward has no biases, got true");
     if (f.real("attention_dropout", 0.0, 1.0, 0.0) != 0.0) f.fail("attention_dropout", "normlab has no dropout; expected 0");
     if (f.integer("pretraining_tp", 1, 1 << 20, 1) != 1) f.fail("pretraining_tp", "expected 1");
+    // Qwen3's sliding window (use_sliding_window, or a layer_types entry other than full attention):
+    // normlab's attention sees every earlier position.
+    if (f.boolean("use_sliding_window", false))
+        f.fail("use_sliding_window", "normlab's attention has no sliding window (every layer sees every earlier position), got true");
+    if (f.has("layer_types")) {
+        const json& types = config["layer_types"];
+        if (!types.is_array()) f.fail("layer_types", "expected an array of \"full_attention\", got " + json_kind(types));
+        for (const json& t : types)
+            if (!t.is_string() || t.get<std::string>() != "full_attention")
+                f.fail("layer_types", "normlab's attention is \"full_attention\" in every layer (no sliding window), got " +
+                                          brief_json(t));
+    }
     out.tied = f.boolean("tie_word_embeddings", false);
     o.validate();
     return out;
@@ -753,8 +881,9 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     if (given_norm.contains("eps") && m.norm.resolved_eps() != p.norm.resolved_eps())
         differ("norm/eps", fmt::format("{}", m.norm.resolved_eps()), fmt::format("{}", p.norm.resolved_eps()));
     if (given_norm.contains("elementwise_affine") && !m.norm.elementwise_affine) differ("norm/elementwise_affine", "false", "true");
-    if ((given.contains("pre_norm") || given.contains("norm_placement")) && m.norm_placement != "pre")
-        differ("norm_placement", "\"" + m.norm_placement + "\"", "\"pre\"");
+    if ((given.contains("pre_norm") || given.contains("norm_placement")) && m.norm_placement != p.norm_placement)
+        differ("norm_placement", "\"" + m.norm_placement + "\"", "\"" + p.norm_placement + "\"");
+    if (given.contains("qk_norm") && m.qk_norm != p.qk_norm) differ("qk_norm", "\"" + m.qk_norm + "\"", "\"" + p.qk_norm + "\"");
     if (given.contains("rope_theta") && m.rope_theta != p.rope_theta)
         differ("rope_theta", fmt::format("{}", m.rope_theta), fmt::format("{}", p.rope_theta));
     if (given.contains("max_seq_len") && m.max_seq_len > p.max_seq_len)
@@ -786,8 +915,9 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     r["norm"]["type"] = "rmsnorm";
     r["norm"]["eps"] = m.norm.resolved_eps();
     r["norm"]["elementwise_affine"] = true;
-    r["norm_placement"] = "pre";
+    r["norm_placement"] = m.norm_placement;
     r.erase("pre_norm");
+    r["qk_norm"] = m.qk_norm;
     r["rope_theta"] = m.rope_theta;
     r["max_seq_len"] = m.max_seq_len;
     const int64_t T = data_seq_len(config.data);
@@ -810,8 +940,7 @@ void check_pretrained_vocab(const TrainConfig& config, const Dataset& data, cons
 }
 
 void export_model(const Transformer& model, const std::vector<uint32_t>& chars, const ExportOptions& e) {
-    check_exportable(model.options());
-    NL_REQUIRE(e.to == "hf" || e.to == "gguf", "export: --to must be hf or gguf, got '", e.to, "'");
+    check_exportable(model.options(), e.to);
     NL_REQUIRE(e.dtype == DType::F32 || e.dtype == DType::F16 || e.dtype == DType::BF16,
                "export: --dtype must be f32, f16 or bf16, got ", dtype_name(e.dtype));
     NL_REQUIRE(!e.out.empty(), "export: no output path");

@@ -1,15 +1,19 @@
 // Models that travel: a normlab Transformer exported to Hugging Face transformers
-// (LlamaForCausalLM: config.json, model.safetensors, generation_config.json, and a character
-// tokenizer) and to llama.cpp (a GGUF v3 file, architecture "llama"), and such models read back as a
-// Transformer's options and weights, for `model.init_from` and `normlab sample`. docs/interop.md.
+// (LlamaForCausalLM, Qwen3ForCausalLM or Olmo2ForCausalLM: config.json, model.safetensors,
+// generation_config.json, and a character tokenizer) and to llama.cpp (a GGUF v3 file, architecture
+// "llama"), and such models read back as a Transformer's options and weights, for `model.init_from`
+// and `normlab sample`. docs/interop.md.
 //
 // Names: one table (kWeightNames) maps each of the 12 LLaMA weight kinds between normlab's (Meta's)
-// names, transformers' and GGUF's. RoPE layout: normlab and llama.cpp rotate interleaved pairs
+// names, transformers' and GGUF's; Qwen3 adds q_norm and k_norm, OLMo 2 replaces the input norms by
+// its output norms (hf_weight_names). RoPE layout: normlab and llama.cpp rotate interleaved pairs
 // (x[2i], x[2i+1]); transformers rotates the two halves (x[i], x[i + hd/2]) (rotate_half), so the
-// rows of wq and wk are permuted on the way to and from transformers, and on no other way.
+// rows of wq and wk, and the QK-norm weights that act on them, are permuted on the way to and from
+// transformers, and on no other way.
 //
-// What a format cannot hold is refused by name, never approximated: only pre-norm RMSNorm models
-// with a learned weight and no bias are LlamaForCausalLM / llama.cpp "llama" models.
+// What a format cannot hold is refused by name, never approximated: RMSNorm models with a learned
+// weight, pre-norm (LLaMA, and Qwen3 with qk_norm "head") or output norms with qk_norm "full"
+// (OLMo 2), no soft-caps, no depth scaling; llama.cpp's "llama" holds the LLaMA ones.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +40,25 @@ struct WeightName {
 };
 extern const std::vector<WeightName> kWeightNames;
 
+// The transformers classes normlab writes and reads, each a set of TransformerOptions:
+//   Llama: norm_placement "pre", qk_norm "none" (LlamaForCausalLM, model_type "llama");
+//   Qwen3: norm_placement "pre", qk_norm "head" (Qwen3ForCausalLM, model_type "qwen3");
+//   Olmo2: norm_placement "output", qk_norm "full" (Olmo2ForCausalLM, model_type "olmo2");
+// all with RMSNorm and its learned weight.
+enum class HfArch { Llama, Qwen3, Olmo2 };
+const char* hf_class_name(HfArch arch);  // "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM"
+const char* hf_model_type(HfArch arch);  // "llama", "qwen3", "olmo2"
+
+// The weight names of one architecture (the gguf field is "" for a kind GGUF's llama lacks):
+// LLaMA's table; Qwen3's adds attention.q_norm / k_norm (self_attn.q_norm / k_norm); OLMo 2's has
+// those, and attention_out_norm and ffn_out_norm as post_attention_layernorm and
+// post_feedforward_layernorm in place of the input norms (OLMo 2 gives LLaMA's name of the
+// feed-forward's input norm to the attention's output norm).
+const std::vector<WeightName>& hf_weight_names(HfArch arch);
+
 // A normlab parameter name ("layers.3.attention.wq.weight") under transformers' or GGUF's names;
 // an nl::Error for a name outside the table.
-std::string hf_weight_name(const std::string& normlab_name);
+std::string hf_weight_name(const std::string& normlab_name, HfArch arch = HfArch::Llama);
 std::string gguf_weight_name(const std::string& normlab_name);
 
 // The q or k projection's rows, (n_heads * hd, dim), from normlab's interleaved RoPE pairs to
@@ -46,23 +66,30 @@ std::string gguf_weight_name(const std::string& normlab_name);
 // in transformers' convert_llama_weights_to_hf.py). The inverse with to_half_split = false.
 Tensor permute_rope_rows(const Tensor& weight, int64_t n_heads, bool to_half_split);
 
-// nl::Error naming the reason when `options` is not a model LlamaForCausalLM and llama.cpp's
-// "llama" can hold: a norm other than rmsnorm, a norm without a weight, post-norm.
-void check_exportable(const TransformerOptions& options);
+// The transformers class that holds `options`; nl::Error "export --to hf: ..." naming the option no
+// class holds (a norm other than rmsnorm, a norm without a weight, a placement, a qk_norm with that
+// placement, depth scaling, a soft-cap) and what each class is.
+HfArch hf_architecture(const TransformerOptions& options);
+
+// nl::Error naming the reason when `options` is not a model `to` ("hf" or "gguf") can hold:
+// hf_architecture's refusals for "hf"; for "gguf" (llama.cpp's "llama") LLaMA's options only.
+void check_exportable(const TransformerOptions& options, const std::string& to);
 
 // ---- transformers ----
 
-// LlamaForCausalLM's config.json of `options` (untied embeddings, weights in `dtype`).
+// The config.json of `options` as hf_architecture's class (untied embeddings, weights in `dtype`).
 nlohmann::json hf_config_json(const TransformerOptions& options, DType dtype);
 
-// The Transformer options of a LlamaForCausalLM config.json, and whether its embeddings are tied.
-// Everything LlamaForCausalLM can be but normlab cannot is refused by key (attention or MLP biases,
-// an activation other than silu, rope_scaling, a head_dim other than hidden_size / heads, dropout,
-// pretraining_tp); sizes are bounded as the train config's are. `intermediate_size` H is held
-// exactly: multiple_of 1 and ffn_hidden_dim ceil(3H / 2) (swiglu_hidden_dim gives H back).
-// Errors: "<where>: /key: expected ..., got ...".
+// The Transformer options of a LlamaForCausalLM, Qwen3ForCausalLM or Olmo2ForCausalLM config.json
+// (its model_type), and whether its embeddings are tied. Everything those classes can be but normlab
+// cannot is refused by key (attention or MLP biases, an activation other than silu, rope_scaling, a
+// head_dim other than hidden_size / heads, dropout, pretraining_tp, Qwen3's sliding window); sizes
+// are bounded as the train config's are. `intermediate_size` H is held exactly: multiple_of 1 and
+// ffn_hidden_dim ceil(3H / 2) (swiglu_hidden_dim gives H back). Errors: "<where>: /key: expected
+// ..., got ...".
 struct HfConfig {
     TransformerOptions options;
+    HfArch arch = HfArch::Llama;
     bool tied = false;
 };
 HfConfig read_hf_config(const nlohmann::json& config, const std::string& where);

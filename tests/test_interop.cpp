@@ -62,6 +62,20 @@ std::unique_ptr<nl::Transformer> tiny_model(const nl::TransformerOptions& o = ti
     return model;
 }
 
+// tiny_options() as Qwen3 (pre-norm, QK-norm per head) and OLMo 2 (output norms, QK-norm over the
+// whole q and k) are.
+nl::TransformerOptions qwen3_options() {
+    nl::TransformerOptions o = tiny_options();
+    o.qk_norm = "head";
+    return o;
+}
+nl::TransformerOptions olmo2_options() {
+    nl::TransformerOptions o = tiny_options();
+    o.norm_placement = "output";
+    o.qk_norm = "full";
+    return o;
+}
+
 void require_same_state(const nl::NamedTensors& a, const nl::NamedTensors& b) {
     REQUIRE(a.size() == b.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -120,6 +134,30 @@ TEST_CASE("interop: the name table maps every weight kind three ways", "[interop
         CHECK_NOTHROW(nl::hf_weight_name(name));
         CHECK_NOTHROW(nl::gguf_weight_name(name));
     }
+}
+
+TEST_CASE("interop: Qwen3 adds q_norm and k_norm to LLaMA's names, OLMo 2 names its output norms", "[interop]") {
+    using nl::HfArch;
+    CHECK(nl::hf_weight_names(HfArch::Qwen3).size() == 14);
+    CHECK(nl::hf_weight_names(HfArch::Olmo2).size() == 14);
+    CHECK(nl::hf_weight_name("layers.1.attention.q_norm.weight", HfArch::Qwen3) == "model.layers.1.self_attn.q_norm.weight");
+    CHECK(nl::hf_weight_name("layers.0.attention.k_norm.weight", HfArch::Olmo2) == "model.layers.0.self_attn.k_norm.weight");
+    CHECK(nl::hf_weight_name("layers.0.ffn_norm.weight", HfArch::Qwen3) == "model.layers.0.post_attention_layernorm.weight");
+    // OLMo 2's post_attention_layernorm is the attention's output norm, not the feed-forward's input norm.
+    CHECK(nl::hf_weight_name("layers.2.attention_out_norm.weight", HfArch::Olmo2) ==
+          "model.layers.2.post_attention_layernorm.weight");
+    CHECK(nl::hf_weight_name("layers.2.ffn_out_norm.weight", HfArch::Olmo2) ==
+          "model.layers.2.post_feedforward_layernorm.weight");
+    CHECK_THROWS_WITH(nl::hf_weight_name("layers.0.ffn_norm.weight", HfArch::Olmo2),
+                      Catch::Contains("has no name in the Olmo2ForCausalLM weight table"));
+    CHECK_THROWS_WITH(nl::hf_weight_name("layers.0.attention.q_norm.weight"),
+                      Catch::Contains("has no name in the LlamaForCausalLM weight table"));
+    CHECK_THROWS_WITH(nl::gguf_weight_name("layers.0.attention.q_norm.weight"), Catch::Contains("has no name in the LLaMA"));
+    CHECK(nl::hf_architecture(tiny_options()) == HfArch::Llama);
+    CHECK(nl::hf_architecture(qwen3_options()) == HfArch::Qwen3);
+    CHECK(nl::hf_architecture(olmo2_options()) == HfArch::Olmo2);
+    for (const nl::TransformerOptions& o : {qwen3_options(), olmo2_options()})
+        for (const auto& [name, t] : tiny_model(o)->state_dict()) CHECK_NOTHROW(nl::hf_weight_name(name, nl::hf_architecture(o)));
 }
 
 TEST_CASE("interop: the RoPE rows go from interleaved pairs to halves and back", "[interop]") {
@@ -210,34 +248,124 @@ TEST_CASE("interop: normlab -> transformers -> normlab and normlab -> GGUF -> no
     }
 }
 
+TEST_CASE("interop: Qwen3- and OLMo 2-shaped models go to transformers and back bit-identically", "[interop]") {
+    TempDir dir("interop_round_qk");
+    const nl::Tensor ids = nl::from_vector(std::vector<int64_t>{1, 5, 18, 3, 0, 7, 2, 9}, {2, 4});
+    for (const nl::TransformerOptions& o : {qwen3_options(), olmo2_options()}) {
+        const bool qwen3 = o.qk_norm == "head";
+        INFO((qwen3 ? "qwen3" : "olmo2"));
+        auto model = tiny_model(o);
+        const std::string out = dir / (qwen3 ? "qwen3" : "olmo2");
+        nl::export_model(*model, {}, {"hf", out});
+        const json config = nl::load_json_file(out + "/config.json");
+        CHECK(config["architectures"] == json{qwen3 ? "Qwen3ForCausalLM" : "Olmo2ForCausalLM"});
+        CHECK(config["model_type"] == (qwen3 ? "qwen3" : "olmo2"));
+        CHECK(config["attention_bias"] == false);
+        CHECK(config["tie_word_embeddings"] == false);
+        if (qwen3) {
+            CHECK(config["head_dim"] == 4);
+            CHECK(config["use_sliding_window"] == false);
+            CHECK(config["layer_types"] == json{"full_attention", "full_attention"});
+        } else {
+            CHECK_FALSE(config.contains("head_dim"));
+        }
+        // transformers' names, and the QK-norm weights in its RoPE layout: per head (4 dims) for
+        // Qwen3, over the whole projection (4 heads of q, 2 of k) for OLMo 2.
+        const nl::SafeTensorsFile st = nl::load_safetensors(out + "/model.safetensors");
+        CHECK(st.tensors.size() == model->state_dict().size());
+        CHECK(st.contains("model.layers.0.input_layernorm.weight") == qwen3);
+        CHECK(st.contains("model.layers.1.post_feedforward_layernorm.weight") == !qwen3);
+        for (const char* which : {"q_norm", "k_norm"}) {
+            INFO(which);
+            const std::string ours = std::string("layers.1.attention.") + which + ".weight";
+            nl::Tensor w;
+            for (const auto& [name, t] : model->state_dict())
+                if (name == ours) w = t;
+            REQUIRE(w.defined());
+            const std::vector<double> a = w.to_vector();
+            const std::vector<double> b = st.at(std::string("model.layers.1.self_attn.") + which + ".weight").to_vector();
+            REQUIRE(a.size() == b.size());
+            CHECK(a.size() == size_t(qwen3 ? 4 : (which[0] == 'q' ? 16 : 8)));
+            // Element h*4 + 2i + j of normlab's interleaved pairs is h*4 + j*2 + i of transformers' halves.
+            for (size_t h = 0; h < a.size() / 4; ++h)
+                for (size_t i = 0; i < 2; ++i)
+                    for (size_t j = 0; j < 2; ++j) CHECK(b[h * 4 + j * 2 + i] == a[h * 4 + 2 * i + j]);
+        }
+        const nl::PretrainedModel back = nl::load_pretrained(out);
+        CHECK(back.options.qk_norm == o.qk_norm);
+        CHECK(back.options.norm_placement == o.norm_placement);
+        require_same_state(model->state_dict(), back.weights);
+        CHECK(relative_difference(logits_of(*model_of(back), ids), logits_of(*model, ids)) == 0.0);
+        // Exported again from what was read: the same bytes.
+        nl::export_model(*model_of(back), {}, {"hf", out + "_again"});
+        CHECK(nl_test::read_text(out + "_again/model.safetensors") == nl_test::read_text(out + "/model.safetensors"));
+        CHECK(nl_test::read_text(out + "_again/config.json") == nl_test::read_text(out + "/config.json"));
+        // llama.cpp's "llama" holds neither.
+        CHECK_THROWS_WITH(nl::export_model(*model, {}, {"gguf", dir / "m.gguf"}),
+                          Catch::Contains("export --to gguf: model.") && Catch::Contains("has no form in llama.cpp's \"llama\""));
+    }
+}
+
 TEST_CASE("interop: what transformers and llama.cpp cannot hold is refused by name, and leaves nothing", "[interop]") {
     TempDir dir("interop_refuse");
-    const auto refused = [&](nl::TransformerOptions o, const std::string& reason) {
-        INFO(reason);
+    // The option is named, with what transformers' classes (or llama.cpp's llama) have instead.
+    const std::string classes = "(LLaMA: pre; Qwen3: pre with qk_norm head; OLMo 2: output with qk_norm full)";
+    const auto refused = [&](nl::TransformerOptions o, const std::string& option, const std::string& hf_reason) {
+        INFO(option);
         nl::Transformer model(o);
-        for (const char* to : {"hf", "gguf"}) {
-            nl::ExportOptions e{to, dir / (std::string("out_") + to)};
-            CHECK_THROWS_WITH(nl::export_model(model, {}, e), Catch::Contains(reason));
-            CHECK_FALSE(fs::exists(e.out));
-        }
+        nl::ExportOptions hf{"hf", dir / "out_hf"};
+        CHECK_THROWS_WITH(nl::export_model(model, {}, hf),
+                          Catch::StartsWith("export --to hf: " + option + " has no Hugging Face architecture " + hf_reason));
+        CHECK_FALSE(fs::exists(hf.out));
+        nl::ExportOptions gguf{"gguf", dir / "out.gguf"};
+        CHECK_THROWS_WITH(nl::export_model(model, {}, gguf),
+                          Catch::StartsWith("export --to gguf: ") && Catch::Contains("has no form in llama.cpp's \"llama\""));
+        CHECK_FALSE(fs::exists(gguf.out));
     };
     nl::TransformerOptions o = tiny_options();
     o.norm.type = "layernorm";
-    refused(o, "the model's norm is \"layernorm\"");
+    refused(o, "model.norm.type \"layernorm\"", "(LLaMA, Qwen3 and OLMo 2: RMSNorm only)");
+    o.qk_norm = "head";  // QK-norm with LayerNorm: the norm type is what is missing
+    refused(o, "model.norm.type \"layernorm\"", "(LLaMA, Qwen3 and OLMo 2: RMSNorm only)");
+    o = tiny_options();
     o.norm.type = "prmsnorm";
-    refused(o, "the model's norm is \"prmsnorm\"");
+    refused(o, "model.norm.type \"prmsnorm\"", "(LLaMA, Qwen3 and OLMo 2: RMSNorm only)");
+    o.norm.type = "dyt";
+    refused(o, "model.norm.type \"dyt\"", "(LLaMA, Qwen3 and OLMo 2: RMSNorm only)");
     o = tiny_options();
     o.norm.elementwise_affine = false;
-    refused(o, "has no learned weight");
+    refused(o, "model.norm.elementwise_affine false", "(LLaMA, Qwen3 and OLMo 2: RMSNorm always with a learned weight)");
+    for (const char* placement : {"post", "peri", "mix", "deepnorm", "none"}) {
+        o = tiny_options();
+        o.norm_placement = placement;
+        refused(o, "model.norm_placement \"" + std::string(placement) + "\"", classes);
+    }
     o = tiny_options();
-    o.norm_placement = "post";
-    refused(o, "the model's norm_placement is \"post\"");
-    o = tiny_options();
-    o.qk_norm = "head";
-    refused(o, "has qk_norm \"head\"");
-    o = tiny_options();
+    o.norm_scaling = "depth";
+    refused(o, "model.norm_scaling \"depth\"", "(LLaMA, Qwen3 and OLMo 2: no LayerNorm Scaling)");
+    o = qwen3_options();
     o.logit_softcap = 30.0;
-    refused(o, "soft-caps its logits");
+    refused(o, "model.logit_softcap 30", "(LLaMA, Qwen3 and OLMo 2: no soft-capping)");
+    o = olmo2_options();
+    o.attn_softcap = 50.0;
+    refused(o, "model.attn_softcap 50", "(LLaMA, Qwen3 and OLMo 2: no soft-capping)");
+    // QK-norm and placement together: Qwen3's per-head QK-norm is pre-norm, OLMo 2's is over the
+    // whole projection with output norms, and OLMo 2 always has one.
+    const std::vector<std::pair<const char*, const char*>> pairs = {{"full", "pre"}, {"head", "output"}, {"none", "output"}};
+    for (const auto& [qk, placement] : pairs) {
+        o = tiny_options();
+        o.qk_norm = qk;
+        o.norm_placement = placement;
+        refused(o, "model.qk_norm \"" + std::string(qk) + "\" with model.norm_placement \"" + placement + "\"", classes);
+    }
+    // llama.cpp's llama: LLaMA's options only.
+    for (const nl::TransformerOptions& qk : {qwen3_options(), olmo2_options()}) {
+        nl::Transformer model(qk);
+        CHECK_THROWS_WITH(nl::export_model(model, {}, {"gguf", dir / "qk.gguf"}),
+                          Catch::StartsWith(qk.qk_norm == "head" ? "export --to gguf: model.qk_norm \"head\" has no form"
+                                                                 : "export --to gguf: model.norm_placement \"output\" has no form"));
+        CHECK_FALSE(fs::exists(dir / "qk.gguf"));
+    }
 
     // An existing output is kept unless --force; with it, replaced whole.
     auto model = tiny_model();
@@ -305,6 +433,49 @@ TEST_CASE("interop: a transformers config.json: every key LlamaForCausalLM may h
     bad_rope["rope_parameters"]["rope_type"] = "yarn";
     CHECK_THROWS_WITH(nl::read_hf_config(bad_rope, "c.json"), Catch::Contains("/rope_parameters: /rope_type: only \"default\""));
     CHECK_THROWS_WITH(nl::read_hf_config(json::array(), "c.json"), Catch::Contains("expected a JSON object"));
+
+    // Qwen3 and OLMo 2: their class's placement and QK-norm; what normlab lacks is named by key.
+    json qwen3 = good;
+    qwen3["model_type"] = "qwen3";
+    qwen3["architectures"] = {"Qwen3ForCausalLM"};
+    qwen3["head_dim"] = 8;
+    qwen3["use_sliding_window"] = false;
+    qwen3["sliding_window"] = nullptr;
+    qwen3["layer_types"] = {"full_attention", "full_attention"};
+    const nl::HfConfig q = nl::read_hf_config(qwen3, "config.json");
+    CHECK(q.arch == nl::HfArch::Qwen3);
+    CHECK(q.options.qk_norm == "head");
+    CHECK(q.options.norm_placement == "pre");
+    json olmo2 = good;
+    olmo2["model_type"] = "olmo2";
+    olmo2["architectures"] = {"Olmo2ForCausalLM"};
+    olmo2.erase("rms_norm_eps");
+    const nl::HfConfig ol = nl::read_hf_config(olmo2, "config.json");
+    CHECK(ol.arch == nl::HfArch::Olmo2);
+    CHECK(ol.options.qk_norm == "full");
+    CHECK(ol.options.norm_placement == "output");
+    CHECK(*ol.options.norm.eps == 1e-5);  // Olmo2Config's default
+    const auto refused_in = [&](json j, const std::string& key, const json& value, const std::string& message) {
+        if (value.is_null()) {
+            j.erase(key);
+        } else {
+            j[key] = value;
+        }
+        INFO(j["model_type"] << ": " << key << " = " << value.dump());
+        CHECK_THROWS_WITH(nl::read_hf_config(j, "dir/config.json"),
+                          Catch::StartsWith("dir/config.json: /" + key + ": ") && Catch::Contains(message));
+    };
+    refused_in(qwen3, "attention_bias", true, "no biases");
+    refused_in(qwen3, "use_sliding_window", true, "no sliding window");
+    refused_in(qwen3, "layer_types", {"full_attention", "sliding_attention"}, "\"full_attention\" in every layer");
+    refused_in(qwen3, "head_dim", 16, "hidden_size / num_attention_heads = 8, got 16");
+    refused_in(qwen3, "head_dim", nullptr, "got 128 (absent: Qwen3ForCausalLM's default)");
+    refused_in(qwen3, "architectures", {"LlamaForCausalLM"}, "expected [\"Qwen3ForCausalLM\"] (model_type \"qwen3\")");
+    refused_in(qwen3, "rope_scaling", {{"rope_type", "yarn"}}, "RoPE scaling is not supported");
+    refused_in(olmo2, "attention_bias", true, "no biases");
+    refused_in(olmo2, "hidden_act", "relu", "expected \"silu\"");
+    refused_in(olmo2, "architectures", {"OlmoForCausalLM"}, "expected [\"Olmo2ForCausalLM\"]");
+    refused_in(good, "model_type", "olmo", "\"qwen3\" (Qwen3ForCausalLM) or \"olmo2\" (Olmo2ForCausalLM), got \"olmo\"");
 }
 
 TEST_CASE("interop: strangers' model directories: shards outside it, links, missing and extra tensors are named", "[interop]") {
@@ -510,6 +681,48 @@ TEST_CASE("interop: `model.init_from` starts training from a transformers direct
     CHECK_THROWS_WITH(nl::run_train(job), Catch::Contains("nowhere: no such file or directory"));
 }
 
+TEST_CASE("interop: `model.init_from` of a Qwen3 or OLMo 2 directory takes its QK-norm and norm placement", "[interop][train]") {
+    TempDir dir("interop_init_qk");
+    const std::string text = dir / "text.txt";
+    write_text(text, "hello world, hello normlab. hello again, world; the end.\n");
+    const json data = {{"source", "text"}, {"path", text}, {"seq_len", 8}, {"eval_sequences", 4}, {"val_fraction", 0.3}};
+    for (const json& arch : {json{{"qk_norm", "head"}}, json{{"qk_norm", "full"}, {"norm_placement", "output"}}}) {
+        INFO(arch.dump());
+        json model = {{"dim", 16}, {"n_layers", 1}, {"n_heads", 2}, {"multiple_of", 8}, {"max_seq_len", 16}};
+        model.update(arch);
+        nl::TrainJob job;
+        job.config = {{"data", data}, {"model", model}, {"optim", {{"warmup_steps", 0}, {"lr", 0.01}}},
+                      {"train", {{"steps", 2}, {"batch_size", 4}, {"eval_every", 0}}}};
+        job.config_name = "init_qk";
+        job.out = dir / "first";
+        fs::remove_all(job.out);
+        REQUIRE(nl::run_train(job).complete);
+        const nl::TrainCheckpoint first = nl::load_train_checkpoint(dir / "first");
+        const std::string hf = dir / ("hf_" + arch["qk_norm"].get<std::string>());
+        nl::export_model(*first.model, first.vocab->codepoints(), {"hf", hf});
+
+        job.config = {{"data", data}, {"model", {{"init_from", hf}}},
+                      {"optim", {{"warmup_steps", 0}, {"lr", 0.0}, {"min_lr", 0.0}, {"weight_decay", 0.0}}},
+                      {"train", {{"steps", 1}, {"batch_size", 4}, {"eval_every", 0}}}};
+        job.out = dir / ("from_" + arch["qk_norm"].get<std::string>());
+        REQUIRE(nl::run_train(job).complete);
+        const nl::TrainCheckpoint ck = nl::load_train_checkpoint(job.out);
+        require_same_state(first.model->state_dict(), ck.model->state_dict());
+        CHECK(ck.config.resolved["model"]["qk_norm"] == arch["qk_norm"]);
+        CHECK(ck.config.resolved["model"]["norm_placement"] == arch.value("norm_placement", "pre"));
+        CHECK(ck.config.model.qk_norm == arch["qk_norm"].get<std::string>());
+
+        // A placement or QK-norm given that is not the file's is named.
+        job.config["model"]["norm_placement"] = "peri";
+        job.config["model"]["qk_norm"] = "none";
+        job.out = dir / "differ";
+        CHECK_THROWS_WITH(nl::run_train(job), Catch::Contains("/model/norm_placement is \"peri\" here, \"" +
+                                                              arch.value("norm_placement", "pre") + "\" in the file") &&
+                                                  Catch::Contains("/model/qk_norm is \"none\" here, " + arch["qk_norm"].dump() +
+                                                                  " in the file"));
+    }
+}
+
 TEST_CASE("interop: normlab reads transformers' tiny LLaMA and gives its logits (tests/reference/interop)", "[interop][reference]") {
     const nl::SafeTensorsFile fixture = nl::load_safetensors(kFixtures + "/hf_tiny_logits.safetensors");
     const nl::Tensor& ids = fixture.at("ids");
@@ -547,6 +760,49 @@ TEST_CASE("interop: normlab reads transformers' tiny LLaMA and gives its logits 
         INFO(name);
         REQUIRE(ours.contains(name));
         CHECK(ours.at(name).to_vector() == t.to_vector());
+    }
+}
+
+TEST_CASE("interop: normlab reads transformers' tiny Qwen3 and OLMo 2 and gives their logits (tests/reference/interop)", "[interop][reference]") {
+    const nl::SafeTensorsFile fixture = nl::load_safetensors(kFixtures + "/hf_tiny_qwen3_olmo2_logits.safetensors");
+    const nl::Tensor& ids = fixture.at("ids");
+    for (const std::string arch : {"qwen3", "olmo2"}) {
+        INFO(arch);
+        const nl::PretrainedModel p = nl::load_pretrained(kFixtures + "/hf_tiny_" + arch);
+        CHECK(p.options.qk_norm == (arch == "qwen3" ? "head" : "full"));
+        CHECK(p.options.norm_placement == (arch == "qwen3" ? "pre" : "output"));
+        CHECK(p.options.n_kv_heads == 2);
+        CHECK(p.options.rope_theta == 5000.0);
+        CHECK(nl::swiglu_hidden_dim(p.options.ffn_hidden_dim, p.options.multiple_of) == 45);
+        auto model = model_of(p);
+        const double rel = relative_difference(logits_of(*model, ids), fixture.at("logits_" + arch));
+        INFO("max relative difference " << rel);
+        CHECK(rel < 1e-5);
+        // Greedy tokens as transformers' generate(do_sample=False), through normlab's sampler at
+        // temperature 0 (`normlab sample`'s greedy path).
+        const std::vector<double> greedy = fixture.at("greedy_" + arch).to_vector();
+        std::vector<std::vector<int64_t>> tokens = {{}};
+        for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
+        nl::Generator gen(0);
+        nl::GenerateOptions options;
+        options.context = p.options.max_seq_len;
+        options.temperature = 0.0;
+        nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);
+        CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+
+        // Exported again, the tensors are transformers' own, bit for bit, under its names.
+        TempDir dir("interop_" + arch + "_again");
+        nl::export_model(*model, {}, {"hf", dir / "hf"});
+        const nl::SafeTensorsFile ours = nl::load_safetensors(dir / "hf/model.safetensors");
+        const nl::SafeTensorsFile theirs = nl::load_safetensors(kFixtures + "/hf_tiny_" + arch + "/model.safetensors");
+        CHECK(ours.tensors.size() == theirs.tensors.size());
+        for (const auto& [name, t] : theirs.tensors) {
+            INFO(name);
+            REQUIRE(ours.contains(name));
+            CHECK(ours.at(name).to_vector() == t.to_vector());
+        }
+        const json config = nl::load_json_file(dir / "hf/config.json");
+        CHECK(config["model_type"] == arch);
     }
 }
 
@@ -591,6 +847,14 @@ TEST_CASE("interop: `normlab export` and `normlab sample` on the command line, m
     REQUIRE(r.status == 0);
     CHECK_THAT(r.output, Catch::Contains("-> m.gguf (GGUF, llama.cpp's llama, ") && Catch::Contains(" parameters in f16"));
     CHECK(nl::load_gguf(dir / "m.gguf").tensor("token_embd.weight").dtype() == nl::DType::F16);
+    nl::export_model(*tiny_model(olmo2_options()), {}, {"hf", dir / "olmo2"});
+    r = nl_test::run_normlab_in(dir.path, "export olmo2 --to hf olmo2_again");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.output, Catch::Contains("-> olmo2_again (transformers Olmo2ForCausalLM, "));
+    r = nl_test::run_normlab_in(dir.path, "export olmo2 --to gguf olmo2.gguf");
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, Catch::Contains("export --to gguf: model.norm_placement \"output\" has no form in llama.cpp's"));
     r = nl_test::run_normlab_in(dir.path, "export hf --to gguf m.gguf");
     CHECK(r.status == 2);
     CHECK_THAT(r.output, Catch::Contains("m.gguf: already exists (--force replaces it)"));

@@ -21,7 +21,8 @@ void register_export(CLI::App& app) {
     };
     auto args = std::make_shared<Args>();
     CLI::App* cmd = app.add_subcommand(
-        "export", "Write a checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file");
+        "export", "Write a checkpoint as a transformers directory (LlamaForCausalLM, Qwen3ForCausalLM or "
+        "Olmo2ForCausalLM) or a llama.cpp GGUF file");
     cmd->add_option("checkpoint", args->checkpoint,
                     "A checkpoint file, a run directory (its latest checkpoint), a transformers directory or a GGUF file")
         ->required();
@@ -38,7 +39,7 @@ void register_export(CLI::App& app) {
         options.force = args->force;
         const ExportResult r = run_export(args->checkpoint, options);
         fmt::print("export: {} (step {}) -> {} ({}, {} parameters in {}{})\n", r.source, r.step, options.out,
-                   options.to == "hf" ? "transformers LlamaForCausalLM" : "GGUF, llama.cpp's llama", r.parameters,
+                   options.to == "hf" ? "transformers " + r.architecture : "GGUF, llama.cpp's llama", r.parameters,
                    args->dtype, r.tokenizer ? ", with its character tokenizer" : "");
     });
 }
