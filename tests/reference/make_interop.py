@@ -18,6 +18,13 @@ tests/reference/interop/, e.g. to compare a rerun with the committed files):
                                              GGUF here (the `gguf` package, convert_hf_to_gguf.py's
                                              names and q/k row permutation) and checks that
                                              llama.cpp's logits and greedy tokens are transformers'
+    make_interop.py --check-normlab-hf NORMLAB
+                                             writes no fixture: trains character models with NORMLAB
+                                             as LLaMA, Qwen3 (qk_norm head) and OLMo 2 (output
+                                             norms, qk_norm full), exports each with `--to hf`, and
+                                             checks that transformers loads the class it names and
+                                             greedy-decodes the text `normlab sample --temperature 0`
+                                             gives (also part of --normlab)
 
 Outputs (all overwritten) in tests/reference/interop/:
     hf_tiny/, hf_tiny_sharded/, hf_tiny_tied/   a random LlamaForCausalLM saved by save_pretrained:
@@ -289,6 +296,59 @@ def llama_cpp_part(normlab, out, versions):
 
 
 # ---------------------------------------------------------------------------------------------
+# normlab -> transformers (--check-normlab-hf)
+# ---------------------------------------------------------------------------------------------
+
+# The model keys of each architecture `normlab export --to hf` writes, and the class it names.
+NORMLAB_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": {},
+    "Qwen3ForCausalLM": {"qk_norm": "head"},
+    "Olmo2ForCausalLM": {"qk_norm": "full", "norm_placement": "output"},
+}
+
+
+def check_normlab_hf(normlab):
+    """normlab's `export --to hf` of a character model of each architecture, loaded by transformers'
+    AutoModelForCausalLM: the class config.json names, and greedy text equal to `normlab sample
+    --temperature 0` on the export (whose window is the model's context, as generate's is)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    normlab = os.path.abspath(normlab)
+    with open(os.path.join(ROOT, "examples", "data", "tinyshakespeare.txt"), encoding="utf-8") as f:
+        text = f.read()[:400]
+    prompt, new_tokens = "First", 24
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "text.txt"), "w", encoding="utf-8") as f:
+            f.write(text)
+        for name, keys in NORMLAB_HF_ARCHITECTURES.items():
+            config = {"seed": 3,
+                      "data": {"source": "text", "path": "text.txt", "seq_len": 16, "eval_sequences": 4,
+                               "val_fraction": 0.2},
+                      "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 16,
+                                "rope_theta": 700.0, "max_seq_len": 32, "norm": {"type": "rmsnorm", "eps": 1e-5},
+                                **keys},
+                      "optim": {"warmup_steps": 5, "lr": 0.01},
+                      "train": {"steps": 60, "batch_size": 8, "eval_every": 0, "threads": 1}}
+            with open(os.path.join(tmp, name + ".json"), "w") as f:
+                json.dump(config, f)
+            run([normlab, "train", name + ".json", "--out", name, "--quiet"], tmp)
+            run([normlab, "export", name, "--to", "hf", name + "-hf"], tmp)
+            hf_dir = os.path.join(tmp, name + "-hf")
+            ours = subprocess.run([normlab, "sample", hf_dir, "--prompt", prompt, "--max-new-tokens", str(new_tokens),
+                                   "--temperature", "0"], cwd=tmp, check=True, capture_output=True,
+                                  text=True).stdout
+            tok = AutoTokenizer.from_pretrained(hf_dir)
+            model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+            assert type(model).__name__ == name, (type(model).__name__, name)
+            ids = tok(prompt, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                theirs = tok.decode(greedy_hf(model, ids, new_tokens))
+            print(f"{name}: transformers {theirs!r}, normlab sample {ours!r}")
+            assert ours == theirs + "\n", (ours, theirs)  # sample ends the text with a newline
+    print("transformers agrees with normlab on its Qwen3, OLMo 2 and LLaMA exports")
+
+
+# ---------------------------------------------------------------------------------------------
 # transformers -> GGUF -> llama.cpp (--check-llamacpp)
 # ---------------------------------------------------------------------------------------------
 
@@ -397,6 +457,8 @@ def main():
                       help="write only llamacpp_logits.safetensors, from FILE (`normlab export --to gguf`)")
     mode.add_argument("--check-llamacpp", action="store_true",
                       help="write nothing; check llama.cpp against transformers on hf_tiny converted to GGUF")
+    mode.add_argument("--check-normlab-hf", metavar="NORMLAB",
+                      help="write nothing; check transformers on NORMLAB's LLaMA, Qwen3 and OLMo 2 exports")
     parser.add_argument("--dir", default=FIXTURES, help="where the fixtures are (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -407,9 +469,12 @@ def main():
         llamacpp_fixture(os.path.abspath(args.normlab_gguf), os.path.join(out, "llamacpp_logits.safetensors"))
     elif args.check_llamacpp:
         check_llamacpp(out)
+    elif args.check_normlab_hf:
+        check_normlab_hf(args.check_normlab_hf)
     else:
         transformers_part(out, versions)
         if args.normlab:
+            check_normlab_hf(args.normlab)
             llama_cpp_part(args.normlab, out, versions)
 
 
