@@ -109,7 +109,8 @@ ConfigSchema make_train_schema() {
                  .meaning = "the data streams (training batches, held-out set)"});
 
     k.push_back({.path = "model.init_from", .type = ConfigType::Path, .default_value = "",
-                 .meaning = "start from a model transformers or llama.cpp holds: a `LlamaForCausalLM` directory or a "
+                 .meaning = "start from a model transformers or llama.cpp holds: a `LlamaForCausalLM`, `Qwen3ForCausalLM` or "
+                            "`Olmo2ForCausalLM` directory or a "
                             "GGUF file ([interop.md](interop.md)). Its architecture becomes `/model` (a key given here "
                             "that differs is an error naming it) and its weights replace the initial ones; text data "
                             "needs its character tokenizer"});

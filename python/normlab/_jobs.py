@@ -541,9 +541,10 @@ def sample(checkpoint, num=10, max_new_tokens=200, prompt="", temperature=None, 
 
 def export(checkpoint, to, out, dtype="f32", force=False):
     """Writes a model for transformers or llama.cpp (``normlab export CHECKPOINT --to TO OUT``) and
-    returns a dict (source, step, parameters, tokenizer, out).
+    returns a dict (source, step, parameters, tokenizer, architecture: the transformers class or "llama"
+    for GGUF, out).
 
-    checkpoint: a checkpoint file, a run directory, a Checkpoint, a transformers LlamaForCausalLM
+    checkpoint: a checkpoint file, a run directory, a Checkpoint, a transformers LLaMA, Qwen3 or OLMo 2
     directory or a GGUF file. to: "hf" (``out`` a directory LlamaForCausalLM.from_pretrained loads,
     with a text model's character tokenizer) or "gguf" (``out`` a GGUF v3 file). dtype: "f32",
     "f16" or "bf16". An existing ``out`` is replaced only with force=True. docs/interop.md.

@@ -744,12 +744,13 @@ void bind_export(nb::module_& m) {
             d["step"] = r.step;
             d["parameters"] = r.parameters;
             d["tokenizer"] = r.tokenizer;
+            d["architecture"] = r.architecture;
             d["out"] = out;
             return d;
         },
         nb::arg("checkpoint"), nb::arg("to"), nb::arg("out"), nb::arg("dtype"), nb::arg("force"),
         "Runs the export job (jobs/export.h) with the GIL released; normlab.export wraps it. Returns a dict: source, "
-        "step, parameters, tokenizer, out.");
+        "step, parameters, tokenizer, architecture, out.");
 }
 
 void bind_convert(nb::module_& m) {

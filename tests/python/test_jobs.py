@@ -246,8 +246,9 @@ def test_export_to_transformers_and_gguf_and_read_back(tmp_path):
     normlab.train(config, out=tmp_path / "run")
     hf = normlab.export(tmp_path / "run", "hf", tmp_path / "hf")
     assert hf["tokenizer"] and hf["step"] == 3 and (tmp_path / "hf" / "tokenizer.json").exists()
+    assert hf["architecture"] == "LlamaForCausalLM"
     gguf = normlab.export(tmp_path / "hf", "gguf", tmp_path / "m.gguf", dtype="f32")
-    assert gguf["parameters"] == hf["parameters"]
+    assert gguf["parameters"] == hf["parameters"] and gguf["architecture"] == "llama"
     # The three are one model: the same greedy text.
     texts = {normlab.sample(p, max_new_tokens=12, prompt="the ", temperature=0).text
              for p in (tmp_path / "run", tmp_path / "hf", tmp_path / "m.gguf")}
