@@ -545,7 +545,7 @@ def export(checkpoint, to, out, dtype="f32", force=False):
     for GGUF, out).
 
     checkpoint: a checkpoint file, a run directory, a Checkpoint, a transformers LLaMA, Qwen3 or OLMo 2
-    directory or a GGUF file. to: "hf" (``out`` a directory LlamaForCausalLM.from_pretrained loads,
+    directory or a GGUF file. to: "hf" (``out`` a directory AutoModelForCausalLM.from_pretrained loads,
     with a text model's character tokenizer) or "gguf" (``out`` a GGUF v3 file). dtype: "f32",
     "f16" or "bf16". An existing ``out`` is replaced only with force=True. docs/interop.md.
     """
