@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -395,6 +396,16 @@ TEST_CASE("config: the stability keys' errors name the key, what was expected an
     fails_with({}, {{"z_loss", -1e-4}}, "/train/z_loss");
     fails_with({}, {{"probe_every", -1}}, "/train/probe_every");
     fails_with({{"norm", {{"alpha_init", "half"}}}}, {}, "/model/norm/alpha_init");
+    fails_with({{"norm", {{"type", "dyt"}}}, {"qk_norm", "full"}}, {},
+               "/model/qk_norm: \"full\" needs /model/norm/type rmsnorm or layernorm, found \"dyt\"");
+    // A JSON file cannot hold an infinity, but a config built in code (normlab.train's dict) can.
+    const double inf = std::numeric_limits<double>::infinity();
+    fails_with({{"norm", {{"type", "dyt"}, {"alpha_init", inf}}}, {"qk_norm", "none"}}, {}, "/model/norm/alpha_init: expected a finite number");
+    fails_with({{"norm", {{"type", "dyt"}, {"alpha_init_attention", -inf}}}, {"qk_norm", "none"}}, {},
+               "/model/norm/alpha_init_attention: expected a finite number");
+    fails_with({{"logit_softcap", inf}}, {}, "/model/logit_softcap: expected a finite number");
+    fails_with({{"attn_softcap", inf}}, {}, "/model/attn_softcap: expected a finite number");
+    fails_with({}, {{"z_loss", inf}}, "/train/z_loss: expected a finite number");
 
     // pre_norm still reads, as the older name of pre and post, and resolves to norm_placement.
     nlohmann::json config = probe_config();

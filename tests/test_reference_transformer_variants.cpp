@@ -105,13 +105,21 @@ void check_case(const std::string& name, DType dtype) {
     const Var loss = criterion.forward_terms(logits, f.at("targets")).loss;
     loss.backward();
 
-    // f64 to ~1e-12 relative; f32 the usual bound (atol 1e-5, rtol 1e-4) at the tensor's scale.
-    const double tol = dtype == DType::F64 ? 1e-12 : 1e-4;
-    check_relative(logits.data(), f.at(name + ".logits"), tol, "logits");
-    check_relative(loss.data(), f.at(name + ".loss"), tol, "loss");
+    // f64 to ~1e-12 relative (measured, relative to the tensor's largest element: 6e-15, and 1.6e-13
+    // for dyt_mix's tiny last-block wq gradient).
+    // f32 against the f64 answer within the usual f32 bound, |a - b| <= 1e-5 + 1e-4 |ref|. (In
+    // dyt_mix the last block's wq gradient is ~2e-8 in size and cancellation-bound: PyTorch's own f32
+    // is 8e-5 off relative to it, normlab's 5e-4; the absolute 1e-5 is what the usual bound allows.)
+    auto check = [&](const Tensor& got, const Tensor& expected, const std::string& what) {
+        if (dtype == DType::F64)
+            check_relative(got, expected, 1e-12, what);
+        else
+            check_close(got.to(DType::F64), expected, 1e-5, 1e-4, what);
+    };
+    check(logits.data(), f.at(name + ".logits"), "logits");
+    check(loss.data(), f.at(name + ".loss"), "loss");
     for (const auto& [param, p] : model.named_parameters())
-        check_relative(p.grad().data(), f.at(name + ".grad." + param), dtype == DType::F64 ? 1e-12 : 1e-3,
-                       "grad." + param);
+        check(p.grad().data(), f.at(name + ".grad." + param), "grad." + param);
 }
 
 }  // namespace
