@@ -3,7 +3,8 @@
 // made by make_fixtures.py's fixture_transformer_variants). Each case is a normlab config: the test
 // reads it through read_train_config, builds the Transformer, loads the case's weights by name and
 // compares the logits, the loss (the train job's CrossEntropyLoss with /train/z_loss) and every
-// parameter's gradient: in f64 to ~1e-12 relative, in f32 within the usual f32 bound.
+// parameter's gradient: in f64 to ~1e-12 relative (fused and composed forms), in f32 within the
+// usual f32 bound.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -62,13 +63,18 @@ void check_relative(const Tensor& got, const Tensor& expected, double tol, const
     check_close(got.to(DType::F64), expected, tol * scale, tol, what);
 }
 
-void check_case(const std::string& name, DType dtype) {
-    INFO("case " << name << ", " << dtype_name(dtype));
+// fused: the config's (fused norms, attention and SwiGLU); false: every composed form.
+void check_case(const std::string& name, DType dtype, bool fused) {
+    INFO("case " << name << ", " << dtype_name(dtype) << (fused ? ", fused" : ", composed"));
     const SafeTensorsFile& f = variants();
     const TrainConfig config = case_config(name);
     TransformerOptions options = config.model;
     options.vocab_size = config.model_vocab_size;
     options.dtype = dtype;
+    if (!fused) {
+        REQUIRE(options.fused_attention);  // the config's default, which the composed run turns off
+        options.fused_attention = options.fused_swiglu = options.norm.fused = false;
+    }
     Transformer model(options);
 
     // The blocks' placements (Mix-LN's split) and DeepNet's alpha and beta are the reference's.
@@ -128,8 +134,11 @@ TEST_CASE("reference: the transformer's norm placements, QK-norm, DyT and stabil
           "[transformer][reference][placement]") {
     const std::vector<std::string> cases = split(variants().metadata.at("cases"), ',');
     REQUIRE(cases.size() == 18);
-    for (const std::string& name : cases)
-        for (DType dtype : {DType::F64, DType::F32}) check_case(name, dtype);
+    for (const std::string& name : cases) {
+        check_case(name, DType::F64, true);
+        check_case(name, DType::F32, true);
+        check_case(name, DType::F64, false);
+    }
 }
 
 TEST_CASE("reference: the variant fixture's cases differ from each other", "[transformer][reference][placement]") {
