@@ -18,7 +18,11 @@ torch version and its hyper-parameters in its safetensors __metadata__.
 The modules below follow Meta's LLaMA reference code (facebookresearch/llama, llama/model.py):
 RMSNorm, FeedForward (SwiGLU), Attention with complex-pair RoPE and grouped-query heads, and
 TransformerBlock (pre-norm); DyT is the module of Zhu et al. 2025 (Transformers without
-Normalization). They are written out here so the fixtures do not depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
+Normalization). Attention, TransformerBlock and Transformer take options beyond LLaMA, written from
+the papers (their docstrings cite them), off by default: the norm placements post, peri, output,
+deepnorm and none, Mix-LN, LayerNorm Scaling, QK-norm, any norm type, and attention and logit
+soft-capping (the transformer_variants fixture). They are written out here so the fixtures do not
+depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
 HybridNorm, StableRMSNorm, DebuggableRMSNorm, LLaMAFeedForward, migrate_layernorm_to_rmsnorm and
 the stability experiment's SimpleModel) are in article.py, copied from the article's code; the
 article_* and stability_* fixtures are made with them.
