@@ -185,8 +185,11 @@ json& ConfigReader::resolved_here() {
 }
 
 void ConfigReader::check_number(const ConfigKey& k, double x, const std::string& what, const std::string& shown) const {
-    if (k.in_range(x)) return;
-    fail(k.name(), what + " " + k.range_text() + ", got " + shown);
+    if (std::isfinite(x) && k.in_range(x)) return;
+    // A JSON file cannot hold an infinity, but a config built in code can; no key takes one.
+    const std::string range = k.range_text();
+    fail(k.name(), (std::isfinite(x) ? what : "expected a finite number") + (range.empty() ? "" : " " + range) +
+                       ", got " + shown);
 }
 
 namespace {

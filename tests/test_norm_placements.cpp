@@ -1,16 +1,20 @@
 // The stability-research knobs of the transformer: each norm placement's block against its formula
 // composed by hand from the block's children, the parameter names each placement has, Mix-LN's
 // split, DeepNorm's alpha and init, LayerNorm Scaling, QK-norm (head and full, with the KV cache), the
-// probes against a direct recomputation, and the config's one-line errors for each new key.
+// probes against a direct recomputation, and the config's one-line errors for each new key (read_train_config
+// and the normlab program).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
 #include "autograd/gradcheck.h"
+#include "cli_test_util.h"
 #include "autograd/grad_mode.h"
 #include "core/error.h"
 #include "jobs/probes.h"
@@ -395,6 +399,16 @@ TEST_CASE("config: the stability keys' errors name the key, what was expected an
     fails_with({}, {{"z_loss", -1e-4}}, "/train/z_loss");
     fails_with({}, {{"probe_every", -1}}, "/train/probe_every");
     fails_with({{"norm", {{"alpha_init", "half"}}}}, {}, "/model/norm/alpha_init");
+    fails_with({{"norm", {{"type", "dyt"}}}, {"qk_norm", "full"}}, {},
+               "/model/qk_norm: \"full\" needs /model/norm/type rmsnorm or layernorm, found \"dyt\"");
+    // A JSON file cannot hold an infinity, but a config built in code (normlab.train's dict) can.
+    const double inf = std::numeric_limits<double>::infinity();
+    fails_with({{"norm", {{"type", "dyt"}, {"alpha_init", inf}}}, {"qk_norm", "none"}}, {}, "/model/norm/alpha_init: expected a finite number");
+    fails_with({{"norm", {{"type", "dyt"}, {"alpha_init_attention", -inf}}}, {"qk_norm", "none"}}, {},
+               "/model/norm/alpha_init_attention: expected a finite number");
+    fails_with({{"logit_softcap", inf}}, {}, "/model/logit_softcap: expected a finite number");
+    fails_with({{"attn_softcap", inf}}, {}, "/model/attn_softcap: expected a finite number");
+    fails_with({}, {{"z_loss", inf}}, "/train/z_loss: expected a finite number");
 
     // pre_norm still reads, as the older name of pre and post, and resolves to norm_placement.
     nlohmann::json config = probe_config();
@@ -402,4 +416,34 @@ TEST_CASE("config: the stability keys' errors name the key, what was expected an
     const TrainConfig c = read_train_config(config, "c.json");
     CHECK(c.model.norm_placement == "post");
     CHECK(c.resolved["model"]["norm_placement"] == "post");
+}
+
+TEST_CASE("config: normlab train refuses each bad stability key with one line naming it and exit code 2",
+          "[config][placement][cli]") {
+    // The keys above through the program, as a user meets them: configs/char_text.json with --set.
+    const std::string dir = nl_test::make_temp_dir("placement-cli");
+    const std::string config = nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/char_text.json");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--set model.qk_norm=head --set model.norm.type=dyt",
+         "/model/qk_norm: \"head\" needs /model/norm/type rmsnorm or layernorm, found \"dyt\""},
+        {"--set model.norm_placement=deepnorm --set model.n_layers=0",
+         "/model/norm_placement: \"deepnorm\" needs n_layers > 0"},
+        {"--set model.logit_softcap=-1", "/model/logit_softcap: expected a number >= 0, got -1"},
+        {"--set model.attn_softcap=-0.5", "/model/attn_softcap: expected a number >= 0, got -0.5"},
+        {"--set train.z_loss=-1e-4", "/train/z_loss: expected a number >= 0, got -0.0001"},
+        {"--set train.probe_every=-1", "/train/probe_every: expected an integer >= 0, got -1"},
+        {"--set model.norm_placement=mix --set model.mix_fraction=0", "/model/mix_fraction: expected a number in (0, 1], got 0"},
+        {"--set model.norm_placement=mix --set model.mix_fraction=1.5", "/model/mix_fraction: expected a number in (0, 1], got 1.5"},
+        {"--set model.norm.type=dyt --set model.norm.alpha_init=1e400", "--set model.norm.alpha_init: invalid value '1e400'"},
+        {"--set model.norm.type=dyt --set model.norm.alpha_init=NaN", "/model/norm/alpha_init: expected a number, got \"NaN\""},
+    };
+    for (const auto& [sets, expected] : cases) {
+        const nl_test::CliRun run =
+            nl_test::run_normlab_in(dir, "train " + config + " " + sets + " --out run --force --quiet");
+        INFO(sets << "\n" << run.output);
+        CHECK(run.status == 2);
+        CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+        CHECK_THAT(run.output, Catch::StartsWith("normlab: error: ") && Catch::Contains(expected));
+    }
+    std::filesystem::remove_all(dir);
 }

@@ -18,7 +18,11 @@ torch version and its hyper-parameters in its safetensors __metadata__.
 The modules below follow Meta's LLaMA reference code (facebookresearch/llama, llama/model.py):
 RMSNorm, FeedForward (SwiGLU), Attention with complex-pair RoPE and grouped-query heads, and
 TransformerBlock (pre-norm); DyT is the module of Zhu et al. 2025 (Transformers without
-Normalization). They are written out here so the fixtures do not depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
+Normalization). Attention, TransformerBlock and Transformer take options beyond LLaMA, written from
+the papers (their docstrings cite them), off by default: the norm placements post, peri, output,
+deepnorm and none, Mix-LN, LayerNorm Scaling, QK-norm, any norm type, and attention and logit
+soft-capping (the transformer_variants fixture). They are written out here so the fixtures do not
+depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
 HybridNorm, StableRMSNorm, DebuggableRMSNorm, LLaMAFeedForward, migrate_layernorm_to_rmsnorm and
 the stability experiment's SimpleModel) are in article.py, copied from the article's code; the
 article_* and stability_* fixtures are made with them.
@@ -138,7 +142,15 @@ class DyT(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads):
+    """LLaMA's Attention. Options beyond LLaMA (off by default):
+    - qk_norm "head" | "full" with make_norm(dim) a norm factory: QK-norm (Dehghani et al. 2023,
+      ViT-22B; Wortsman et al. 2023) on the projected q and k before RoPE: "head" normalizes each
+      head's head_dim vector (Qwen3, Gemma 3), "full" the whole projection (OLMo 2);
+    - softcap > 0: Gemma 2's attention-logit soft-capping, scores = cap * tanh(scores / cap) after
+      the 1/sqrt(head_dim) scaling and before the mask and the softmax.
+    """
+
+    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", make_norm=None, softcap=0.0):
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
@@ -148,12 +160,25 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.qk_norm = qk_norm
+        self.softcap = softcap
+        if qk_norm == "head":
+            self.q_norm = make_norm(self.head_dim)
+            self.k_norm = make_norm(self.head_dim)
+        elif qk_norm == "full":
+            self.q_norm = make_norm(n_heads * self.head_dim)
+            self.k_norm = make_norm(n_kv_heads * self.head_dim)
         self.debug = {}  # intermediates kept for the fixture files
 
     def forward(self, x, freqs_cis, mask):
         bsz, seqlen, _ = x.shape
-        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
-        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = self.wq(x), self.wk(x)
+        if self.qk_norm == "full":
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
+        xq = xq.view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = xk.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
         self.debug["q_rope"] = xq
@@ -162,6 +187,8 @@ class Attention(nn.Module):
         values = repeat_kv(xv, self.n_rep).transpose(1, 2)    # (B, H, T, hd)
         xq = xq.transpose(1, 2)                               # (B, H, T, hd)
         scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if self.softcap > 0:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         scores = scores + mask
         compute = torch.promote_types(scores.dtype, torch.float32)  # LLaMA's .float(); f64 stays f64
         probs = F.softmax(scores.to(compute), dim=-1).type_as(xq)  # (B, H, T, T)
@@ -170,37 +197,121 @@ class Attention(nn.Module):
         return self.wo(output)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm: h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))."""
+def norm_factory(norm_type="rmsnorm", eps=1e-6, alpha_init=0.5):
+    """make_norm(dim) for a norm type: LLaMA's RMSNorm, nn.LayerNorm (with bias) or the DyT paper's module.
+    make_norm(dim, alpha_init=a) overrides DyT's alpha_init (the norms before attention)."""
+    def make_norm(dim, alpha_init=alpha_init):
+        if norm_type == "rmsnorm":
+            return RMSNorm(dim, eps=eps)
+        if norm_type == "layernorm":
+            return nn.LayerNorm(dim, eps=eps)
+        if norm_type == "dyt":
+            return DyT(dim, alpha_init_value=alpha_init)
+        raise ValueError(norm_type)
+    return make_norm
 
-    def __init__(self, dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps):
+
+# Where a block's norms sit (N a norm, f the sublayer, x the residual stream; one line per sublayer):
+#   pre (LLaMA; Xiong et al. 2020):         h = x + f(N(x))
+#   post (Vaswani et al. 2017):             h = N(x + f(x))
+#   peri (Kim et al. 2025, Peri-LN):        h = x + N_out(f(N_in(x)))
+#   output (OLMo 2's reordered norm):       h = x + N_out(f(x))
+#   deepnorm (Wang et al. 2022, DeepNet):   h = N(alpha * x + f(x))
+#   none:                                   h = x + f(x)
+# Mix-LN (Li et al. 2024) is the model's choice of post or pre per block.
+BLOCK_PLACEMENTS = ("pre", "post", "peri", "output", "deepnorm", "none")
+
+
+class TransformerBlock(nn.Module):
+    """LLaMA's block, pre-norm by default: h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).
+
+    Options (the defaults are LLaMA's): `placement` one of BLOCK_PLACEMENTS (input norms are
+    attention_norm / ffn_norm, as are the norms after the sum of post and deepnorm; the output norms
+    attention_out_norm / ffn_out_norm); `make_norm` a norm factory (norm_factory; default RMSNorm with
+    norm_eps); `pre_norm_scale` multiplies each input norm's output of pre and peri (LayerNorm Scaling,
+    Sun et al. 2025: 1 / sqrt(l) in the l-th block); `deepnorm_alpha` the residual's multiplier of
+    deepnorm; `alpha_init_attention` DyT's alpha_init for the norm before attention (pre, peri; Zhu
+    et al. 2025); `qk_norm`, `attn_softcap` the Attention's.
+    """
+
+    def __init__(self, dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps, placement="pre",
+                 make_norm=None, pre_norm_scale=1.0, deepnorm_alpha=1.0, alpha_init_attention=None,
+                 qk_norm="none", attn_softcap=0.0):
         super().__init__()
-        self.attention = Attention(dim, n_heads, n_kv_heads)
+        assert placement in BLOCK_PLACEMENTS, placement
+        make_norm = make_norm or (lambda d, **_: RMSNorm(d, eps=norm_eps))
+        self.placement = placement
+        self.pre_norm_scale = pre_norm_scale
+        self.deepnorm_alpha = deepnorm_alpha
+        self.attention = Attention(dim, n_heads, n_kv_heads, qk_norm=qk_norm, make_norm=make_norm,
+                                   softcap=attn_softcap)
         self.feed_forward = FeedForward(dim, ffn_hidden_dim, multiple_of)
-        self.attention_norm = RMSNorm(dim, eps=norm_eps)
-        self.ffn_norm = RMSNorm(dim, eps=norm_eps)
+        if placement not in ("output", "none"):
+            before_attention = placement in ("pre", "peri") and alpha_init_attention is not None
+            self.attention_norm = make_norm(dim, alpha_init=alpha_init_attention) if before_attention else make_norm(dim)
+            self.ffn_norm = make_norm(dim)
+        if placement in ("peri", "output"):
+            self.attention_out_norm = make_norm(dim)
+            self.ffn_out_norm = make_norm(dim)
 
     def forward(self, x, freqs_cis, mask):
-        h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+        attend = lambda t: self.attention(t, freqs_cis, mask)  # noqa: E731
+        p, s, a = self.placement, self.pre_norm_scale, self.deepnorm_alpha
+        if p == "pre":
+            h = x + attend(self.attention_norm(x) * s)
+            return h + self.feed_forward(self.ffn_norm(h) * s)
+        if p == "post":
+            h = self.attention_norm(x + attend(x))
+            return self.ffn_norm(h + self.feed_forward(h))
+        if p == "peri":
+            h = x + self.attention_out_norm(attend(self.attention_norm(x) * s))
+            return h + self.ffn_out_norm(self.feed_forward(self.ffn_norm(h) * s))
+        if p == "output":
+            h = x + self.attention_out_norm(attend(x))
+            return h + self.ffn_out_norm(self.feed_forward(h))
+        if p == "deepnorm":
+            h = self.attention_norm(a * x + attend(x))
+            return self.ffn_norm(a * h + self.feed_forward(h))
+        h = x + attend(x)
+        return h + self.feed_forward(h)
 
 
 class Transformer(nn.Module):
-    """LLaMA's Transformer: tok_embeddings, the pre-norm blocks, a final RMSNorm and the output head."""
+    """LLaMA's Transformer: tok_embeddings, the pre-norm blocks, a final RMSNorm and the output head.
 
-    def __init__(self, vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps):
+    Options (the defaults are LLaMA's): `placements` one BLOCK_PLACEMENTS entry per block (Mix-LN is
+    a list of post then pre); the final norm exists unless every block is "none"; `make_norm`,
+    `pre_norm_scales` (one per block), `deepnorm_alpha`, `alpha_init_attention`, `qk_norm`,
+    `attn_softcap` go to the blocks; `logit_softcap` > 0 caps the logits, cap * tanh(logits / cap)
+    (Gemma 2).
+    """
+
+    def __init__(self, vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps,
+                 placements=None, make_norm=None, pre_norm_scales=None, deepnorm_alpha=1.0,
+                 alpha_init_attention=None, qk_norm="none", attn_softcap=0.0, logit_softcap=0.0):
         super().__init__()
+        placements = placements or ["pre"] * n_layers
+        pre_norm_scales = pre_norm_scales or [1.0] * n_layers
+        make_norm = make_norm or (lambda d, **_: RMSNorm(d, eps=norm_eps))
+        self.logit_softcap = logit_softcap
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps)
-                                     for _ in range(n_layers)])
-        self.norm = RMSNorm(dim, eps=norm_eps)
+        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps,
+                                                      placement=placements[i], make_norm=make_norm,
+                                                      pre_norm_scale=pre_norm_scales[i], deepnorm_alpha=deepnorm_alpha,
+                                                      alpha_init_attention=alpha_init_attention, qk_norm=qk_norm,
+                                                      attn_softcap=attn_softcap)
+                                     for i in range(n_layers)])
+        self.norm = make_norm(dim) if any(p != "none" for p in placements) else None
         self.output = nn.Linear(dim, vocab_size, bias=False)
 
     def forward(self, ids, freqs_cis, mask):
         h = self.tok_embeddings(ids)
         for layer in self.layers:
             h = layer(h, freqs_cis, mask)
-        return self.output(self.norm(h))
+        logits = self.output(self.norm(h) if self.norm is not None else h)
+        if self.logit_softcap > 0:
+            logits = self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+        return logits
 
 
 def precompute_freqs_cis_f64(head_dim, seq_len, theta=10000.0):
@@ -241,6 +352,8 @@ class Fixture:
         self.description = description
         self.metadata = {k: str(v) for k, v in metadata.items()}
         self.entries = []  # (name, tensor, meaning)
+        self.table = None  # README rows (name pattern, shape, dtype, meaning) instead of one per tensor
+        self.readme_extra = []  # README lines before the tensor table
 
     def add(self, name, tensor, meaning):
         assert all(name != n for n, _, _ in self.entries), name
@@ -256,10 +369,15 @@ class Fixture:
 
     def readme_section(self):
         lines = [f"### `fixtures/{self.filename}`", "", self.description, ""]
-        if self.metadata:
-            meta = ", ".join(f"`{k}={v}`" for k, v in self.metadata.items())
+        shown = {k: v for k, v in self.metadata.items() if self.table is None or "." not in k}
+        if shown:
+            meta = ", ".join(f"`{k}={v}`" for k, v in shown.items())
             lines += [f"Metadata: {meta} (plus `torch_version`, `generator`, `fixture`).", ""]
+        lines += self.readme_extra
         lines += ["| tensor | shape | dtype | meaning |", "|---|---|---|---|"]
+        if self.table is not None:
+            lines += [f"| `{name}` | {shape} | {dtype} | {meaning} |" for name, shape, dtype, meaning in self.table]
+            return "\n".join(lines) + "\n"
         for name, tensor, meaning in self.entries:
             dtype = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16",
                      torch.float16: "F16", torch.int64: "I64"}[tensor.dtype]
@@ -594,6 +712,173 @@ def fixture_mse():
     fx.add("output", out, "mean((input - target)^2) (0-d)")
     fx.add("grad_output", grad_output, "upstream gradient (0-d, random)")
     fx.add("grad_input", x.grad, "d(output * grad_output) / d(input) = grad_output * 2 (input - target) / numel")
+    return fx
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformer's norm placements, QK-norm, DyT and the stabilizers, one small model per case
+# ---------------------------------------------------------------------------------------------
+
+# Each case is normlab's config keys (the /model object, plus /train/z_loss), which the C++ test
+# reads through read_train_config. The shared sizes are in TRANSFORMER_VARIANT_MODEL.
+TRANSFORMER_VARIANT_MODEL = {"dim": 16, "n_layers": 3, "n_heads": 2, "n_kv_heads": 1, "multiple_of": 8,
+                             "ffn_hidden_dim": 16, "max_seq_len": 8}
+TRANSFORMER_VARIANT_CASES = [
+    # (name, /model keys, /train/z_loss)
+    ("pre", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "pre"}, 0.0),
+    ("post", {"norm": {"type": "layernorm", "eps": 1e-5}, "norm_placement": "post"}, 0.0),
+    ("peri", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "peri"}, 0.0),
+    ("output", {"norm": {"type": "layernorm", "eps": 1e-5}, "norm_placement": "output"}, 0.0),
+    ("mix", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "mix", "mix_fraction": 0.5}, 0.0),
+    ("deepnorm", {"norm": {"type": "layernorm", "eps": 1e-5}, "norm_placement": "deepnorm"}, 0.0),
+    ("none", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "none"}, 0.0),
+    ("pre_depth", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "pre", "norm_scaling": "depth"}, 0.0),
+    ("mix_depth", {"norm": {"type": "layernorm", "eps": 1e-5}, "norm_placement": "mix", "mix_fraction": 0.34,
+                   "norm_scaling": "depth"}, 0.0),
+    ("peri_depth", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "norm_placement": "peri", "norm_scaling": "depth"}, 0.0),
+    ("qk_head_rmsnorm", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "qk_norm": "head"}, 0.0),
+    ("qk_full_rmsnorm", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "qk_norm": "full"}, 0.0),
+    ("qk_head_layernorm", {"norm": {"type": "layernorm", "eps": 1e-5}, "qk_norm": "head"}, 0.0),
+    ("qk_full_layernorm", {"norm": {"type": "layernorm", "eps": 1e-5}, "qk_norm": "full"}, 0.0),
+    ("dyt_pre", {"norm": {"type": "dyt", "alpha_init": 0.5, "alpha_init_attention": 0.8}, "norm_placement": "pre"}, 0.0),
+    ("dyt_mix", {"norm": {"type": "dyt", "alpha_init": 0.2, "alpha_init_attention": 1.3}, "norm_placement": "mix",
+                 "mix_fraction": 0.5}, 0.0),
+    ("softcap_z_loss", {"norm": {"type": "rmsnorm", "eps": 1e-5}, "logit_softcap": 1.5, "attn_softcap": 0.5}, 1e-2),
+    ("z_loss", {"norm": {"type": "rmsnorm", "eps": 1e-5}}, 1e-3),
+]
+
+
+def transformer_variant_model(model_keys):
+    """The reference Transformer a case's /model keys describe (normlab's defaults for keys not given),
+    its blocks' placements, and DeepNet's alpha and beta (None unless deepnorm)."""
+    m = dict(TRANSFORMER_VARIANT_MODEL, **model_keys)
+    n = m["n_layers"]
+    norm = m["norm"]
+    placement = m.get("norm_placement", "pre")
+    if placement == "mix":  # Mix-LN: the first ceil(mix_fraction * n_layers) blocks post-norm, then pre-norm
+        n_post = math.ceil(m["mix_fraction"] * n)
+        placements = ["post"] * n_post + ["pre"] * (n - n_post)
+    else:
+        placements = [placement] * n
+    # LayerNorm Scaling (Sun et al. 2025): the l-th block's (1-based) pre-norm outputs times 1 / sqrt(l).
+    scales = [1 / math.sqrt(l) for l in range(1, n + 1)] if m.get("norm_scaling") == "depth" else None
+    # DeepNet (Wang et al. 2022), decoder-only: alpha = (2N)^(1/4), beta = (8N)^(-1/4).
+    alpha, beta = ((2 * n) ** 0.25, (8 * n) ** -0.25) if placement == "deepnorm" else (1.0, None)
+    make_norm = norm_factory(norm["type"], norm.get("eps", 1e-5), norm.get("alpha_init", 0.5))
+    model = Transformer(VARIANT_VOCAB, m["dim"], n, m["n_heads"], m["n_kv_heads"], m["ffn_hidden_dim"],
+                        m["multiple_of"], norm.get("eps", 1e-5), placements=placements, make_norm=make_norm,
+                        pre_norm_scales=scales, deepnorm_alpha=alpha,
+                        alpha_init_attention=norm.get("alpha_init_attention"), qk_norm=m.get("qk_norm", "none"),
+                        attn_softcap=m.get("attn_softcap", 0.0), logit_softcap=m.get("logit_softcap", 0.0))
+    return model, placements, alpha, beta
+
+
+VARIANT_VOCAB, VARIANT_B, VARIANT_T = 11, 2, 5
+
+
+def variant_loss(logits, targets, z_loss):
+    """Mean cross-entropy over the scored targets plus PaLM's z-loss, z_loss * mean(logsumexp^2) over them."""
+    flat, t = logits.view(-1, VARIANT_VOCAB), targets.view(-1)
+    keep = t != -100
+    return F.cross_entropy(flat, t, ignore_index=-100) + z_loss * (torch.logsumexp(flat, -1)[keep] ** 2).mean()
+
+
+def fixture_transformer_variants():
+    torch.manual_seed(41)
+    cases = [name for name, _, _ in TRANSFORMER_VARIANT_CASES]
+    configs = {f"config.{name}": json.dumps({"model": dict(TRANSFORMER_VARIANT_MODEL, **keys), "train": {"z_loss": z}},
+                                            sort_keys=True, separators=(",", ":"))
+               for name, keys, z in TRANSFORMER_VARIANT_CASES}
+    fx = Fixture("transformer_variants_f64.safetensors",
+                 f"normlab's transformer variants against an independent PyTorch model in float64 (vocab "
+                 f"{VARIANT_VOCAB}, dim 16, 3 blocks, 2 heads and 1 kv head, SwiGLU hidden_dim arg 16 with multiple_of 8 "
+                 f"-> hidden 16, batch {VARIANT_B} x T {VARIANT_T}): `Transformer` above with its options, one case "
+                 "per norm placement (pre, post, peri, output, mix with some blocks post, deepnorm, none), LayerNorm "
+                 "Scaling (norm_scaling depth), QK-norm head and full with rmsnorm and layernorm, DyT with its own "
+                 "alpha_init_attention, logit and attention soft-capping and the z-loss. Each case `<case>` is the "
+                 "normlab config in the metadata's `config.<case>` (its /model object and /train/z_loss): PyTorch "
+                 "default init (Embedding N(0,1), Linear kaiming-uniform; deepnorm multiplies wv, wo, w1, w2, w3 by "
+                 "beta), then every norm parameter randomized (weights and DyT's alpha times 1 + 0.3 N(0,1), biases "
+                 "0.2 N(0,1)). RoPE's table in float64. The loss is `F.cross_entropy(logits.view(-1, V), "
+                 "targets.view(-1))` (mean; target [1, 2] is -100, ignored) plus `z_loss * mean(logsumexp(logits)^2)` "
+                 "over the scored rows. Every float tensor is F64.",
+                 cases=",".join(cases), vocab_size=VARIANT_VOCAB, batch=VARIANT_B, seq_len=VARIANT_T, **configs)
+    ids = torch.randint(0, VARIANT_VOCAB, (VARIANT_B, VARIANT_T))
+    targets = torch.randint(0, VARIANT_VOCAB, (VARIANT_B, VARIANT_T))
+    targets[1, 2] = -100
+    fx.add("ids", ids, "input token ids (B, T), I64, shared by every case")
+    fx.add("targets", targets, "target ids (B, T), I64; -100 is ignored")
+    freqs_cis = precompute_freqs_cis_f64(TRANSFORMER_VARIANT_MODEL["dim"] // TRANSFORMER_VARIANT_MODEL["n_heads"],
+                                         VARIANT_T)
+    mask = causal_mask(VARIANT_T).double()
+    shared = {}  # the matrices' values, the same in every case but deepnorm
+    for name, keys, z in TRANSFORMER_VARIANT_CASES:
+        torch.manual_seed(42)  # the same matrices in every case (norms draw nothing at construction)
+        model, placements, alpha, beta = transformer_variant_model(keys)
+        model = model.double()
+        with torch.no_grad():
+            if beta is not None:  # DeepNet's init: the value, output and feed-forward projections times beta
+                for layer in model.layers:
+                    for lin in (layer.attention.wv, layer.attention.wo, layer.feed_forward.w1,
+                                layer.feed_forward.w2, layer.feed_forward.w3):
+                        lin.weight.mul_(beta)
+            for pname, p in model.named_parameters():
+                if pname.endswith(".alpha"):
+                    fx.add(f"{name}.init.{pname}", p, "DyT's alpha as initialized (alpha_init or alpha_init_attention)")
+            for pname, p in model.named_parameters():
+                if "norm" in pname.split(".")[-2]:
+                    p.copy_(0.2 * torch.randn(p.shape, dtype=torch.float64) if pname.endswith("bias")
+                            else p * (1 + 0.3 * torch.randn(p.shape, dtype=torch.float64)))
+        logits = model(ids, freqs_cis, mask)
+        loss = variant_loss(logits, targets, z)
+        loss.backward()
+        if keys.get("logit_softcap") or keys.get("attn_softcap"):
+            # The caps bite: the same model uncapped has another loss.
+            caps = model.logit_softcap, [layer.attention.softcap for layer in model.layers]
+            model.logit_softcap = 0.0
+            for layer in model.layers:
+                layer.attention.softcap = 0.0
+            with torch.no_grad():
+                assert abs(variant_loss(model(ids, freqs_cis, mask), targets, z).item() - loss.item()) > 1e-2
+            model.logit_softcap = caps[0]
+            for layer, cap in zip(model.layers, caps[1]):
+                layer.attention.softcap = cap
+        for pname, p in model.named_parameters():
+            # The matrices every case shares are stored once, as weights.<name> (the first case's).
+            if "norm" in pname.split(".")[-2]:
+                fx.add(f"{name}.{pname}", p, "parameter (F64)")
+            elif pname not in shared:
+                shared[pname] = p.detach().clone()
+                fx.add(f"weights.{pname}", p, "parameter (F64) of every case that has no <case>.<name> of its own")
+            elif not torch.equal(shared[pname], p):
+                fx.add(f"{name}.{pname}", p, "parameter (F64)")
+        fx.add(f"{name}.logits", logits, "logits (B, T, V), F64")
+        fx.add(f"{name}.loss", loss, "cross-entropy + z_loss * mean(lse^2) (0-d, F64)")
+        for pname, p in model.named_parameters():
+            fx.add(f"{name}.grad.{pname}", p.grad, f"d(loss) / d({pname}) (F64)")
+        fx.metadata[f"placements.{name}"] = ",".join(placements)
+        if beta is not None:
+            fx.metadata[f"deepnorm_alpha.{name}"] = repr(alpha)
+            fx.metadata[f"deepnorm_beta.{name}"] = repr(beta)
+    fx.readme_extra = ["Metadata per case: `config.<case>` (the JSON config: /model and /train/z_loss), "
+                       "`placements.<case>` (each block's placement), and for deepnorm `deepnorm_alpha.<case>`, "
+                       "`deepnorm_beta.<case>`. The cases:", "",
+                       "| case | blocks | /model keys besides the sizes | /train/z_loss |", "|---|---|---|---|"]
+    for name, keys, z in TRANSFORMER_VARIANT_CASES:
+        fx.readme_extra.append(f"| `{name}` | {fx.metadata['placements.' + name]} | "
+                               f"`{json.dumps(keys, separators=(',', ':'))}` | {z} |")
+    fx.readme_extra.append("")
+    fx.table = [("ids", "`[2, 5]`", "I64", "input token ids, shared by every case"),
+                ("targets", "`[2, 5]`", "I64", "target ids; -100 is ignored"),
+                ("weights.<name>", "", "F64", "the embedding's, attention's, feed-forward's and output's matrices "
+                 "(the same in every case), by their normlab / LLaMA names"),
+                ("<case>.<name>", "", "F64", "the case's norm parameters (`...attention_norm.weight`, "
+                 "`...attention.q_norm.weight`, `norm.alpha`, ...) and the matrices where they differ from "
+                 "`weights.<name>` (deepnorm's beta-scaled ones)"),
+                ("<case>.init.<name>", "`[1]`", "F64", "DyT cases: each alpha as initialized, before it was randomized"),
+                ("<case>.logits", "`[2, 5, 11]`", "F64", "logits (B, T, V)"),
+                ("<case>.loss", "`[]`", "F64", "the loss (0-d)"),
+                ("<case>.grad.<name>", "", "F64", "d(loss) / d(parameter), for every parameter of the case")]
     return fx
 
 
@@ -981,6 +1266,7 @@ def main():
                 fixture_attention(), fixture_attention_softcap_f64(), fixture_llama_block(),
                 fixture_llama_block_autocast_bf16(),
                 fixture_cross_entropy(), fixture_cross_entropy_z_loss_f64(), fixture_mse(), fixture_sharpness(),
+                fixture_transformer_variants(),
                 fixture_optimizer("adam_mlp.safetensors", "Adam", 0.0),
                 fixture_optimizer("adam_l2_mlp.safetensors", "Adam", 0.1),
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
