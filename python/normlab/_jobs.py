@@ -61,7 +61,7 @@ def config_defaults(job):
 
 
 def config_jobs():
-    """The jobs that read a config file: ["train", "stability", "bench_norms"]."""
+    """The jobs that read a config file: ["train", "stability", "sweep", "bench_norms"]."""
     return list(_ext.config_jobs())
 
 

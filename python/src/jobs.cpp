@@ -782,7 +782,7 @@ void bind_convert(nb::module_& m) {
 // The config schema (jobs/config_schema.h) as JSON text: normlab.config_schema and config_defaults
 // parse it, so Python states no default of its own.
 void bind_config_schema(nb::module_& m) {
-    m.def("config_jobs", &config_jobs, "The jobs that read a config file: train, stability, bench_norms.");
+    m.def("config_jobs", &config_jobs, "The jobs that read a config file: train, stability, sweep, bench_norms.");
     m.def(
         "config_schema", [](const std::string& job) { return json_schema(config_schema(job)).dump(); },
         nb::arg("job"), "The JSON Schema (draft 2020-12) of the job's config files, as JSON text.");
