@@ -592,11 +592,12 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         if (callbacks.on_start)
             callbacks.on_start({dist::is_root() ? describe(c, grid.jobs, dir) : std::string(), grid.runs, resumed, mine});
         grid.run = [&](int64_t index, const std::string& run_dir) { return run_one(c, index, run_dir); };
+        const int rank = dist::rank(), world_size = dist::world_size();  // the runs' threads see a world of one
         grid.on_done = [&](int64_t index, const json& r) {
             ++done;
             if (callbacks.on_run)
                 callbacks.on_run({index, run_label(c, index), r["diverged"].get<bool>(), r["diverged_at_step"].get<int64_t>(),
-                                  number_of(r["final_val_loss"]), number_of(r["seconds"]), done, mine});
+                                  number_of(r["final_val_loss"]), number_of(r["seconds"]), done, mine, rank, world_size});
         };
         const std::vector<json> records = run_grid(grid);
         if (!dist::is_root()) return {};

@@ -49,6 +49,8 @@ struct SweepRunDone {
     double seconds = 0.0;
     int64_t done = 0;          // runs this rank has finished so far, of `mine`
     int64_t mine = 0;
+    int rank = 0;              // the MPI rank that ran it, of world_size
+    int world_size = 1;
 };
 
 struct SweepCallbacks {

@@ -33,7 +33,7 @@ void run(const SweepFlags& flags) {
         const std::string outcome = r.diverged ? fmt::format("diverged at step {}", r.diverged_at_step)
                                                : fmt::format("val loss {:.4f}", r.final_val_loss);
         fmt::print(stderr, "sweep: run {} ({}/{}{}) {}: {} ({:.2f} s)\n", r.index, r.done, r.mine,
-                   dist::world_size() > 1 ? fmt::format(" on rank {}", dist::rank()) : "", r.label, outcome,
+                   r.world_size > 1 ? fmt::format(" on rank {}", r.rank) : "", r.label, outcome,
                    r.seconds);
         std::fflush(stderr);
     };
