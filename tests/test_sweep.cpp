@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "jobs/sweep.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -89,6 +90,15 @@ std::string without_columns(const Csv& csv, const std::set<std::string>& drop) {
 }
 
 }  // namespace
+
+TEST_CASE("sweep: lr_sensitivity is the mean of min(L, L_init) - min L over the lrs", "[sweep]") {
+    // L = (2, 1, 5) with L_init 3: (min(2,3) - 1 + min(1,3) - 1 + min(5,3) - 1) / 3 = (1 + 0 + 2) / 3.
+    CHECK(nl::lr_sensitivity({2.0, 1.0, 5.0}, 3.0) == Approx(1.0));
+    CHECK(nl::lr_sensitivity({1.5}, 3.0) == 0.0);  // one lr: nothing to be sensitive to
+    // The formula as written: when no lr gets below L_init, min L > L_init and the terms are negative.
+    CHECK(nl::lr_sensitivity({4.0, 5.0}, 3.0) == Approx(-1.0));
+    CHECK(std::isnan(nl::lr_sensitivity({}, 3.0)));
+}
 
 TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a diverging lr", "[sweep][cli]") {
     const std::string dir = make_temp_dir("sweep");
