@@ -2,6 +2,9 @@
 // one at a time by `jobs` threads from a shared counter; then rank 0 gathers every record.
 #include "jobs/grid_runner.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -98,9 +101,18 @@ std::vector<json> run_grid(const GridRunner& grid) {
             }
         };
         const size_t threads = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(grid.jobs, 1)), todo.size()));
+        // The calling thread is one of the workers: with jobs 1 every run is driven from it (where a
+        // Python caller's signals are seen), and a callback on it can stop the sweep between runs.
+        // A run sets its thread count (train.threads, 1 in a sweep) on the thread that drives it: the
+        // calling thread's OpenMP count and OpenBLAS's are put back afterwards for the caller's next job.
+        const int omp_threads = omp_get_max_threads();
+        const int blas_threads = openblas_get_num_threads();
         std::vector<std::thread> pool;
-        for (size_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+        for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+        worker();
         for (std::thread& thread : pool) thread.join();
+        omp_set_num_threads(omp_threads);
+        openblas_set_num_threads(blas_threads);
         if (error) std::rethrow_exception(error);
     });
 

@@ -23,7 +23,7 @@ namespace nl {
 struct GridRunner {
     std::string dir;     // the sweep's directory: run i lives in <dir>/runs/<i>/
     int64_t runs = 0;    // N
-    int jobs = 1;        // threads on each rank, each running one run at a time
+    int jobs = 1;        // threads on each rank (the calling thread and jobs - 1 more), one run at a time each
     bool resume = false; // read back the records that exist; otherwise every run runs
     // Runs run i in run_dir(i) (an empty directory when it is called) and returns its record. It may
     // throw: the other threads finish their current run, start no other, and the error reaches the

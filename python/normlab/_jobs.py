@@ -543,9 +543,9 @@ def sweep(config, overrides=None, out=None, force=False, resume=False, jobs=0, p
     force: replace it; resume: continue the sweep in `out` (the runs without result.json); jobs: runs
     at once (0: one per core, each on one thread). progress: False, True (a line per finished run on
     stderr) or a callable given each finished run's dict (index, label, diverged, diverged_at_step,
-    final_val_loss, seconds, done, mine), called from the runs' threads. An exception from the callback,
-    or Ctrl-C, stops the sweep after the runs in flight (finished runs keep their result.json, so
-    resume=True continues) and is raised.
+    final_val_loss, seconds, done, mine), called from the runs' threads. An exception from the callback
+    stops the sweep after the runs in flight (finished runs keep their result.json, so resume=True
+    continues) and is raised; so does Ctrl-C, seen when a run on the calling thread finishes.
     """
     printer, on_start, on_run = _callbacks(progress, _SweepProgress, "run")
     try:

@@ -477,7 +477,9 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
 
 // ---- the sweep job ----
 
-// Runs a sweep; its runs go on threads of their own, so on_run is called from them, with the GIL.
+// Runs a sweep; its runs go on the calling thread and jobs - 1 more, so on_run is called from any of
+// them, with the GIL. Ctrl-C is seen after a run the calling thread finished (Python handles signals
+// on its main thread only).
 nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& overrides, const std::string& out, bool force,
                bool resume, int jobs, nb::object on_start, nb::object on_run) {
     SweepJob job;
