@@ -53,12 +53,14 @@ std::string GridRunner::record_path(int64_t index) const { return run_dir(index)
 
 std::vector<int64_t> finished_runs(const GridRunner& grid) {
     std::vector<int64_t> done;
+    if (grid.dir.empty()) return done;
     for (int64_t i = 0; i < grid.runs; ++i)
         if (read_record(grid.record_path(i))) done.push_back(i);
     return done;
 }
 
 std::vector<json> run_grid(const GridRunner& grid) {
+    NL_CHECK(!grid.resume || !grid.dir.empty(), "run_grid: resume needs a directory of records");
     std::vector<std::optional<json>> records(static_cast<size_t>(grid.runs));  // (runs,) this rank's
     std::vector<int64_t> todo;
     for (int64_t i : my_runs(grid.runs)) {
@@ -84,12 +86,15 @@ std::vector<json> run_grid(const GridRunner& grid) {
                 if (k >= todo.size()) return;
                 const int64_t index = todo[k];
                 try {
-                    const std::string dir = grid.run_dir(index);
-                    fs::remove_all(dir);  // a half-written run of an interrupted sweep starts over
-                    fs::create_directories(dir);
+                    const bool files = !grid.dir.empty();
+                    const std::string dir = files ? grid.run_dir(index) : std::string();
+                    if (files) {
+                        fs::remove_all(dir);  // a half-written run of an interrupted sweep starts over
+                        fs::create_directories(dir);
+                    }
                     // What is kept is what result.json reads back as (the same on a resume).
                     const json record = json::parse(grid.run(index, dir).dump());
-                    write_file_atomic(grid.record_path(index), record.dump(1) + "\n");  // last: the run is done
+                    if (files) write_file_atomic(grid.record_path(index), record.dump(1) + "\n");  // last: the run is done
                     std::lock_guard<std::mutex> lock(mutex);
                     records[static_cast<size_t>(index)] = record;
                     if (grid.on_done) grid.on_done(index, record);

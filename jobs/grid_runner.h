@@ -8,7 +8,8 @@
 // writes its own files, its collectives are no-ops), whatever rank or thread it was dealt to. The
 // threads share the process: every run must keep its state to itself (grad mode, autocast and the
 // profiler's phase are thread_local; the CPU allocator is locked), and use one OpenMP thread unless
-// the caller knows better. `normlab sweep` (jobs/sweep.h) runs on it.
+// the caller knows better. `normlab sweep` (jobs/sweep.h) and `normlab stability` (jobs/stability.h,
+// one run at a time, no files per run) run on it.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,12 @@
 namespace nl {
 
 struct GridRunner {
-    std::string dir;     // the sweep's directory: run i lives in <dir>/runs/<i>/
+    std::string dir;     // the sweep's directory: run i lives in <dir>/runs/<i>/; "": no files (records in memory, no resume)
     int64_t runs = 0;    // N
     int jobs = 1;        // threads on each rank (the calling thread and jobs - 1 more), one run at a time each
     bool resume = false; // read back the records that exist; otherwise every run runs
-    // Runs run i in run_dir(i) (an empty directory when it is called) and returns its record. It may
+    // Runs run i in run_dir(i) (an empty directory when it is called; "" without `dir`) and returns its
+    // record (a JSON object: doubles round-trip, NaN and Inf do not: encode them). It may
     // throw: the other threads finish their current run, start no other, and the error reaches the
     // caller of run_grid (on every rank).
     std::function<nlohmann::json(int64_t index, const std::string& run_dir)> run;
