@@ -524,7 +524,7 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
 std::string describe(const SweepConfig& c, int jobs, const std::string& dir) {
     std::string shape;
     for (size_t k = 0; k < c.keys.size(); ++k) shape += fmt::format("{} {} x ", c.keys[k], c.values[k].size());
-    return fmt::format("{} runs ({}seeds {}), {} at once{}, -> {}", run_count(c), shape, c.seeds.size(), jobs,
+    return fmt::format("{} runs ({}seeds {}), {} at once{} -> {}", run_count(c), shape, c.seeds.size(), jobs,
                        dist::world_size() > 1 ? fmt::format(" on each of {}", dist::describe()) : "", dir);
 }
 

@@ -29,11 +29,11 @@ struct SweepJob {
     std::string out;                     // sweep directory; "" for runs/<config name>-<timestamp>
     bool force = false;                  // replace an existing sweep directory
     bool resume = false;                 // continue the sweep in `out`: run the runs without result.json
-    int jobs = 0;                        // runs at once on each rank; 0: the cores / the ranks on this machine
+    int jobs = 0;                        // runs at once on each rank; 0: the cores / the MPI ranks (at least 1)
 };
 
 struct SweepStart {
-    std::string description;  // "4 runs (optim.lr 2 x seeds 2), 2 at once, 1 process -> runs/..."
+    std::string description;  // "4 runs (optim.lr 2 x seeds 2), 2 at once -> runs/..."
     int64_t runs = 0;         // in the sweep
     int64_t resumed = 0;      // read back from result.json (resume)
     int64_t mine = 0;         // this rank runs
