@@ -26,6 +26,7 @@ namespace {
 bool g_started = false;  // MPI_Init_thread was called (and MPI_Finalize is owed)
 int g_rank = 0;
 int g_size = 1;
+thread_local int t_solo = 0;  // SoloGuards alive on this thread: it is a world of one
 int g_local_rank = 0;    // among the ranks sharing this machine's memory
 #ifdef NORMLAB_HAVE_NCCL
 ncclComm_t g_nccl = nullptr;  // made by the first device_allreduce_sum
@@ -95,7 +96,7 @@ void recursive_doubling_sum(T* data, int64_t count) {
 
 template <typename T>
 void deterministic_sum(T* data, int64_t count) {
-    if (!g_started || g_size == 1 || count == 0) return;
+    if (!g_started || g_size == 1 || t_solo > 0 || count == 0) return;
     if (is_power_of_two(g_size)) return recursive_doubling_sum(data, count);
     MPI_Allreduce(MPI_IN_PLACE, data, as_count(count), mpi_type(data), MPI_SUM, MPI_COMM_WORLD);
 }
@@ -151,11 +152,15 @@ void finalize() {
 #endif
 }
 
-int rank() { return g_rank; }
+int rank() { return t_solo > 0 ? 0 : g_rank; }
 int local_rank() { return g_local_rank; }
-int world_size() { return g_size; }
+int world_size() { return t_solo > 0 ? 1 : g_size; }
+
+SoloGuard::SoloGuard() { ++t_solo; }
+SoloGuard::~SoloGuard() { --t_solo; }
 
 std::string describe() {
+    if (t_solo > 0) return "1 process";
     if (g_size == 1) return g_started ? "1 rank (MPI)" : "1 process";
     return std::to_string(g_size) + " ranks (MPI)";
 }
@@ -165,7 +170,7 @@ void allreduce_sum(double* data, int64_t count) { deterministic_sum(data, count)
 
 void allreduce_sum(int64_t* data, int64_t count) {
 #ifdef NORMLAB_HAVE_MPI
-    if (!g_started || g_size == 1 || count == 0) return;
+    if (!g_started || g_size == 1 || t_solo > 0 || count == 0) return;
     MPI_Allreduce(MPI_IN_PLACE, data, as_count(count), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);  // exact
 #else
     (void)data;
@@ -175,7 +180,7 @@ void allreduce_sum(int64_t* data, int64_t count) {
 
 void broadcast(void* data, int64_t bytes, int root) {
 #ifdef NORMLAB_HAVE_MPI
-    if (!g_started || g_size == 1 || bytes == 0) return;
+    if (!g_started || g_size == 1 || t_solo > 0 || bytes == 0) return;
     MPI_Bcast(data, as_count(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
 #else
     (void)data;
@@ -194,7 +199,7 @@ std::string broadcast_string(const std::string& text, int root) {
 }
 
 std::vector<std::string> gather(const std::string& bytes, int root) {
-    if (!g_started || g_size == 1) return {bytes};
+    if (!g_started || g_size == 1 || t_solo > 0) return {bytes};
 #ifdef NORMLAB_HAVE_MPI
     barrier();
     int length = as_count(static_cast<int64_t>(bytes.size()));
@@ -219,7 +224,7 @@ std::vector<std::string> gather(const std::string& bytes, int root) {
 
 void barrier() {
 #ifdef NORMLAB_HAVE_MPI
-    if (!g_started || g_size == 1) return;
+    if (!g_started || g_size == 1 || t_solo > 0) return;
     // Polled with short sleeps: a rank that arrives early (a sweep's rank with fewer runs) leaves the
     // CPU to the ranks still working instead of spinning in MPI_Barrier.
     MPI_Request request;
@@ -240,7 +245,7 @@ void run_on_every_rank(const std::function<void()>& step) {
 #ifndef NORMLAB_HAVE_MPI
     step();
 #else
-    if (g_size == 1) return step();
+    if (g_size == 1 || t_solo > 0) return step();
     std::string message;
     int exit_code = 0;
     try {
@@ -284,7 +289,7 @@ std::string load_nccl() {
 }
 
 void device_allreduce_sum(float* device_data, int64_t count) {
-    if (g_size == 1 || count == 0) return;
+    if (g_size == 1 || t_solo > 0 || count == 0) return;
 #ifdef NORMLAB_HAVE_NCCL
     const NcclApi& api = nccl();
     auto check = [&api](ncclResult_t result, const char* what) {
@@ -329,7 +334,7 @@ AllReduceQueue::AllReduceQueue() = default;
 AllReduceQueue::~AllReduceQueue() = default;
 
 void AllReduceQueue::start(float* data, int64_t count) {
-    if (!g_started || g_size == 1 || count == 0) return;
+    if (!g_started || g_size == 1 || t_solo > 0 || count == 0) return;
     auto* sum = new Sum;
     sum->data = data;
     sum->count = count;

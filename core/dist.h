@@ -28,6 +28,17 @@ void finalize();
 int rank();
 int world_size();
 inline bool is_root() { return rank() == 0; }
+
+// While one is alive, the calling thread is a world of one: rank() 0, world_size() 1, every
+// collective a no-op. A sweep runs each of its runs alone this way, on whichever rank or thread it
+// was dealt to (jobs/grid_runner.h), with the job's own code unchanged. Nests; per thread.
+class SoloGuard {
+public:
+    SoloGuard();
+    ~SoloGuard();
+    SoloGuard(const SoloGuard&) = delete;
+    SoloGuard& operator=(const SoloGuard&) = delete;
+};
 // "1 process", "2 ranks (MPI)".
 std::string describe();
 

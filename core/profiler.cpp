@@ -22,7 +22,7 @@ bool g_enabled = false;
 
 namespace {
 
-Phase g_phase = Phase::Other;
+thread_local Phase g_phase = Phase::Other;  // per thread: a sweep's threads each run their own steps
 // Keyed by the kind's address: every kind is a string literal of this file, so no string is built
 // per kernel call.
 std::map<std::pair<const char*, Phase>, OpStats> g_stats;

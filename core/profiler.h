@@ -33,8 +33,14 @@ void reset();  // forget everything collected
 // Enables the profiler for a scope (e.g. one train step), restoring the previous setting after.
 class EnableGuard {
 public:
-    explicit EnableGuard(bool on) : previous_(g_enabled) { set_enabled(on); }
-    ~EnableGuard() { set_enabled(previous_); }
+    // Writes the flag only when it changes, so threads that all run unprofiled (a sweep's) share it
+    // without a data race.
+    explicit EnableGuard(bool on) : previous_(g_enabled) {
+        if (on != previous_) set_enabled(on);
+    }
+    ~EnableGuard() {
+        if (g_enabled != previous_) set_enabled(previous_);
+    }
     EnableGuard(const EnableGuard&) = delete;
     EnableGuard& operator=(const EnableGuard&) = delete;
 

@@ -338,6 +338,17 @@ std::vector<double> ConfigReader::get_double_list(const std::string& key) {
     return result;
 }
 
+json ConfigReader::get_json(const std::string& key) {
+    const ConfigKey& k = spec(key, {ConfigType::Object, ConfigType::PathOrObject});
+    const json* value = value_at(key);
+    if (!value) return json();
+    if (k.type == ConfigType::Object && !value->is_object()) fail(key, "expected an object, got " + brief_json(*value));
+    if (k.type == ConfigType::PathOrObject && !value->is_object() && !value->is_string())
+        fail(key, "expected a path or an object, got " + brief_json(*value));
+    resolved_here()[key] = *value;
+    return *value;
+}
+
 std::vector<int64_t> ConfigReader::get_int_list(const std::string& key) {
     const ConfigKey& k = spec(key, {ConfigType::IntegerList});
     const json* value = value_at(key);

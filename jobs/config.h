@@ -69,6 +69,9 @@ public:
     std::optional<int64_t> get_optional_int(const std::string& key);
     std::optional<double> get_optional_double(const std::string& key);
     std::optional<bool> get_optional_bool(const std::string& key);
+    // An Object or PathOrObject key: its value as given (an object, or for PathOrObject a string),
+    // recorded as resolved; null when absent. The job checks what is inside.
+    json get_json(const std::string& key);
     // A nested object (an empty one when absent); its keys are checked by its own finish().
     ConfigReader child(const std::string& key);
     bool has(const std::string& key) const;

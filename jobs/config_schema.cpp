@@ -284,6 +284,29 @@ ConfigSchema make_stability_schema() {
     return {"stability", "normlab stability config", std::move(k)};
 }
 
+ConfigSchema make_sweep_schema() {
+    std::vector<ConfigKey> k;
+    k.push_back({.path = "base", .type = ConfigType::PathOrObject, .default_text = "(required)",
+                 .meaning = "the train config every run starts from: a train config file (relative to this "
+                            "file's folder) or a train config object inline",
+                 .required = true});
+    k.push_back({.path = "grid", .type = ConfigType::Object, .default_value = json::object(),
+                 .constraint = "each list non-empty, each value at most once",
+                 .meaning = "train config keys, dotted as `--set` takes them (`\"optim.lr\"`, `\"model.qk_norm\"`), "
+                            "each mapped to the list of values to sweep; runs are the cartesian product in the "
+                            "file's key order, the last key fastest, times the seeds"});
+    k.push_back({.path = "seeds", .type = ConfigType::IntegerList, .default_value = {0}, .min = 0,
+                 .constraint = "each at most once",
+                 .meaning = "each run's train `seed` (the initial weights); the seeds vary fastest"});
+    k.push_back({.path = "diverge_factor", .type = ConfigType::Number, .default_value = 3.0, .min = 1.0,
+                 .meaning = "a run diverges at the first step whose train loss is NaN/Inf or above `diverge_factor` "
+                            "x its loss at initialization; it is stopped and recorded as diverged (not an error)"});
+    k.push_back({.path = "plots", .type = ConfigType::Boolean, .default_value = true,
+                 .meaning = "render `val_loss_vs_lr.png`, `attn_score_max.png` and `residual_rms.png` with "
+                            "gnuplot, when it is installed (`plots.gp` is always written)"});
+    return {"sweep", "normlab sweep config", std::move(k)};
+}
+
 ConfigSchema make_bench_norms_schema() {
     std::vector<ConfigKey> k;
     k.push_back({.path = "reps", .type = ConfigType::Integer, .default_value = 100, .min = 1, .max = 100000,
@@ -414,6 +437,8 @@ std::string ConfigKey::type_text() const {
         case ConfigType::StringList:
             text = choices.empty() ? "list of strings" : "list of " + quoted_choices(choices, ", ");
             break;
+        case ConfigType::Object: text = "object"; break;
+        case ConfigType::PathOrObject: text = "path \\| object"; break;
     }
     return constraint.empty() ? text : text + ", " + constraint;
 }
@@ -450,16 +475,18 @@ const ConfigKey& ConfigSchema::key(const std::string& path) const {
 }
 
 const std::vector<std::string>& config_jobs() {
-    static const std::vector<std::string> jobs = {"train", "stability", "bench_norms"};
+    static const std::vector<std::string> jobs = {"train", "stability", "sweep", "bench_norms"};
     return jobs;
 }
 
 const ConfigSchema& config_schema(const std::string& job) {
     static const ConfigSchema train = make_train_schema();
     static const ConfigSchema stability = make_stability_schema();
+    static const ConfigSchema sweep = make_sweep_schema();
     static const ConfigSchema bench_norms = make_bench_norms_schema();
     if (job == "train") return train;
     if (job == "stability") return stability;
+    if (job == "sweep") return sweep;
     if (job == "bench_norms") return bench_norms;
     std::string names;
     for (const std::string& name : config_jobs()) names += (names.empty() ? "" : ", ") + name;
@@ -488,6 +515,8 @@ json value_schema(const ConfigKey& k) {
             s["type"] = "string";
             s["pattern"] = "^(cpu|cuda(:[0-9]+)?)$";
             break;
+        case ConfigType::Object: s["type"] = "object"; break;
+        case ConfigType::PathOrObject: s["type"] = json::array({"string", "object"}); break;
     }
     if (!k.choices.empty()) s["enum"] = k.choices;
     const bool integer = is_integer(k.type);
@@ -554,7 +583,10 @@ json json_schema(const ConfigSchema& schema) {
     for (const ConfigKey& k : schema.keys) {
         json& object = objects[k.parent()];
         object["properties"][k.name()] = key_schema(k);
-        if (k.when_key.empty()) continue;
+        if (k.when_key.empty()) {
+            if (k.required) object["required"].push_back(k.name());  // everywhere (a sweep's base)
+            continue;
+        }
         // The key of another source is refused; where it applies and is required, it must be given.
         const json absent_means = sibling_default(schema, k);
         const bool applies_when_absent = std::find(k.when_values.begin(), k.when_values.end(),

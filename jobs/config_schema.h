@@ -26,6 +26,8 @@ enum class ConfigType {
     IntegerList,  // a list (or one value) of integers, each within the bounds
     NumberList,
     StringList,   // with `choices`: each one of them
+    Object,       // a JSON object the job reads itself (a sweep's /grid): ConfigReader::get_json
+    PathOrObject, // a file's path, or the file's JSON object inline (a sweep's /base): get_json
 };
 
 struct ConfigKey {
@@ -60,7 +62,7 @@ struct ConfigKey {
 };
 
 struct ConfigSchema {
-    std::string job;    // "train", "stability", "bench_norms": `normlab config --schema JOB`
+    std::string job;    // "train", "stability", "sweep", "bench_norms": `normlab config --schema JOB`
     std::string title;  // "normlab train config"
     std::vector<ConfigKey> keys;  // in the docs' order
     // Objects: "data", "model", "model.norm" (each key's parent, in first-appearance order; the root "" first).
@@ -70,7 +72,7 @@ struct ConfigSchema {
     const ConfigKey& key(const std::string& path) const;
 };
 
-// The jobs that read a config file, in the docs' order: {"train", "stability", "bench_norms"}.
+// The jobs that read a config file, in the docs' order: {"train", "stability", "sweep", "bench_norms"}.
 const std::vector<std::string>& config_jobs();
 // The schema of a job; an nl::Error naming the choices for an unknown job.
 const ConfigSchema& config_schema(const std::string& job);

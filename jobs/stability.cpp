@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "jobs/config.h"
+#include "jobs/grid_runner.h"
 #include "jobs/run_dir.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -303,92 +304,61 @@ struct RunResult {
 };
 
 // ---------------------------------------------------------------------------------------------
-// gathering results from the ranks: a run's curves as raw bytes (doubles bit for bit, NaN included)
+// a run's record for the grid runner (jobs/grid_runner.h), which deals the runs over the ranks and
+// gathers them on rank 0: the curves as hex text of their raw bytes (doubles bit for bit, NaN included)
 // ---------------------------------------------------------------------------------------------
 
-struct Packer {
-    std::string bytes;
-    void put(double v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
-    void put_int(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
-    void put(const std::string& text) {
-        put_int(static_cast<int64_t>(text.size()));
-        bytes += text;
+std::string hex_of(const std::vector<double>& values) {
+    static const char digits[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(values.size() * 16);
+    for (double v : values) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, &v, sizeof v);
+        for (int shift = 60; shift >= 0; shift -= 4) out += digits[(bits >> shift) & 0xf];
     }
-    void put(const std::vector<double>& values) {
-        put_int(static_cast<int64_t>(values.size()));
-        for (double v : values) put(v);
-    }
-};
-
-struct Unpacker {
-    const std::string& bytes;
-    size_t at = 0;
-    template <typename T>
-    T raw() {
-        NL_CHECK(at + sizeof(T) <= bytes.size(), "gathered stability results are truncated");
-        T v;
-        std::memcpy(&v, bytes.data() + at, sizeof v);
-        at += sizeof v;
-        return v;
-    }
-    std::string text() {
-        const auto n = static_cast<size_t>(raw<int64_t>());
-        NL_CHECK(at + n <= bytes.size(), "gathered stability results are truncated");
-        std::string out = bytes.substr(at, n);
-        at += n;
-        return out;
-    }
-    std::vector<double> values() {
-        std::vector<double> out(static_cast<size_t>(raw<int64_t>()));
-        for (double& v : out) v = raw<double>();
-        return out;
-    }
-};
-
-void pack_curve(Packer& out, const Curve& curve) {
-    out.put(curve.losses);
-    out.put_int(static_cast<int64_t>(curve.grad_norms.size()));
-    for (const auto& row : curve.grad_norms) out.put(row);
-    out.put_int(curve.diverged_epoch);
-    out.put(curve.seconds);
+    return out;
 }
 
-Curve unpack_curve(Unpacker& in) {
+std::vector<double> values_of(const json& hex) {
+    const std::string& text = hex.get_ref<const std::string&>();
+    NL_CHECK(text.size() % 16 == 0, "a gathered stability curve is truncated");
+    std::vector<double> out(text.size() / 16);
+    for (size_t i = 0; i < out.size(); ++i) {
+        const uint64_t bits = std::stoull(text.substr(16 * i, 16), nullptr, 16);
+        std::memcpy(&out[i], &bits, sizeof bits);
+    }
+    return out;
+}
+
+json curve_json(const Curve& curve) {
+    json grad_norms = json::array();
+    for (const auto& row : curve.grad_norms) grad_norms.push_back(hex_of(row));
+    return {{"losses", hex_of(curve.losses)},
+            {"grad_norms", grad_norms},
+            {"diverged_epoch", curve.diverged_epoch},
+            {"seconds", hex_of({curve.seconds})}};
+}
+
+Curve curve_of(const json& record) {
     Curve curve;
-    curve.losses = in.values();
-    curve.grad_norms.resize(static_cast<size_t>(in.raw<int64_t>()));
-    for (auto& row : curve.grad_norms) row = in.values();
-    curve.diverged_epoch = in.raw<int64_t>();
-    curve.seconds = in.raw<double>();
+    curve.losses = values_of(record["losses"]);
+    for (const json& row : record["grad_norms"]) curve.grad_norms.push_back(values_of(row));
+    curve.diverged_epoch = record["diverged_epoch"].get<int64_t>();
+    curve.seconds = values_of(record["seconds"]).at(0);
     return curve;
 }
 
-// Rank 0 receives every rank's results, slotted by run index (each rank filled its own indices).
-void gather_results(std::vector<std::optional<RunResult>>& results, const std::vector<RunSpec>& specs) {
-    if (dist::world_size() == 1) return;
-    Packer out;
-    for (size_t i = 0; i < results.size(); ++i) {
-        if (!results[i]) continue;
-        const RunResult& r = *results[i];
-        out.put_int(static_cast<int64_t>(i));
-        pack_curve(out, r.curve);
-        out.put_int(r.perturbed ? 1 : 0);
-        if (r.perturbed) pack_curve(out, *r.perturbed);
-        out.put_int(static_cast<int64_t>(r.layers.size()));
-        for (const std::string& layer : r.layers) out.put(layer);
-    }
-    for (const std::string& bytes : dist::gather(out.bytes)) {
-        Unpacker in{bytes};
-        while (in.at < bytes.size()) {
-            const auto i = static_cast<size_t>(in.raw<int64_t>());
-            NL_CHECK(i < specs.size(), "gathered run index ", i, " out of range");
-            RunResult r{specs[i], unpack_curve(in), std::nullopt, {}};
-            if (in.raw<int64_t>() != 0) r.perturbed = unpack_curve(in);
-            r.layers.resize(static_cast<size_t>(in.raw<int64_t>()));
-            for (std::string& layer : r.layers) layer = in.text();
-            results[i] = std::move(r);
-        }
-    }
+json result_json(const RunResult& r) {
+    json out = {{"curve", curve_json(r.curve)}, {"layers", r.layers}};
+    if (r.perturbed) out["perturbed"] = curve_json(*r.perturbed);
+    return out;
+}
+
+RunResult result_of(const RunSpec& spec, const json& record) {
+    RunResult r{spec, curve_of(record["curve"]), std::nullopt, record["layers"].get<std::vector<std::string>>()};
+    if (record.contains("perturbed")) r.perturbed = curve_of(record["perturbed"]);
+    return r;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -775,17 +745,18 @@ StabilityResult run_stability(const StabilityJob& job, const StabilityCallbacks&
             callbacks.on_start({dist::is_root() ? describe(in) : std::string(), in.c.epochs,
                                 static_cast<int64_t>(mine.size()) * copies * in.c.epochs});
         }
-        std::vector<std::optional<RunResult>> slots(in.specs.size());
-        for (size_t index : mine) slots[index] = runner.run(in.specs[index]);
-
-        // Rank 0 gathers every run, then writes the curves and runs.csv in run order.
-        gather_results(slots, in.specs);
+        // This rank's runs, one at a time on this thread; rank 0 gathers every run's record, then
+        // writes the curves and runs.csv in run order. No files per run (the grid's dir is empty).
+        GridRunner grid;
+        grid.runs = static_cast<int64_t>(in.specs.size());
+        grid.jobs = 1;
+        grid.run = [&](int64_t index, const std::string&) {
+            return result_json(runner.run(in.specs[static_cast<size_t>(index)]));
+        };
+        const std::vector<json> records = run_grid(grid);
         if (!dist::is_root()) return {};
         std::vector<RunResult> results;
-        for (auto& slot : slots) {
-            NL_CHECK(slot.has_value(), "a run's result was not gathered");
-            results.push_back(std::move(*slot));
-        }
+        for (size_t i = 0; i < records.size(); ++i) results.push_back(result_of(in.specs[i], records[i]));
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return report(job, in, results, seconds);
     } catch (const std::exception& e) {

@@ -589,7 +589,7 @@ TrainStep TrainSession::run_step() {
         s.train_loss = t.train_loss;
         s.step = step;
         // The loss is the same on every rank, so every rank stops here together.
-        if (!std::isfinite(t.train_loss))
+        if (!std::isfinite(t.train_loss) && s.job.nonfinite_loss_is_error)
             throw dist::JobError(detail::concat("train: the loss became ", t.train_loss, " at step ", step,
                                                 " (diverged; try a lower /optim/lr or /optim/grad_clip in ",
                                                 s.config.file, ")"),

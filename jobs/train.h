@@ -42,6 +42,9 @@ struct TrainJob {
     bool resume = false;                // continue the run in `out` from its latest checkpoint
     int64_t stop_after = 0;             // > 0: stop after this step as if interrupted
     bool profile = false;               // time the steps' kernels (core/profiler.h)
+    // A NaN/Inf train loss is an error (the run stops with error.txt); false: run_step returns that
+    // step as usual and the caller decides (a sweep records the run as diverged: jobs/sweep.h).
+    bool nonfinite_loss_is_error = true;
 };
 
 // One evaluation over the held-out set.

@@ -190,6 +190,21 @@ TEST_CASE("every shipped stability config runs one epoch as shipped and writes e
     }
 }
 
+TEST_CASE("every shipped sweep config runs 2 steps per run as shipped and writes every run's record", "[configs]") {
+    const std::vector<fs::path> configs = shipped_configs_of("sweep");
+    REQUIRE(!configs.empty());
+    for (const fs::path& config : configs) {
+        ShippedRun where;
+        run_shipped(where, "sweep", config, "--quiet --jobs 2 --set base.train.steps=2 --set base.optim.warmup_steps=1");
+        const json shipped = read_json(config);
+        size_t runs = list_size(shipped, "seeds", 1);
+        for (const auto& item : shipped["grid"].items()) runs *= item.value().size();
+        CHECK(count_lines(where.run() / "runs.csv") == runs + 1);
+        for (size_t i = 0; i < runs; ++i) CHECK(fs::exists(where.run() / "runs" / std::to_string(i) / "result.json"));
+        CHECK(fs::exists(where.run() / "summary.json"));
+    }
+}
+
 TEST_CASE("every shipped bench norms config runs one rep per case as shipped and writes every case", "[configs]") {
     const std::vector<fs::path> configs = shipped_configs_of("bench norms");
     REQUIRE(configs.size() >= 1);

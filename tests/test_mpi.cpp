@@ -321,6 +321,32 @@ TEST_CASE("mpi: a 2-rank stability sweep writes one process's per-run results", 
     CHECK(b["world_size"] == 2);
 }
 
+TEST_CASE("mpi: a 2-rank transformer sweep writes one process's runs.csv and run files", "[mpi][mpirun]") {
+    TempDir dir("mpi_transformer_sweep");
+    const std::string args = "sweep " + shell_arg(kSource + "/configs/sweep.json") +
+                             " --quiet --jobs 1 --set base.train.steps=6 --set base.optim.warmup_steps=2"
+                             " --set base.data.eval_sequences=32 --set base.train.probe_every=3 --set 'seeds=[0,1]' --set plots=false";
+    Timed one = run_ranks(dir, 0, args + " --out one");
+    INFO(one.cli.output);
+    REQUIRE(one.cli.status == 0);
+    Timed two = run_ranks(dir, 2, args + " --out two");
+    INFO(two.cli.output);
+    REQUIRE(two.cli.status == 0);
+    // runs.csv but its wall-clock column; each run's config, metrics (train columns) and probes.
+    const std::vector<std::string> same = {"index", "model.qk_norm", "optim.lr", "seed", "init_loss", "final_train_loss",
+                                           "final_val_loss", "diverged", "diverged_at_step", "attn_score_max.block1"};
+    for (const std::string& name : same) CHECK(column(dir / "one/runs.csv", name) == column(dir / "two/runs.csv", name));
+    CHECK(column(dir / "two/runs.csv", "index").size() == 20);
+    for (int i : {0, 1, 7}) {
+        const std::string run = "/runs/" + std::to_string(i);
+        CHECK(read_text(dir / ("one" + run + "/config.json")) == read_text(dir / ("two" + run + "/config.json")));
+        CHECK(read_text(dir / ("one" + run + "/probes.csv")) == read_text(dir / ("two" + run + "/probes.csv")));
+        CHECK(column(dir / ("one" + run + "/metrics.csv"), "train_loss") ==
+              column(dir / ("two" + run + "/metrics.csv"), "train_loss"));
+    }
+    CHECK(nlohmann::json::parse(read_text(dir / "two/summary.json"))["world_size"] == 2);
+}
+
 // An expected error of the whole job: exit 2, one line (rank 0's), within the time limit.
 void check_job_error(const Timed& run, const std::vector<std::string>& parts) {
     INFO(run.cli.output);

@@ -34,6 +34,9 @@ void register_convert(CLI::App& app);
 
 // `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/cli/stability_cmd.cpp).
 void register_stability(CLI::App& app);
+// `normlab sweep CONFIG`: a grid of train runs with learning-rate sensitivity (jobs/sweep.h,
+// examples/cli/sweep_cmd.cpp).
+void register_sweep(CLI::App& app);
 // `normlab gradcheck`: every norm (both forms) and layer checked in f64 (jobs/gradcheck.h,
 // examples/cli/gradcheck_cmd.cpp).
 void register_gradcheck(CLI::App& app);

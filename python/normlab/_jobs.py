@@ -61,7 +61,7 @@ def config_defaults(job):
 
 
 def config_jobs():
-    """The jobs that read a config file: ["train", "stability", "bench_norms"]."""
+    """The jobs that read a config file: ["train", "stability", "sweep", "bench_norms"]."""
     return list(_ext.config_jobs())
 
 
@@ -488,6 +488,76 @@ def stability(config, overrides=None, out=None, force=False, progress=False):
                          diverged_epoch=run["diverged_epoch"], seconds=run["seconds"]) for run in r["runs"]]
     return StabilityResult(run_dir=r["run_dir"], summary=r["summary"], table=r["table"], notes=list(r["notes"]),
                            plots=r["plots"], runs=runs)
+
+
+# ---- sweep ----
+
+class _SweepProgress:
+    """progress=True for sweep: the header, then a line per finished run."""
+
+    def start(self, info):
+        done = f" ({info['resumed']} runs already done)" if info["resumed"] else ""
+        _say(f"sweep: {info['description']}{done}")
+
+    def run(self, r):
+        outcome = (f"diverged at step {r['diverged_at_step']}" if r["diverged"]
+                   else f"val loss {r['final_val_loss']:.4f}")
+        _say(f"sweep: run {r['index']} ({r['done']}/{r['mine']}) {r['label']}: {outcome} ({r['seconds']:.2f} s)")
+
+    def close(self):
+        pass
+
+
+@dataclasses.dataclass(repr=False)
+class SweepResult:
+    """What a sweep returns: run_dir (the sweep directory), summary (what summary.json holds: per variant
+    lr_sensitivity, best_lr, divergence_rate, the val loss per lr), table (one line per variant), plots
+    (which PNGs were drawn, or why none) and runs: runs.csv by column (index, one column per grid key,
+    seed, init_loss, final_train_loss, final_val_loss, diverged, diverged_at_step, seconds, probe_step,
+    then the last probes row's columns), each a NumPy array: float64 where every cell is a number (an
+    empty cell is NaN), else str."""
+    run_dir: str
+    summary: dict
+    table: str
+    plots: str
+    runs: dict
+
+    def __repr__(self):
+        return f"SweepResult(run_dir={self.run_dir!r}, runs={len(self.runs.get('index', []))})"
+
+
+def _column_array(cells):
+    """A runs.csv column as float64 (empty cells NaN) when every cell is a number, else as str."""
+    try:
+        return np.array([float(c) if c != "" else np.nan for c in cells], dtype=np.float64)
+    except ValueError:
+        return np.array(cells, dtype=str)
+
+
+def sweep(config, overrides=None, out=None, force=False, resume=False, jobs=0, progress=False):
+    """Runs the sweep job (``normlab sweep CONFIG``: a grid of train runs, base config x grid x seeds,
+    with the learning-rate sensitivity per variant) and returns a SweepResult.
+
+    config: a JSON sweep config path or a dict; overrides: ``--set`` assignments on the sweep config (a
+    list of "a.b=value", or a dict); out: the sweep directory (None: runs/<config name>-<timestamp>);
+    force: replace it; resume: continue the sweep in `out` (the runs without result.json); jobs: runs
+    at once (0: one per core, each on one thread). progress: False, True (a line per finished run on
+    stderr) or a callable given each finished run's dict (index, label, diverged, diverged_at_step,
+    final_val_loss, seconds, done, mine), called from the runs' threads. An exception from the callback
+    stops the sweep after the runs in flight (finished runs keep their result.json, so resume=True
+    continues) and is raised; so does Ctrl-C, seen when a run on the calling thread finishes.
+    """
+    printer, on_start, on_run = _callbacks(progress, _SweepProgress, "run")
+    try:
+        r = _ext.sweep(*_config_args(config), _overrides(overrides), _out(out), bool(force), bool(resume),
+                       int(jobs), on_start, on_run)
+    finally:
+        if printer is not None:
+            printer.close()
+    columns = list(r["columns"])
+    rows = r["rows"]
+    runs = {name: _column_array([row[i] for row in rows]) for i, name in enumerate(columns)}
+    return SweepResult(run_dir=r["run_dir"], summary=r["summary"], table=r["table"], plots=r["plots"], runs=runs)
 
 
 # ---- sample ----

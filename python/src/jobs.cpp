@@ -38,6 +38,7 @@
 #include "jobs/run_dir.h"
 #include "jobs/sample.h"
 #include "jobs/stability.h"
+#include "jobs/sweep.h"
 #include "jobs/train.h"
 #include "layers/checkpoint.h"
 
@@ -474,6 +475,79 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
     return d;
 }
 
+// ---- the sweep job ----
+
+// Runs a sweep; its runs go on the calling thread and jobs - 1 more, so on_run is called from any of
+// them, with the GIL. Ctrl-C is seen after a run the calling thread finished (Python handles signals
+// on its main thread only).
+nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& overrides, const std::string& out, bool force,
+               bool resume, int jobs, nb::object on_start, nb::object on_run) {
+    SweepJob job;
+    set_config(job, config);
+    job.overrides = overrides;
+    job.out = out;
+    job.force = force;
+    job.resume = resume;
+    job.jobs = jobs;
+    CallbackState state;
+    // A callback's Python error, KeyboardInterrupt included, stops the sweep after the runs in flight.
+    auto fail = [&](nb::python_error&& e, const std::string& where) {
+        const bool interrupted = state.take(std::move(e));
+        const nb::python_error& error = interrupted ? *state.interrupt : *state.failure;
+        throw CallbackError(fmt::format("sweep: {} raised {}", where, describe_python_error(error)));
+    };
+    SweepCallbacks callbacks;
+    callbacks.on_start = [&](const SweepStart& s) {
+        if (on_start.is_none()) return;
+        nb::gil_scoped_acquire gil;
+        nb::dict info;
+        info["description"] = s.description;
+        info["runs"] = s.runs;
+        info["resumed"] = s.resumed;
+        info["mine"] = s.mine;
+        try {
+            on_start(info);
+        } catch (nb::python_error& e) {
+            fail(std::move(e), "the start callback");
+        }
+    };
+    callbacks.on_run = [&](const SweepRunDone& r) {
+        nb::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) fail(nb::python_error(), fmt::format("a signal after run {}", r.index));
+        if (on_run.is_none()) return;
+        nb::dict d;
+        d["index"] = r.index;
+        d["label"] = r.label;
+        d["diverged"] = r.diverged;
+        d["diverged_at_step"] = r.diverged_at_step;
+        d["final_val_loss"] = r.final_val_loss;
+        d["seconds"] = r.seconds;
+        d["done"] = r.done;
+        d["mine"] = r.mine;
+        try {
+            on_run(d);
+        } catch (nb::python_error& error) {
+            fail(std::move(error), fmt::format("the progress callback after run {}", r.index));
+        }
+    };
+    std::optional<SweepResult> result;
+    try {
+        nb::gil_scoped_release release;
+        result = run_sweep(job, callbacks);
+    } catch (const CallbackError&) {
+        state.raise();
+        throw;
+    }
+    nb::dict d;
+    d["run_dir"] = result->run_dir;
+    d["summary"] = to_python(result->summary);
+    d["table"] = result->table;
+    d["plots"] = result->plots;
+    d["columns"] = result->columns;
+    d["rows"] = result->rows;
+    return d;
+}
+
 // ---- the sample job ----
 
 nb::dict sample(const std::string& checkpoint, int64_t num, int64_t max_new_tokens, const std::string& prompt,
@@ -712,6 +786,23 @@ void bind_stability(nb::module_& m) {
         nb::arg("config_path"), nb::arg("config_json"), nb::arg("config_name"), nb::arg("overrides"),
         nb::arg("out"), nb::arg("force"), nb::arg("on_start").none(), nb::arg("on_epoch").none(),
         stability_doc.c_str());
+    static const std::string sweep_doc =
+        std::string("Runs the sweep job (normlab sweep: a grid of train runs x seeds; jobs/sweep.h). ") + kConfigArgs +
+        " out: the sweep directory; resume: run the runs without result.json; jobs: runs at once (0: one per "
+        "core). on_start(dict: description, runs, resumed, mine), on_run(dict: index, label, diverged, "
+        "diverged_at_step, final_val_loss, seconds, done, mine), called from the runs' threads. Returns a dict: "
+        "run_dir, summary, table, plots, columns and rows (runs.csv's cells as text).";
+    m.def(
+        "sweep",
+        [](const std::string& config_path, const std::string& config_json, const std::string& config_name,
+           const std::vector<std::string>& overrides, const std::string& out, bool force, bool resume, int jobs,
+           nb::object on_start, nb::object on_run) {
+            return sweep({config_path, config_json, config_name}, overrides, out, force, resume, jobs, on_start,
+                         on_run);
+        },
+        nb::arg("config_path"), nb::arg("config_json"), nb::arg("config_name"), nb::arg("overrides"),
+        nb::arg("out"), nb::arg("force"), nb::arg("resume"), nb::arg("jobs"), nb::arg("on_start").none(),
+        nb::arg("on_run").none(), sweep_doc.c_str());
 }
 
 void bind_sample(nb::module_& m) {
@@ -783,7 +874,7 @@ void bind_convert(nb::module_& m) {
 // The config schema (jobs/config_schema.h) as JSON text: normlab.config_schema and config_defaults
 // parse it, so Python states no default of its own.
 void bind_config_schema(nb::module_& m) {
-    m.def("config_jobs", &config_jobs, "The jobs that read a config file: train, stability, bench_norms.");
+    m.def("config_jobs", &config_jobs, "The jobs that read a config file: train, stability, sweep, bench_norms.");
     m.def(
         "config_schema", [](const std::string& job) { return json_schema(config_schema(job)).dump(); },
         nb::arg("job"), "The JSON Schema (draft 2020-12) of the job's config files, as JSON text.");

@@ -32,7 +32,7 @@ def shipped_configs():
 
 
 def test_the_schema_and_defaults_come_from_cxx():
-    assert normlab.config_jobs() == ["train", "stability", "bench_norms"]
+    assert normlab.config_jobs() == ["train", "stability", "sweep", "bench_norms"]
     for job in normlab.config_jobs():
         assert normlab.config_schema(job) == json.loads((SCHEMAS / f"{job}.schema.json").read_text())
     train = normlab.config_schema("train")

@@ -1,4 +1,4 @@
-"""Tests of the jobs as Python calls (normlab.train, TrainSession, stability, sample, checkpoints):
+"""Tests of the jobs as Python calls (normlab.train, TrainSession, stability, sweep, sample, checkpoints):
 the same bits as the `normlab` program, Ctrl-C leaving a run that resume completes, exceptions from
 callbacks and from the job, and the results matching the files the jobs write.
 
@@ -282,6 +282,43 @@ def test_convert_layernorm_to_rmsnorm_samples_the_same_text(tmp_path):
     with pytest.raises(normlab.Error, match="already RMSNorm"):
         normlab.convert(tmp_path / "rms.safetensors", "rmsnorm", tmp_path / "again.safetensors")
     normlab.convert(ln, "rmsnorm", tmp_path / "rms.safetensors", force=True)
+
+
+# ---- sweep ----
+
+# 2 lrs (one diverging) x 2 seeds of a 1-block, dim-16 model, 10 steps each: well under a second.
+TINY_SWEEP = {
+    "base": {"data": {"source": "synthetic", "task": "reverse", "length": 4, "symbols": 6, "eval_sequences": 32},
+             "model": {"dim": 16, "n_layers": 1, "n_heads": 2, "multiple_of": 16, "max_seq_len": 16},
+             "optim": {"lr": 0.003, "min_lr": 0.0003, "warmup_steps": 2},
+             "train": {"steps": 10, "batch_size": 8, "eval_every": 0, "probe_every": 5}},
+    "grid": {"optim.lr": [0.003, 10.0]},
+    "seeds": [0, 1],
+}
+
+
+def test_sweep_returns_runs_csv_as_arrays(tmp_path):
+    finished = []
+    result = normlab.sweep(TINY_SWEEP, out=tmp_path / "sweep", jobs=2, progress=finished.append)
+    table = read_csv(tmp_path / "sweep" / "runs.csv")
+    assert list(result.runs) == list(table)
+    np.testing.assert_array_equal(result.runs["index"], [0, 1, 2, 3])
+    np.testing.assert_array_equal(result.runs["optim.lr"], [0.003, 0.003, 10.0, 10.0])
+    np.testing.assert_array_equal(result.runs["diverged"], [0, 0, 1, 1])
+    np.testing.assert_array_equal(result.runs["init_loss"], as_floats(table["init_loss"]))
+    assert np.isnan(result.runs["final_val_loss"][2:]).all()
+    assert sorted(r["index"] for r in finished) == [0, 1, 2, 3]
+    (variant,) = result.summary["variants"]
+    assert result.summary == read_json(tmp_path / "sweep" / "summary.json")
+    # Wortsman et al.'s lr sensitivity from the arrays: a diverged run counts as the loss at init.
+    init = result.runs["init_loss"].mean()
+    loss = np.where(result.runs["diverged"] == 1, init, result.runs["final_val_loss"])
+    per_lr = [loss[result.runs["optim.lr"] == lr].mean() for lr in (0.003, 10.0)]
+    expected = np.mean([min(x, init) - min(per_lr) for x in per_lr])
+    assert variant["lr_sensitivity"] == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(normlab.Error, match="/grid/optim.lr/1: expected a number"):
+        normlab.sweep({**TINY_SWEEP, "grid": {"optim.lr": [0.1, "x"]}}, out=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
 
 
 # ---- stability ----

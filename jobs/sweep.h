@@ -1,0 +1,77 @@
+// The sweep job as library code: a grid of train runs (jobs/train.h), the cartesian product of train
+// config values (/grid) times seeds, each run a normal train run directory under <sweep>/runs/<i>/,
+// stopped and recorded as diverged when its loss blows up; then runs.csv (one row per run),
+// summary.json (per variant: Wortsman et al. 2023's learning-rate sensitivity, the best lr, the
+// divergence rate, the val loss per lr over seeds) and plots.gp (PNGs where gnuplot is installed).
+// docs/stability.md ("Transformer sweeps") has the config keys, the outputs and the formula.
+//
+// The runs go over `jobs` threads in one process (each run on one OpenMP thread unless the config
+// says otherwise) and, under mpirun, over the ranks (run i to rank i mod N); rank 0 writes the
+// tables. Each finished run leaves runs/<i>/result.json (jobs/grid_runner.h), so `resume` continues
+// an interrupted sweep, and its runs.csv equals an uninterrupted sweep's but for `seconds`.
+// Nothing here prints: progress reaches the caller through SweepCallbacks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nl {
+
+struct SweepJob {
+    std::string config_path;             // a JSON sweep config; empty: `config` below
+    nlohmann::json config;               // a config object, used when config_path is empty
+    std::string config_name = "config";  // how messages and the default directory name `config`
+    std::vector<std::string> overrides;  // "a.b=value" on the sweep config, applied in order
+    std::string out;                     // sweep directory; "" for runs/<config name>-<timestamp>
+    bool force = false;                  // replace an existing sweep directory
+    bool resume = false;                 // continue the sweep in `out`: run the runs without result.json
+    int jobs = 0;                        // runs at once on each rank; 0: the cores / the MPI ranks (at least 1)
+};
+
+struct SweepStart {
+    std::string description;  // "4 runs (optim.lr 2 x seeds 2), 2 at once -> runs/..."
+    int64_t runs = 0;         // in the sweep
+    int64_t resumed = 0;      // read back from result.json (resume)
+    int64_t mine = 0;         // this rank runs
+};
+
+// One run this rank finished.
+struct SweepRunDone {
+    int64_t index = 0;
+    std::string label;         // "optim.lr=0.01 seed=1"
+    bool diverged = false;
+    int64_t diverged_at_step = 0;
+    double final_val_loss = 0.0;  // NaN when diverged
+    double seconds = 0.0;
+    int64_t done = 0;          // runs this rank has finished so far, of `mine`
+    int64_t mine = 0;
+    int rank = 0;              // the MPI rank that ran it, of world_size
+    int world_size = 1;
+};
+
+struct SweepCallbacks {
+    std::function<void(const SweepStart&)> on_start;
+    std::function<void(const SweepRunDone&)> on_run;  // one call at a time
+};
+
+struct SweepResult {
+    std::string run_dir;
+    std::vector<std::string> columns;             // runs.csv's header
+    std::vector<std::vector<std::string>> rows;   // runs.csv's rows, in run order (rank 0)
+    nlohmann::json summary;                       // summary.json (rank 0; null elsewhere)
+    std::string table;                            // one line per variant, for the terminal
+    std::string plots;                            // which PNGs were drawn, or why none
+};
+
+SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks = {});
+
+// Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities"),
+// learning-rate sensitivity: mean over the lrs of min(L(lr), L_init) - min over lr of L(lr), with
+// `losses` (lrs,) L(lr) (a diverged lr's L already replaced by L_init) and `init_loss` L_init.
+double lr_sensitivity(const std::vector<double>& losses, double init_loss);
+
+}  // namespace nl

@@ -1,0 +1,259 @@
+// `normlab sweep` (jobs/sweep.h) through the real program on a tiny transformer: runs.csv's columns,
+// a run's files equal to a standalone `normlab train` of its config, the learning-rate sensitivity
+// recomputed from runs.csv, a diverging lr recorded (not an error), bad input refused before any
+// run, and a sweep killed with SIGKILL then resumed equal to an uninterrupted one.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "jobs/sweep.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace nl_test;
+
+namespace {
+
+// A tiny train config: 1 block of dim 16 on 4-symbol reversal, `steps` steps of batch 8, probes
+// every 5 steps.
+json tiny_base(int64_t steps) {
+    return json{{"seed", 0},
+                {"data", {{"source", "synthetic"}, {"task", "reverse"}, {"length", 4}, {"symbols", 6}, {"eval_sequences", 32}}},
+                {"model", {{"dim", 16}, {"n_layers", 1}, {"n_heads", 2}, {"multiple_of", 16}, {"max_seq_len", 16}}},
+                {"optim", {{"lr", 0.003}, {"min_lr", 0.0003}, {"warmup_steps", 2}}},
+                {"train", {{"steps", steps}, {"batch_size", 8}, {"eval_every", 0}, {"probe_every", 5}, {"log_every", 1000}}}};
+}
+
+template <typename Json>
+void write_json(const std::string& path, const Json& value) {
+    std::ofstream out(path);
+    out << value.dump(2) << "\n";
+    REQUIRE(out.good());
+}
+
+struct Csv {
+    std::vector<std::string> header;
+    std::vector<std::vector<std::string>> rows;
+    size_t column(const std::string& name) const {
+        const size_t at = static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+        INFO(name);
+        REQUIRE(at < header.size());
+        return at;
+    }
+    std::vector<std::string> column_values(const std::string& name) const {
+        std::vector<std::string> out;
+        for (const auto& row : rows) out.push_back(row[column(name)]);
+        return out;
+    }
+};
+
+std::vector<std::string> split(const std::string& line) {
+    std::vector<std::string> cells;
+    std::stringstream in(line);
+    for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.push_back("");
+    return cells;
+}
+
+Csv read_csv(const std::string& path) {
+    std::ifstream in(path);
+    REQUIRE(in.good());
+    Csv csv;
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    csv.header = split(line);
+    while (std::getline(in, line)) {
+        csv.rows.push_back(split(line));
+        REQUIRE(csv.rows.back().size() == csv.header.size());
+    }
+    return csv;
+}
+
+// The CSV's text without the named columns (wall-clock columns), for exact comparison.
+std::string without_columns(const Csv& csv, const std::set<std::string>& drop) {
+    std::string out;
+    for (size_t r = 0; r <= csv.rows.size(); ++r) {
+        const auto& row = r == 0 ? csv.header : csv.rows[r - 1];
+        for (size_t i = 0; i < row.size(); ++i)
+            if (!drop.count(csv.header[i])) out += row[i] + ",";
+        out += "\n";
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("sweep: lr_sensitivity is the mean of min(L, L_init) - min L over the lrs", "[sweep]") {
+    // L = (2, 1, 5) with L_init 3: (min(2,3) - 1 + min(1,3) - 1 + min(5,3) - 1) / 3 = (1 + 0 + 2) / 3.
+    CHECK(nl::lr_sensitivity({2.0, 1.0, 5.0}, 3.0) == Approx(1.0));
+    CHECK(nl::lr_sensitivity({1.5}, 3.0) == 0.0);  // one lr: nothing to be sensitive to
+    // The formula as written: when no lr gets below L_init, min L > L_init and the terms are negative.
+    CHECK(nl::lr_sensitivity({4.0, 5.0}, 3.0) == Approx(-1.0));
+    CHECK(std::isnan(nl::lr_sensitivity({}, 3.0)));
+}
+
+TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a diverging lr", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep");
+    write_json(dir + "/base.json", tiny_base(20));
+    // Written in this key order (nlohmann::json would sort the grid's keys).
+    write_json(dir + "/sweep.json",
+               nlohmann::ordered_json{{"base", "base.json"},
+                                      {"grid", {{"optim.lr", {0.003, 10.0}}, {"model.qk_norm", {"none", "head"}}}},
+                                      {"seeds", {0, 1}}});
+    const CliRun run = run_normlab_in(dir, "sweep sweep.json --out out --jobs 2");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+
+    // runs.csv: the grid keys in the file's order (optim.lr before model.qk_norm), the last key then
+    // the seeds fastest.
+    const Csv csv = read_csv(dir + "/out/runs.csv");
+    const std::vector<std::string> fixed = {"index", "optim.lr", "model.qk_norm", "seed", "init_loss",
+                                            "final_train_loss", "final_val_loss", "diverged", "diverged_at_step",
+                                            "seconds", "probe_step", "attn_score_max.block0", "residual_rms.block0",
+                                            "logsumexp_mean", "logsumexp_max"};
+    REQUIRE(csv.header.size() > fixed.size());
+    CHECK(std::vector<std::string>(csv.header.begin(), csv.header.begin() + fixed.size()) == fixed);
+    REQUIRE(csv.rows.size() == 8);
+    CHECK(csv.column_values("index") == std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7"});
+    CHECK(csv.column_values("optim.lr") == std::vector<std::string>{"0.003", "0.003", "0.003", "0.003", "10.0", "10.0", "10.0", "10.0"});
+    CHECK(csv.column_values("model.qk_norm") == std::vector<std::string>{"none", "none", "head", "head", "none", "none", "head", "head"});
+    CHECK(csv.column_values("seed") == std::vector<std::string>{"0", "1", "0", "1", "0", "1", "0", "1"});
+    for (size_t i = 0; i < 8; ++i) {
+        const bool huge = i >= 4;
+        INFO("run " << i);
+        // lr 10 diverges (recorded, the sweep still exits 0); lr 0.003 trains all 20 steps.
+        CHECK(csv.rows[i][csv.column("diverged")] == (huge ? "1" : "0"));
+        const int64_t at = std::stoll(csv.rows[i][csv.column("diverged_at_step")]);
+        CHECK((huge ? at >= 1 && at <= 20 : at == 0));
+        CHECK(csv.rows[i][csv.column("final_val_loss")].empty() == huge);
+        CHECK(file_exists(dir + "/out/runs/" + std::to_string(i) + "/result.json"));
+        CHECK(file_exists(dir + "/out/runs/" + std::to_string(i) + "/summary.json") == !huge);
+        if (!huge) CHECK(std::stod(csv.rows[i][csv.column("final_val_loss")]) < std::stod(csv.rows[i][csv.column("init_loss")]));
+    }
+
+    // summary.json: one variant per qk_norm; lr_sensitivity recomputed here from runs.csv alone:
+    // mean over lrs of min(L(lr), L_init) - min_lr L(lr), L = mean val loss over seeds with a
+    // diverged run as L_init, L_init = the variant's mean init_loss.
+    const json summary = json::parse(read_text(dir + "/out/summary.json"));
+    REQUIRE(summary["variants"].size() == 2);
+    for (const json& v : summary["variants"]) {
+        const std::string qk = v["grid"]["model.qk_norm"].get<std::string>();
+        CHECK(!v["grid"].contains("optim.lr"));
+        double init_sum = 0.0;
+        int init_n = 0;
+        for (const auto& row : csv.rows)
+            if (row[csv.column("model.qk_norm")] == qk) init_sum += std::stod(row[csv.column("init_loss")]), ++init_n;
+        const double init = init_sum / init_n;
+        std::map<std::string, std::pair<double, int>> by_lr;
+        for (const auto& row : csv.rows) {
+            if (row[csv.column("model.qk_norm")] != qk) continue;
+            const double loss = row[csv.column("diverged")] == "1" ? init : std::stod(row[csv.column("final_val_loss")]);
+            by_lr[row[csv.column("optim.lr")]].first += loss;
+            by_lr[row[csv.column("optim.lr")]].second += 1;
+        }
+        double best = INFINITY, sum = 0.0;
+        for (const auto& [lr, acc] : by_lr) best = std::min(best, acc.first / acc.second);
+        for (const auto& [lr, acc] : by_lr) sum += std::min(acc.first / acc.second, init) - best;
+        INFO(qk);
+        CHECK(v["lr_sensitivity"].get<double>() == Approx(sum / by_lr.size()).epsilon(1e-12));
+        CHECK(v["lr_sensitivity"].get<double>() > 0.0);  // lr 10 costs its variant
+        CHECK(v["best_lr"].get<double>() == 0.003);
+        CHECK(v["divergence_rate"].get<double>() == 0.5);
+        CHECK(v["lrs"].size() == 2);
+    }
+    CHECK(file_exists(dir + "/out/plots.gp"));
+    CHECK(read_text(dir + "/out/plots.gp").find("$attn") != std::string::npos);
+    CHECK(run.output.find("diverged at step") != std::string::npos);
+
+    // The bits: run 2 (qk_norm head, seed 0) trained standalone from its config.json writes the same
+    // config.json, metrics.csv (but its wall-clock columns) and probes.csv.
+    const std::string r2 = dir + "/out/runs/2";
+    const CliRun alone = run_normlab_in(dir, "train out/runs/2/config.json --out alone --quiet");
+    INFO(alone.output);
+    REQUIRE(alone.status == 0);
+    CHECK(read_text(dir + "/alone/config.json") == read_text(r2 + "/config.json"));
+    CHECK(read_text(dir + "/alone/probes.csv") == read_text(r2 + "/probes.csv"));
+    const std::set<std::string> timing = {"tokens_per_s", "elapsed_s"};
+    CHECK(without_columns(read_csv(dir + "/alone/metrics.csv"), timing) ==
+          without_columns(read_csv(r2 + "/metrics.csv"), timing));
+    CHECK(json::parse(read_text(r2 + "/config.json"))["train"]["threads"] == 1);
+}
+
+TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep-bad");
+    write_json(dir + "/base.json", tiny_base(4));
+    struct Case {
+        json config;
+        std::string message;
+    };
+    const std::vector<Case> cases = {
+        {{{"base", "base.json"}, {"grid", {{"optim.lrr", {0.1}}}}}, "/grid/optim.lrr: not a train config key (did you mean 'optim.lr'"},
+        {{{"base", "base.json"}, {"grid", {{"optim.lr", json::array()}}}}, "/grid/optim.lr: expected a non-empty list"},
+        {{{"base", "base.json"}, {"grid", {{"optim.lr", {0.1, 0.2, "x"}}}}}, "/grid/optim.lr/2: expected a number, found \"x\""},
+        {{{"base", "base.json"}, {"grid", {{"model.n_layers", {1, 1.5}}}}}, "/grid/model.n_layers/1: expected an integer"},
+        {{{"base", "missing.json"}}, "/base: no train config file"},
+        {{{"base", "base.json"}, {"seeds", {0, -1}}}, "/seeds"},
+        {{{"base", "base.json"}, {"seeds", {3, 3}}}, "/seeds: lists the value 3 twice"},
+        {{{"base", "base.json"}, {"grid", {{"optim.lr", {-1.0}}}}}, "run 0 (optim.lr=-1.0 seed=0): /optim/lr"},
+        {{{"grid", {{"optim.lr", {0.1}}}}}, "/base: required"},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string name = "bad" + std::to_string(i) + ".json";
+        write_json(dir + "/" + name, cases[i].config);
+        const CliRun run = run_normlab_in(dir, "sweep " + name + " --out out" + std::to_string(i));
+        INFO(name << ": " << run.output);
+        CHECK(run.status == 2);
+        CHECK(run.output.find(cases[i].message) != std::string::npos);
+        CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+        CHECK(!fs::exists(dir + "/out" + std::to_string(i)));
+    }
+}
+
+TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrupted sweep's", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep-resume");
+    write_json(dir + "/base.json", tiny_base(150));
+    write_json(dir + "/sweep.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003, 0.01, 0.03}}}}, {"seeds", {0, 1}}});
+    // In the background: its pid, then SIGKILL once two runs have their result.json.
+    const CliRun started = run_shell_in(dir, "OMP_WAIT_POLICY=passive " + shell_arg(NORMLAB_BINARY) +
+                                                  " sweep sweep.json --out killed --jobs 1 >killed.log 2>&1 & echo $!");
+    REQUIRE(started.status == 0);
+    const pid_t pid = static_cast<pid_t>(std::stol(started.output));
+    auto finished = [&] {
+        int n = 0;
+        for (int i = 0; i < 6; ++i) n += fs::exists(dir + "/killed/runs/" + std::to_string(i) + "/result.json");
+        return n;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (finished() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(kill(pid, SIGKILL) == 0);
+    const int done_at_kill = finished();
+    INFO("runs finished at the kill: " << done_at_kill);
+    REQUIRE(done_at_kill >= 2);
+    CHECK(done_at_kill < 6);  // something is left to resume
+    while (kill(pid, 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // reaped by the shell
+    CHECK(!fs::exists(dir + "/killed/runs.csv"));
+
+    const CliRun resumed = run_normlab_in(dir, "sweep sweep.json --out killed --resume --jobs 2");
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(resumed.output.find("already done") != std::string::npos);
+    const CliRun whole = run_normlab_in(dir, "sweep sweep.json --out whole --jobs 2 --quiet");
+    REQUIRE(whole.status == 0);
+
+    const Csv a = read_csv(dir + "/killed/runs.csv"), b = read_csv(dir + "/whole/runs.csv");
+    CHECK(a.rows.size() == 6);
+    CHECK(without_columns(a, {"seconds"}) == without_columns(b, {"seconds"}));
+    CHECK(json::parse(read_text(dir + "/killed/summary.json"))["variants"] ==
+          json::parse(read_text(dir + "/whole/summary.json"))["variants"]);
+    // Every run's metrics.csv has exactly its 150 steps (a half-written run was started over).
+    for (int i = 0; i < 6; ++i) CHECK(read_csv(dir + "/killed/runs/" + std::to_string(i) + "/metrics.csv").rows.size() == 150);
+}
