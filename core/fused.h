@@ -1,8 +1,8 @@
 // Fused kernels at the tensor level (no autograd): the norm forward/backward pair that serves
-// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; DyT's pair; soft-capping's pair; cross-entropy over logits; one-pass Adam/AdamW
-// and SGD updates. Each checks shapes/dtypes/devices, allocates, and calls one backend kernel
-// (core/backend.h has the formulas). bf16/f16 tensors are read and written as such by the kernels,
-// with all math in at least f32.
+// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; DyT's pair; soft-capping's pair; cross-entropy
+// over logits; one-pass Adam/AdamW and SGD updates. Each checks shapes/dtypes/devices, allocates, and
+// calls one backend kernel (core/backend.h has the formulas). bf16/f16 tensors are read and written as
+// such by the kernels, with all math in at least f32.
 #pragma once
 
 #include <cstdint>

@@ -352,7 +352,8 @@ TEST_CASE("exp_f32 (the vectorizable f32 exp behind sigmoid and silu) is within 
     REQUIRE(std::isnan(cpu_math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind the tanh op and DyT's kernel) is within 3 ulp of tanh", "[elementwise]") {
+TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind the tanh op and DyT's kernel) is within 3 ulp of tanh",
+          "[elementwise]") {
     // Evenly spaced inputs over [-12, 12] (past 9.01, tanh rounds to +-1 in f32), densely around the
     // polynomial/exp switch at |x| = 0.625, and tiny ones, where tanh(x) ~ x.
     double worst_ulps = 0;

@@ -491,8 +491,9 @@ TEST_CASE("softcap: the fused pair matches the composed form (f64, f32, bf16) an
     }
     // bf16 (the CPU kernel reads and writes bf16, f32 math) against f32 of the same bf16 inputs.
     const Tensor xb = x64.to(DType::BF16), dyb = dy64.to(DType::BF16);
-    check_close(softcap_forward(xb, cap).to(DType::F32), softcap_forward(xb.to(DType::F32), cap).to(DType::BF16).to(DType::F32),
-                0.0, 0.0, "bf16 y: the f32 result rounded once");
+    check_close(softcap_forward(xb, cap).to(DType::F32),
+                softcap_forward(xb.to(DType::F32), cap).to(DType::BF16).to(DType::F32), 0.0, 0.0,
+                "bf16 y: the f32 result rounded once");
     const Tensor yb = softcap_forward(xb, cap);
     check_close(softcap_backward(dyb, yb, cap).to(DType::F32),
                 softcap_backward(dyb.to(DType::F32), yb.to(DType::F32), cap).to(DType::BF16).to(DType::F32), 0.0,
@@ -545,7 +546,8 @@ double median_ms(Fn&& fn) {
 
 // nanoGPT's shapes (B 8, T 256, H 6, hd 64; a vocabulary of 50304 over the 2048 rows): the fused
 // attention forward + backward with softcap 0 and 30, the fused cross-entropy forward + backward
-// with z_loss 0 and 1e-4, and softcap(logits, 30) fused and composed against a copy, f32. Prints the medians; `normlab_tests "[.stabilizers_timing]"`.
+// with z_loss 0 and 1e-4, and softcap(logits, 30) fused and composed against a copy, f32. Prints
+// the medians; `normlab_tests "[.stabilizers_timing]"`.
 TEST_CASE("stabilizers: timing of the fused kernels with the stabilizers off and on", "[.stabilizers_timing]") {
     Generator gen(1);
     const Tensor q = randn({8, 256, 6, 64}, gen), k = randn({8, 256, 6, 64}, gen), v = randn({8, 256, 6, 64}, gen);
