@@ -4,8 +4,8 @@
 // implements every pure virtual here, so a missing kernel fails to compile (an abstract class cannot
 // be instantiated). Floating kernels see f32 or f64 only: ops convert bf16/f16 to f32 first
 // (copy/fill see every dtype; the norm and cross-entropy kernels read and write bf16/f16 too, and
-// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once; the CPU's rope, SwiGLU
-// and attention kernels take bf16 too, with f32 math).
+// the CPU's gemm takes bf16: bf16 operands, f32 sums, a bf16 C rounded once; the CPU's rope, SwiGLU,
+// soft-capping and attention kernels take bf16 too, with f32 math).
 #pragma once
 
 #include <cstdint>
@@ -337,6 +337,14 @@ public:
     virtual void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) = 0;
     virtual void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
                                  int64_t n) = 0;
+    // Soft-capping (Gemma 2, Gemma Team 2024, its final logits and attention scores; Grok-1) over n
+    // contiguous elements, with SwiGLU's dtypes (f32 or f64; bf16 too on the CPU, f32 math, each output
+    // rounded once) and cap > 0 (cap converted to the compute dtype, as a scalar operand of x / cap is):
+    //   forward:  y = cap * tanh(x / cap)
+    //   backward: dx = dy * (1 - (y / cap)^2), from the saved output y (d tanh(u) / du = 1 - tanh(u)^2),
+    //             evaluated as dy * ((cap - y) * (cap + y)) / cap^2 (the kernels say why)
+    virtual void softcap_forward(DType dtype, const void* x, void* y, int64_t n, double cap) = 0;
+    virtual void softcap_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, double cap) = 0;
 };
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.

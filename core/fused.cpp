@@ -482,6 +482,38 @@ SwigluBackward swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor
 
 namespace {
 
+void require_cap(const char* op, double cap) {
+    NL_REQUIRE(std::isfinite(cap) && cap > 0.0, op, ": cap must be finite and > 0, found ", cap);
+}
+
+}  // namespace
+
+Tensor softcap_forward(const Tensor& x, double cap) {
+    const char* op = "softcap";
+    require_floating(op, "x", x);
+    require_cap(op, cap);
+    const DType io = kernel_io_dtype(x);
+    const Tensor xc = x.to(io).contiguous();
+    Tensor y = Tensor::empty(x.shape(), io, x.device());
+    if (y.numel() > 0) backend_for(x.device()).softcap_forward(io, xc.data_ptr(), y.data_ptr(), y.numel(), cap);
+    return y.to(x.dtype());
+}
+
+Tensor softcap_backward(const Tensor& dy, const Tensor& y, double cap) {
+    const char* op = "softcap_backward";
+    require_floating(op, "y", y);
+    require_like(op, "dy", dy, "y", y, false);
+    require_cap(op, cap);
+    const DType io = kernel_io_dtype(y);
+    const Tensor yc = y.to(io).contiguous(), dc = dy.to(io).contiguous();
+    Tensor dx = Tensor::empty(y.shape(), io, y.device());
+    if (dx.numel() > 0)
+        backend_for(y.device()).softcap_backward(io, yc.data_ptr(), dc.data_ptr(), dx.data_ptr(), dx.numel(), cap);
+    return dx.to(y.dtype());
+}
+
+namespace {
+
 // Checks q (B, T, H, hd) and k, v (B, L, KV, hd) of causal attention; returns (B, T, L, H, KV, hd).
 std::array<int64_t, 6> attention_dims(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
     require_floating(op, "q", q);

@@ -1,8 +1,8 @@
 // Fused kernels at the tensor level (no autograd): the norm forward/backward pair that serves
-// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; DyT's pair; cross-entropy over logits; one-pass Adam/AdamW
-// and SGD updates. Each checks shapes/dtypes/devices, allocates, and calls one backend kernel
-// (core/backend.h has the formulas). bf16/f16 tensors are read and written as such by the kernels,
-// with all math in at least f32.
+// LayerNorm, RMSNorm, RMSNorm with bias and pRMSNorm; DyT's pair; soft-capping's pair; cross-entropy
+// over logits; one-pass Adam/AdamW and SGD updates. Each checks shapes/dtypes/devices, allocates, and
+// calls one backend kernel (core/backend.h has the formulas). bf16/f16 tensors are read and written as
+// such by the kernels, with all math in at least f32.
 #pragma once
 
 #include <cstdint>
@@ -138,6 +138,14 @@ struct SwigluBackward {
     Tensor db;  // b's shape and dtype
 };
 SwigluBackward swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor& b);
+
+// ---- soft-capping (core/backend.h has the formulas) ----
+
+// cap * tanh(x / cap) for x of a floating dtype and cap > 0 and finite (the caller skips cap 0, which is
+// off); bf16/f16 computed in f32 and rounded once.
+Tensor softcap_forward(const Tensor& x, double cap);
+// dx = dy * (1 - (y / cap)^2) from softcap_forward's output y (x itself is not needed); dy has y's shape.
+Tensor softcap_backward(const Tensor& dy, const Tensor& y, double cap);
 
 // ---- causal attention (FlashAttention's algorithm; core/backend.h has the formulas) ----
 

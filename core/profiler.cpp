@@ -204,6 +204,13 @@ public:
                          int64_t n) override {
         timed("swiglu_backward", 0, 5 * bytes_of(dtype, n), [&] { inner_.swiglu_backward(dtype, a, b, dout, da, db, n); });
     }
+    void softcap_forward(DType dtype, const void* x, void* y, int64_t n, double cap) override {
+        timed("softcap", 0, 2 * bytes_of(dtype, n), [&] { inner_.softcap_forward(dtype, x, y, n, cap); });
+    }
+    void softcap_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, double cap) override {
+        timed("softcap_backward", 0, 3 * bytes_of(dtype, n),
+              [&] { inner_.softcap_backward(dtype, y, dy, dx, n, cap); });
+    }
     // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
     // products (q k, p v), the backward five (s, dp, dv, dk, dq).
     void attention_forward(const AttentionForwardArgs& a) override {

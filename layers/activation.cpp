@@ -3,12 +3,27 @@
 
 #include <cmath>
 
+#include "autograd/fused_node.h"
+#include "core/fused.h"
+
 namespace nl {
 
-Var softcap(const Var& x, double cap) {
+Var softcap(const Var& x, double cap, bool fused) {
     NL_REQUIRE(std::isfinite(cap) && cap >= 0.0, "softcap: cap must be finite and >= 0 (0: off), found ", cap);
     if (cap == 0.0) return x;
-    return tanh(x / cap) * cap;
+    auto composed = [cap](const Var& v) { return tanh(v / cap) * cap; };
+    if (!fused) return composed(x);
+    // The kernel backward needs only the output y. x is saved for the composed twin (create_graph); a model's
+    // loss keeps the capped logits y alive anyway, so x is the one extra tensor, as tanh's saved
+    // output is in the composed form.
+    std::vector<SavedTensor> saved;
+    saved.emplace_back("x", x);
+    saved.push_back(SavedTensor::output("y"));
+    return make_fused_result(softcap_forward(x.data(), cap), "softcap", {x}, std::move(saved), {0},
+                             [cap](const Var& dy, const std::vector<Var>& s) -> std::vector<Var> {
+                                 return {Var(softcap_backward(dy.data(), s[1].data(), cap))};
+                             },
+                             [composed](const std::vector<Var>& in) { return composed(in[0]); });
 }
 
 Var dropout(const Var& x, double p, bool training, Generator& generator) {

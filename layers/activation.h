@@ -30,8 +30,11 @@ public:
 
 // Soft-capping (Gemma 2, Gemma Team 2024; Grok-1): cap * tanh(x / cap), which bounds x to (-cap, cap)
 // smoothly and leaves small values nearly as they are (slope 1 at 0); Gemma 2 caps its final logits at
-// 30. cap must be finite and >= 0; 0 returns x itself (off). From autograd ops: twice differentiable.
-Var softcap(const Var& x, double cap);
+// 30. cap must be finite and >= 0; 0 returns x itself (off). fused (the default): one node over
+// core/fused.h's softcap_forward/softcap_backward (one pass each way; the backward from the output), whose
+// create_graph backward differentiates the composed form; else the composed form itself,
+// tanh(x / cap) * cap in autograd ops. Either way twice differentiable.
+Var softcap(const Var& x, double cap, bool fused = true);
 
 // Inverted dropout (as PyTorch): in training each element is kept with probability 1 - p and
 // scaled by 1 / (1 - p); p = 1 zeroes everything. The mask is drawn from `generator` in row-major

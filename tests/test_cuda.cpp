@@ -761,6 +761,18 @@ TEST_CASE("cuda: the fused SwiGLU gate forward and backward match the CPU", "[cu
     }
 }
 
+TEST_CASE("cuda: the soft-capping pair matches the CPU, saturated elements included", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        // x up to about +-10 caps: tanh's small and large branches and saturation.
+        const Tensor x = random_normal({5, 33}, 48, dtype) * 40.0, dy = random_normal({5, 33}, 49, dtype);
+        const std::string what = std::string("softcap ") + dtype_name(dtype);
+        const Tensor y = softcap_forward(x, 15.0), y_dev = softcap_forward(gpu(x), 15.0);
+        require_close(y, y_dev, what + " y");
+        require_close(softcap_backward(dy, y, 15.0), softcap_backward(gpu(dy), gpu(y), 15.0), what + " dx");
+    }
+}
+
 TEST_CASE("cuda: TF32 setting is off by default and can be switched", "[cuda]") {
     CUDA_TEST_OR_SKIP();
 #ifdef NORMLAB_HAVE_CUDA

@@ -1,7 +1,7 @@
 // Fused kernels (core/fused.h) against plain f64 reference loops: the norm pair for every variant
 // (LayerNorm, RMSNorm, with/without weight and bias, pRMSNorm's k < d) in f32/f64/bf16/f16, backward
 // against central finite differences, determinism across thread counts, a large-offset LayerNorm;
-// DyT's pair the same way;
+// DyT's pair the same way; soft-capping's pair against f64, across thread counts;
 // cross-entropy with ignore_index and reductions; Adam/AdamW/AMSGrad/SGD trajectories; errors.
 #include <catch2/catch.hpp>
 
@@ -938,4 +938,60 @@ TEST_CASE("rope_rotate matches the f64 complex-product reference, inverse undoes
                         Catch::Contains("cos must have shape [5, 2] for x of shape [2, 5, 3, 4], found [4, 2]"));
     REQUIRE_THROWS_WITH(rope_rotate(zeros({2, 5, 3, 4}), c, s.to(DType::F64)),
                         Catch::Contains("sin must be f32 for x of dtype f32, found f64"));
+}
+
+// ---- soft-capping ----
+
+TEST_CASE("softcap_forward/softcap_backward match the f64 reference in f32, f64 and bf16, saturation included",
+          "[fused][softcap]") {
+    // 300 x 257 (above the parallel threshold, a chunk left over); x up to ~6 caps: tanh's polynomial
+    // and exp branches and its saturation.
+    const int64_t n = 300 * 257;
+    const double cap = 15.0;
+    const auto xv = random_values(n, 53, 1.0, 30.0);
+    const auto dyv = random_values(n, 54);
+    for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
+        CAPTURE(dtype_name(dtype));
+        const std::vector<double> x = rounded(xv, dtype), dy = rounded(dyv, dtype);
+        const Tensor y = softcap_forward(from_vector(x, {300, 257}, dtype), cap);
+        CHECK(y.dtype() == dtype);
+        // dx from the y the kernel saw (the backward's input). The reference is 1 - (y / cap)^2 as
+        // (cap - y)(cap + y) / cap^2 in long double: the f64 1 - t * t cancels near saturation.
+        const std::vector<double> yv = y.to_vector();
+        const Tensor dx = softcap_backward(from_vector(dy, {300, 257}, dtype), y, cap);
+        std::vector<double> want_y(x.size()), want_dx(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+            want_y[i] = cap * std::tanh(x[i] / cap);
+            const long double c = cap, v = yv[i];
+            want_dx[i] = static_cast<double>(dy[i] * ((c - v) * (c + v) / (c * c)));
+        }
+        // f64: rounding only; f32: tanh's 1.33 ulp and a few roundings; bf16: one rounding of each output.
+        const double tol = dtype == DType::F64 ? 1e-14 : dtype == DType::F32 ? 1e-6 : 8e-3;
+        CHECK(max_rel_err(yv, want_y, 1e-30) < tol);
+        CHECK(max_rel_err(dx.to_vector(), want_dx, 1e-30) < tol);
+    }
+}
+
+TEST_CASE("softcap: the same bits on 1 and 2 threads, empty tensors, errors name what was found",
+          "[fused][softcap]") {
+    const Tensor x = from_vector(random_values(300 * 257, 51, 0.0, 50.0), {300, 257}, DType::F32);
+    const Tensor dy = from_vector(random_values(300 * 257, 52), {300, 257}, DType::F32);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Tensor y1 = softcap_forward(x, 30.0), g1 = softcap_backward(dy, y1, 30.0);
+    omp_set_num_threads(2);
+    const Tensor y2 = softcap_forward(x, 30.0), g2 = softcap_backward(dy, y2, 30.0);
+    omp_set_num_threads(threads);
+    CHECK(y1.to_vector() == y2.to_vector());
+    CHECK(g1.to_vector() == g2.to_vector());
+    // A transposed (strided) x gives the contiguous result of its values.
+    CHECK(softcap_forward(x.t(), 30.0).to_vector() == softcap_forward(x.t().contiguous(), 30.0).to_vector());
+    const Tensor empty = zeros({0, 5});
+    CHECK(softcap_forward(empty, 30.0).shape() == Shape{0, 5});
+    CHECK(softcap_backward(empty, empty, 30.0).shape() == Shape{0, 5});
+    CHECK_THROWS_WITH(softcap_forward(x, 0.0), Catch::Contains("softcap: cap must be finite and > 0, found 0"));
+    CHECK_THROWS_WITH(softcap_forward(x, -2.0), Catch::Contains("softcap: cap must be finite and > 0, found -2"));
+    CHECK_THROWS_WITH(softcap_backward(zeros({2, 3}), x, 30.0),
+                      Catch::Contains("softcap_backward: dy has shape [2, 3] but y has shape [300, 257]"));
+    CHECK_THROWS_WITH(softcap_forward(zeros({2}, DType::I64), 30.0), Catch::Contains("softcap"));
 }

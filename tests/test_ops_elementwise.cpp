@@ -352,7 +352,8 @@ TEST_CASE("exp_f32 (the vectorizable f32 exp behind sigmoid and silu) is within 
     REQUIRE(std::isnan(cpu_math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind DyT's kernel) is within 3 ulp of tanh", "[elementwise]") {
+TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind the tanh op and DyT's kernel) is within 3 ulp of tanh",
+          "[elementwise]") {
     // Evenly spaced inputs over [-12, 12] (past 9.01, tanh rounds to +-1 in f32), densely around the
     // polynomial/exp switch at |x| = 0.625, and tiny ones, where tanh(x) ~ x.
     double worst_ulps = 0;
@@ -376,6 +377,41 @@ TEST_CASE("tanh_f32 (the vectorizable f32 tanh behind DyT's kernel) is within 3 
     REQUIRE(cpu_math::tanh_f32(std::numeric_limits<float>::infinity()) == 1.0f);
     REQUIRE(cpu_math::tanh_f32(-std::numeric_limits<float>::infinity()) == -1.0f);
     REQUIRE(std::isnan(cpu_math::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("the f32 tanh op is within 2 ulp of the C library's tanhf and 1.5 ulp of tanh over a dense f32 sweep",
+          "[elementwise]") {
+    // Every 61st f32 bit pattern from the smallest subnormal up to 10 (past 9.01 tanh rounds to 1), both
+    // signs: about 36 million inputs through the op itself (tanh_f32 over every f32 input measures
+    // 1.33 ulp from the exact tanh and 2 ulp from glibc's tanhf, whose own error reaches 2.19 ulp there).
+    std::vector<float> xs;
+    for (uint32_t bits = 1;; bits += 61) {
+        const float x = std::bit_cast<float>(bits);
+        if (!(x < 10.0f)) break;
+        xs.push_back(x);
+        xs.push_back(-x);
+    }
+    const Tensor in = from_vector(xs, {static_cast<int64_t>(xs.size())}, DType::F32);
+    const Tensor out = tanh(in);
+    const float* got = static_cast<const float*>(out.data_ptr());
+    double worst_lib = 0, worst_exact = 0;
+    float worst_lib_x = 0, worst_exact_x = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+        const double exact = std::tanh(static_cast<double>(xs[i]));
+        // The spacing of floats near the result (subnormal results: the smallest spacing).
+        const double ulp = std::ldexp(1.0, std::max(std::ilogb(exact), -126) - 23);
+        const double lib = std::abs(static_cast<double>(got[i]) - static_cast<double>(std::tanh(xs[i]))) / ulp;
+        const double err = std::abs(static_cast<double>(got[i]) - exact) / ulp;
+        if (lib > worst_lib) worst_lib = lib, worst_lib_x = xs[i];
+        if (err > worst_exact) worst_exact = err, worst_exact_x = xs[i];
+    }
+    INFO(xs.size() << " inputs; worst " << worst_lib << " ulp from tanhf at x = " << worst_lib_x << ", " << worst_exact
+                   << " ulp from tanh at x = " << worst_exact_x);
+    CHECK(worst_lib <= 2.0);
+    CHECK(worst_exact <= 1.5);
+    // The op is the vectorizable tanh (so DyT's composed twin and soft-capping's agree with their kernels).
+    for (size_t i = 0; i < xs.size(); i += 1001)
+        REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(cpu_math::tanh_f32(xs[i])));
 }
 
 #if defined(__AVX512F__) && defined(__FMA__)

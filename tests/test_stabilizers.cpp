@@ -1,6 +1,7 @@
 // The training stabilizers: PaLM's z-loss in the fused cross-entropy and Gemma 2's soft-capping of the
 // attention scores (fused kernels) and of any tensor (softcap). Each fused form against its composed
-// twin (f64 to 1e-12, f32, bf16), f64 gradchecks of both and gradgradchecks of the composed ones,
+// twin (f64 to 1e-12, f32, bf16), f64 gradchecks of both and gradgradchecks of the composed ones (and of
+// the fused softcap, whose create_graph backward is its composed twin),
 // PyTorch's values from the committed fixtures, the off settings giving the plain kernels' bits,
 // the cached-offset (L > T) rows matching the full attention's, and bad coefficients refused by name.
 #include <catch2/catch.hpp>
@@ -417,25 +418,86 @@ TEST_CASE("softcap attention: a negative or non-finite softcap is refused by nam
 
 // ---------------------------------------------------------------- softcap on a tensor (logits)
 
-TEST_CASE("softcap: cap * tanh(x / cap), twice differentiable, 0 is off, bad caps refused", "[stabilizers]") {
+TEST_CASE("softcap: cap * tanh(x / cap), twice differentiable, 0 is off, bad caps refused", "[stabilizers][softcap]") {
     Generator gen(13);
     const Var x(randn({3, 17}, gen, DType::F64) * 40.0, true);
-    const Tensor y = softcap(x, 30.0).data();
-    const std::vector<double> xv = x.data().to_vector(), yv = y.to_vector();
-    for (size_t i = 0; i < xv.size(); ++i) {
-        CHECK(yv[i] == Approx(30.0 * std::tanh(xv[i] / 30.0)).epsilon(1e-15));
-        CHECK(std::fabs(yv[i]) < 30.0);
+    for (bool fused : {true, false}) {
+        INFO((fused ? "fused" : "composed"));
+        const Tensor y = softcap(x, 30.0, fused).data();
+        const std::vector<double> xv = x.data().to_vector(), yv = y.to_vector();
+        for (size_t i = 0; i < xv.size(); ++i) {
+            CHECK(yv[i] == Approx(30.0 * std::tanh(xv[i] / 30.0)).epsilon(1e-15));
+            CHECK(std::fabs(yv[i]) < 30.0);
+        }
+        CHECK(same_bits(softcap(x, 0.0, fused).data(), x.data()));
+        auto fn = [fused](const std::vector<Var>& v) { return softcap(v[0], 30.0, fused); };
+        GradcheckResult r = gradcheck(fn, {x});
+        INFO(r.message);
+        CHECK(r.ok);
+        GradcheckResult r2 = gradgradcheck(fn, {x});
+        INFO(r2.message);
+        CHECK(r2.ok);
+        for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()})
+            CHECK_THROWS_WITH(softcap(x, bad, fused), Catch::Contains("softcap: cap must be finite and >= 0"));
     }
-    CHECK(same_bits(softcap(x, 0.0).data(), x.data()));
-    auto fn = [](const std::vector<Var>& v) { return softcap(v[0], 30.0); };
-    GradcheckResult r = gradcheck(fn, {x});
-    INFO(r.message);
-    CHECK(r.ok);
-    GradcheckResult r2 = gradgradcheck(fn, {x});
-    INFO(r2.message);
-    CHECK(r2.ok);
-    for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()})
-        CHECK_THROWS_WITH(softcap(x, bad), Catch::Contains("softcap: cap must be finite and >= 0"));
+}
+
+TEST_CASE("softcap: the fused pair matches the composed form (f64, f32, bf16) and keeps saturated gradients",
+          "[stabilizers][softcap][fused]") {
+    Generator gen(21);
+    // x up to about +-12 caps: the polynomial and exp branches of tanh and deep saturation. 4099 x 33
+    // elements: above the kernels' threaded size, with a chunk left over.
+    const Tensor x64 = randn({4099, 33}, gen, DType::F64) * 100.0, dy64 = randn({4099, 33}, gen, DType::F64);
+    const double cap = 30.0;
+    auto run = [&](DType dtype, bool fused) {
+        const Var x(x64.to(dtype), true);
+        const Var y = softcap(x, cap, fused);
+        y.backward(Var(dy64.to(dtype)));
+        return std::pair<Tensor, Tensor>{y.data(), x.grad().data()};
+    };
+    const auto [yf, gf] = run(DType::F64, true);
+    const auto [yc, gc] = run(DType::F64, false);
+    check_close(yf, yc, 1e-15, 1e-15, "f64 y");
+    check_close(gf, gc, 1e-15, 1e-14, "f64 dx");
+    // f32: the forward is the composed form's arithmetic with the same tanh, so the same bits; the
+    // backward within a few ulp where the slope is not tiny.
+    const auto [yf32, gf32] = run(DType::F32, true);
+    const auto [yc32, gc32] = run(DType::F32, false);
+    CHECK(same_bits(yf32, yc32));
+    check_close(gf32, gc32, 1e-6, 4e-7, "f32 dx");
+    // Every element, saturated ones included: the fused dx against dy * (1 - (y / cap)^2) evaluated
+    // exactly (in f64 from the f32 y and dy) is within 5 f32 roundings of the result itself (relative:
+    // cap + y, two products, 1 / cap^2 and dy's product; cap - y is exact), however small the slope.
+    // The composed form's 1 - t * t in f32 is not, once 1 - t^2 nears 2^-24.
+    {
+        const std::vector<double> yv = yf32.to_vector(), dv = dy64.to(DType::F32).to_vector();
+        auto worst_relative = [&](const Tensor& g) {
+            const std::vector<double> gv = g.to_vector();
+            double worst = 0.0;
+            for (size_t i = 0; i < yv.size(); ++i) {
+                const double t = yv[i] / cap, want = dv[i] * (1.0 - t * t);
+                if (want != 0.0) worst = std::max(worst, std::fabs(gv[i] - want) / std::fabs(want));
+            }
+            return worst;
+        };
+        int64_t saturated = 0;
+        for (double y : yv) saturated += std::fabs(y / cap) > 0.999;
+        const double fused_worst = worst_relative(gf32), composed_worst = worst_relative(gc32);
+        INFO("worst relative error: fused " << fused_worst << ", composed " << composed_worst << ", over "
+                                            << saturated << " elements with |y| > 0.999 cap");
+        CHECK(saturated > 1000);
+        CHECK(fused_worst <= 5.0 * std::ldexp(1.0, -24));
+        CHECK(composed_worst > 100.0 * std::ldexp(1.0, -24));
+    }
+    // bf16 (the CPU kernel reads and writes bf16, f32 math) against f32 of the same bf16 inputs.
+    const Tensor xb = x64.to(DType::BF16), dyb = dy64.to(DType::BF16);
+    check_close(softcap_forward(xb, cap).to(DType::F32),
+                softcap_forward(xb.to(DType::F32), cap).to(DType::BF16).to(DType::F32), 0.0, 0.0,
+                "bf16 y: the f32 result rounded once");
+    const Tensor yb = softcap_forward(xb, cap);
+    check_close(softcap_backward(dyb, yb, cap).to(DType::F32),
+                softcap_backward(dyb.to(DType::F32), yb.to(DType::F32), cap).to(DType::BF16).to(DType::F32), 0.0,
+                0.0, "bf16 dx: the f32 result rounded once");
 }
 
 // ---------------------------------------------------------------- timing (hidden: run by name)
@@ -459,8 +521,9 @@ double median_ms(Fn&& fn) {
 }  // namespace
 
 // nanoGPT's shapes (B 8, T 256, H 6, hd 64; a vocabulary of 50304 over the 2048 rows): the fused
-// attention forward + backward with softcap 0 and 30, and the fused cross-entropy forward + backward
-// with z_loss 0 and 1e-4, f32. Prints the medians; `normlab_tests "[.stabilizers_timing]"`.
+// attention forward + backward with softcap 0 and 30, the fused cross-entropy forward + backward
+// with z_loss 0 and 1e-4, and softcap(logits, 30) fused and composed against a copy, f32. Prints
+// the medians; `normlab_tests "[.stabilizers_timing]"`.
 TEST_CASE("stabilizers: timing of the fused kernels with the stabilizers off and on", "[.stabilizers_timing]") {
     Generator gen(1);
     const Tensor q = randn({8, 256, 6, 64}, gen), k = randn({8, 256, 6, 64}, gen), v = randn({8, 256, 6, 64}, gen);
@@ -480,9 +543,18 @@ TEST_CASE("stabilizers: timing of the fused kernels with the stabilizers off and
         });
         WARN("cross-entropy fwd+bwd z_loss " << z << ": " << ms << " ms");
     }
-    Var x(logits, true);
-    WARN("softcap(logits, 30) fwd+bwd: " << median_ms([&] {
-             x.zero_grad();
-             sum(softcap(x, 30.0)).backward();
-         }) << " ms; a copy of the logits: " << median_ms([&] { (void)logits.clone(); }) << " ms");
+    // softcap(logits, 30), fused and composed: the forward alone (no graph) and forward + backward with
+    // a given dy (so the timing is softcap's own, not a loss's), against a copy of the logits.
+    const Tensor dy = randn({2048, 50304}, gen);
+    for (bool fused : {true, false}) {
+        const double fwd = median_ms([&] { (void)softcap(Var(logits), 30.0, fused); });
+        Var x(logits, true);
+        const double both = median_ms([&] {
+            x.zero_grad();
+            softcap(x, 30.0, fused).backward(Var(dy));
+        });
+        WARN("softcap(logits, 30) " << (fused ? "fused" : "composed") << " on " << omp_get_max_threads()
+                                    << " threads: forward " << fwd << " ms, forward + backward " << both << " ms");
+    }
+    WARN("a copy of the logits: " << median_ms([&] { (void)logits.clone(); }) << " ms");
 }

@@ -224,7 +224,9 @@ void unary_typed(UnaryOp op, const Loop& loop, const StridedArg& out, const Stri
         case UnaryOp::Silu:
             return unary_loop<T>(loop, out, in, [](T x) { return x * stable_sigmoid(x); });
         case UnaryOp::Sigmoid: return unary_loop<T>(loop, out, in, [](T x) { return stable_sigmoid(x); });
-        case UnaryOp::Tanh: return unary_loop<T>(loop, out, in, [](T x) { return std::tanh(x); });
+        // The vectorizable f32 tanh (within 2 ulp of glibc's tanhf over every f32 input, and 1.33 ulp of
+        // the exact tanh: tests/test_ops_elementwise.cpp); std::tanh for f64.
+        case UnaryOp::Tanh: return unary_loop<T>(loop, out, in, [](T x) { return cpu_math::tanh_of(x); });
         // Exact GELU (Hendrycks & Gimpel 2016): 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default.
         case UnaryOp::Gelu:
             return unary_loop<T>(loop, out, in, [](T x) {

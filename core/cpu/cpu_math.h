@@ -120,9 +120,10 @@ inline T exp_of(T x) {
 
 // tanh(x) for f32, vectorizable (both branches computed, one selected; glibc's tanhf is an opaque call
 // per element): Cephes' tanhf. |x| < 0.625: its odd polynomial x + x^3 P(x^2); else
-// 1 - 2 / (e^(2|x|) + 1) with x's sign, which is exactly +-1 once e^(2|x|) overflows to inf. Within
-// 3 ulp of tanh (tests/test_ops_elementwise.cpp); NaN stays NaN. DyT's kernel (core/cpu/cpu_norms.cpp) and the attention's
-// soft-capping (core/cpu/cpu_attention.cpp).
+// 1 - 2 / (e^(2|x|) + 1) with x's sign, which is exactly +-1 once e^(2|x|) overflows to inf. Over every
+// f32 input, within 1.33 ulp of the exact tanh and 2 ulp of glibc's tanhf (tests/test_ops_elementwise.cpp);
+// NaN stays NaN. The tanh op (core/cpu/cpu_elementwise.cpp), DyT's and soft-capping's kernels
+// (core/cpu/cpu_norms.cpp, cpu_softcap.cpp) and the attention's soft-capping (core/cpu/cpu_attention.cpp).
 inline float tanh_f32(float x) {
     const float z = x * x;
     const float p = mul_add(mul_add(mul_add(mul_add(-5.70498872745e-3f, z, 2.06390887954e-2f), z, -5.37397155531e-2f), z,

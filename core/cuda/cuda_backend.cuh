@@ -68,6 +68,9 @@ public:
     void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) override;
     void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
                          int64_t n) override;
+    // cuda_softcap.cu
+    void softcap_forward(DType dtype, const void* x, void* y, int64_t n, double cap) override;
+    void softcap_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, double cap) override;
     // cuda_attention.cu
     void attention_forward(const AttentionForwardArgs& a) override;
     void attention_backward(const AttentionBackwardArgs& a) override;
