@@ -608,7 +608,7 @@ int jobs_of(const StabilityJob& job, const Inputs& in) {
     const int64_t ranks = dist::world_size();
     const int64_t runs_per_rank = (static_cast<int64_t>(in.specs.size()) + ranks - 1) / ranks;
     const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-    return static_cast<int>(std::clamp<int64_t>(std::min(cores / ranks, runs_per_rank), 1, cores));
+    return static_cast<int>(std::max<int64_t>(1, std::min(cores / ranks, runs_per_rank)));
 }
 
 // One run of the sweep with its perturbed copy, on whichever of this rank's threads the grid runner
