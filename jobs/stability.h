@@ -8,12 +8,12 @@
 // The run directory gets config.json, curves/<run>.csv, runs.csv, plots.gp (and PNGs where gnuplot
 // is installed) and summary.json. docs/stability.md has the config keys and the article's results.
 //
-// The runs go over `jobs` threads in one process (each run on one OpenMP thread when more than one
-// runs at once) and, under mpirun (core/dist.h), over the ranks (run i to rank i mod N), on the grid
-// runner (jobs/grid_runner.h); rank 0 gathers every curve and writes the same run directory, tables
-// and plots as one process. Each finished run leaves its record in runs/<i>/result.json, so `resume`
-// continues an interrupted job: its curves, runs.csv and summary.json equal an uninterrupted job's but
-// for the wall-clock fields.
+// The runs go over `jobs` threads in one process (each run on one OpenMP thread when jobs > 1) and,
+// under mpirun (core/dist.h), over the ranks (run i to rank i mod N), on the grid runner
+// (jobs/grid_runner.h); rank 0 gathers every curve and writes the same run directory, tables and
+// plots as one process. Each finished run leaves its record in runs/<i>/result.json, so `resume`
+// continues an interrupted job: its curves, runs.csv and summary.json equal an uninterrupted job's
+// but for the wall-clock fields.
 // Nothing here prints: progress reaches the caller through StabilityCallbacks. A callback may throw
 // to cancel the job between epochs (the runs in flight on other threads finish first); the run
 // directory then holds error.txt, and the finished runs' records, which `resume` reads back.
