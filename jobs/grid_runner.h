@@ -8,8 +8,8 @@
 // writes its own files, its collectives are no-ops), whatever rank or thread it was dealt to. The
 // threads share the process: every run must keep its state to itself (grad mode, autocast and the
 // profiler's phase are thread_local; the CPU allocator is locked), and use one OpenMP thread unless
-// the caller knows better. `normlab sweep` (jobs/sweep.h) and `normlab stability` (jobs/stability.h,
-// one run at a time, no files per run) run on it.
+// the caller knows better. `normlab sweep` (jobs/sweep.h) and `normlab stability` (jobs/stability.h)
+// run on it.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // host, then moved).
 #include "jobs/stability.h"
 
-
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -15,9 +15,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,8 @@
 #include "layers/loss.h"
 #include "layers/norms.h"
 #include "optim/adam.h"
+
+namespace fs = std::filesystem;
 
 namespace nl {
 
@@ -563,8 +567,21 @@ void read_inputs(const StabilityJob& job, Inputs& in) {
         if (!c.init_from.empty())
             for (const std::string& norm : c.norms)
                 for (int64_t depth : c.depths) in.inits[{norm, depth}] = load_init(c, norm, depth);
-        if (dist::is_root())
-            in.run_dir = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force);
+        if (!dist::is_root()) return;
+        if (job.resume) {
+            const std::string stored = job.out + "/config.json";
+            NL_REQUIRE(fs::is_regular_file(stored), "--resume: ", job.out, " holds no stability run (no config.json)");
+            NL_REQUIRE(load_json_file(stored) == c.resolved, "--resume: this config differs from ", stored,
+                       "'s; resume with the config the run started with");
+        }
+        in.run_dir = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force,
+                                    job.resume);
+        if (!job.resume) {
+            // A forced run starts over: the records of the run it replaces must not be read back.
+            std::error_code ec;
+            fs::remove_all(in.run_dir->path("runs"), ec);
+            fs::remove(in.run_dir->path("summary.json"), ec);
+        }
     });
     for (const std::string& norm : in.c.norms)
         for (int64_t depth : in.c.depths)
@@ -574,28 +591,45 @@ void read_inputs(const StabilityJob& job, Inputs& in) {
                                         fmt::format("{}_d{}_lr{}_s{}", norm, depth, format_lr(lr), seed)});
 }
 
-std::string describe(const Inputs& in) {
+std::string describe(const Inputs& in, int jobs) {
     const StabilityConfig& c = in.c;
-    return fmt::format("{} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{}{} -> {}", in.specs.size(),
+    return fmt::format("{} runs ({} norms x {} depths x {} lrs x {} seeds), {} epochs, {} on {}{}{}{} -> {}", in.specs.size(),
                        c.norms.size(), c.depths.size(), c.lrs.size(), c.seeds.size(), c.epochs, dtype_name(c.dtype),
                        c.device.str(), c.perturb > 0 ? fmt::format(", each with a copy perturbed by {:g}", c.perturb) : "",
+                       jobs > 1 ? fmt::format(", {} at once", jobs) : "",
                        dist::world_size() > 1 ? fmt::format(", over {}", dist::describe()) : "", in.run_dir->dir());
 }
 
-// This rank's share of the sweep: runs i = rank, rank + N, ..., each with its perturbed copy.
+// Runs at once on each rank: --jobs, else one per core (the cores divided by the ranks) but at most a
+// rank's runs, so a sweep of one run per rank keeps every core for it; one on a GPU.
+int jobs_of(const StabilityJob& job, const Inputs& in) {
+    if (job.jobs > 0) return job.jobs;
+    if (!in.c.device.is_cpu()) return 1;
+    const int64_t ranks = dist::world_size();
+    const int64_t runs_per_rank = (static_cast<int64_t>(in.specs.size()) + ranks - 1) / ranks;
+    const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    return static_cast<int>(std::max<int64_t>(1, std::min(cores / ranks, runs_per_rank)));
+}
+
+// One run of the sweep with its perturbed copy, on whichever of this rank's threads the grid runner
+// gives it: the runs share only the inputs (read-only), the progress count and the callbacks.
 class Runner {
 public:
-    Runner(const Inputs& in, const StabilityCallbacks& callbacks) : in_(in), c_(in.c), callbacks_(callbacks) {}
-
-    std::vector<size_t> my_runs() const {
-        std::vector<size_t> mine;
-        for (size_t i = static_cast<size_t>(dist::rank()); i < in_.specs.size(); i += static_cast<size_t>(dist::world_size()))
-            mine.push_back(i);
-        return mine;
+    // one_thread_each: each run on one OpenMP (and OpenBLAS) thread, as several run at once; otherwise
+    // one run at a time with the cores a ThreadGovernor finds free.
+    Runner(const Inputs& in, const StabilityCallbacks& callbacks, bool one_thread_each)
+        : in_(in), c_(in.c), callbacks_(callbacks), one_thread_each_(one_thread_each) {
+        // As train: the cores other processes leave free, re-read between epochs, unless
+        // OMP_NUM_THREADS is set (results do not depend on the thread count).
+        if (!one_thread_each_) governor_.emplace(omp_get_max_threads(), std::getenv("OMP_NUM_THREADS") == nullptr);
     }
 
     // The run's data and model from its seed (or the files), then the run and its copy trained.
     RunResult run(const RunSpec& spec) {
+        if (one_thread_each_) {  // on the thread that drives the run (the grid runner puts the caller's back)
+            omp_set_num_threads(1);
+            openblas_set_num_threads(1);
+        }
         Generator gen(static_cast<uint64_t>(spec.seed));
         // Drawn on the host, so every device starts from the same data and weights.
         Data data = in_.file_data ? *in_.file_data : make_data(c_, gen);
@@ -624,31 +658,35 @@ public:
 
 private:
     Curve train_copy(SimpleModel& model, const Data& data, const RunSpec& spec, bool perturbed) {
-        const int64_t start = done_;
         StabilityEpoch event{spec.id, perturbed, 0, 0.0, 0, 0};
         Curve curve = train(model, data, spec.lr, c_, [&](int64_t epoch, double loss) {
-            governor_.update();
+            if (governor_) governor_->update();
             event.epoch = epoch;
             event.loss = loss;
-            event.done = start + epoch;
-            if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+            report(event, 1);
         });
-        done_ = start + c_.epochs;
-        if (curve.diverged() && callbacks_.on_epoch) {
-            event.done = done_;
+        if (curve.diverged()) {  // its end is an event, and the epochs it did not run count as done
             event.diverged_epoch = curve.diverged_epoch;
-            callbacks_.on_epoch(event);
+            report(event, c_.epochs - static_cast<int64_t>(curve.losses.size()));
         }
         return curve;
+    }
+
+    // Counts `epochs` more done on this rank, then the event with that count; one call at a time.
+    void report(StabilityEpoch& event, int64_t epochs) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_ += epochs;
+        event.done = done_;
+        if (callbacks_.on_epoch) callbacks_.on_epoch(event);
     }
 
     const Inputs& in_;
     const StabilityConfig& c_;
     const StabilityCallbacks& callbacks_;
+    const bool one_thread_each_;
+    std::mutex mutex_;  // guards done_ and the calls of on_epoch
     int64_t done_ = 0;  // epochs trained on this rank, a perturbed copy's included
-    // As train: the cores other processes leave free, re-read between epochs, unless OMP_NUM_THREADS
-    // is set (results do not depend on the thread count).
-    ThreadGovernor governor_{omp_get_max_threads(), std::getenv("OMP_NUM_THREADS") == nullptr};
+    std::optional<ThreadGovernor> governor_;  // one run at a time only
 };
 
 // Rank 0's files from every run: curves/<id>.csv and runs.csv, in sweep order.
@@ -730,26 +768,39 @@ StabilityResult report(const StabilityJob& job, const Inputs& in, const std::vec
 }  // namespace
 
 StabilityResult run_stability(const StabilityJob& job, const StabilityCallbacks& callbacks) {
+    NL_REQUIRE(!job.resume || !job.out.empty(), "stability: --resume needs --out naming the run directory");
+    NL_REQUIRE(!(job.resume && job.force), "stability: --resume and --force cannot be combined");
+    NL_REQUIRE(job.jobs >= 0, "stability: --jobs must be >= 0, found ", job.jobs);
     Inputs in;
     read_inputs(job, in);
+    const std::string dir = dist::broadcast_string(in.run_dir ? in.run_dir->dir() : std::string());
     const auto start = std::chrono::steady_clock::now();
     try {
-        Runner runner(in, callbacks);
-        const std::vector<size_t> mine = runner.my_runs();
         if (dist::is_root()) {
-            in.run_dir->write_json("config.json", in.c.resolved);
-            std::filesystem::create_directories(in.run_dir->path("curves"));
+            if (!job.resume) in.run_dir->write_json("config.json", in.c.resolved);
+            fs::create_directories(in.run_dir->path("curves"));
         }
+        // This rank's runs over `jobs` threads, each run's record written to runs/<i>/result.json;
+        // rank 0 gathers every record, then writes the curves and runs.csv in run order.
+        GridRunner grid;
+        grid.dir = dir;
+        grid.runs = static_cast<int64_t>(in.specs.size());
+        grid.jobs = jobs_of(job, in);
+        grid.resume = job.resume;
+        // The runs already done, counted before any rank writes a record.
+        const std::vector<int64_t> finished = job.resume ? finished_runs(grid) : std::vector<int64_t>();
+        dist::barrier();
+        int64_t mine = 0;
+        for (int64_t i = dist::rank(); i < grid.runs; i += dist::world_size())
+            mine += std::find(finished.begin(), finished.end(), i) == finished.end();
+        // Each run on one thread when several may run at once: decided by --jobs, not by how many
+        // runs are left, so a resumed run trains at the thread count of an uninterrupted one.
+        Runner runner(in, callbacks, grid.jobs > 1);
         if (callbacks.on_start) {
             const int64_t copies = in.c.perturb > 0 ? 2 : 1;
-            callbacks.on_start({dist::is_root() ? describe(in) : std::string(), in.c.epochs,
-                                static_cast<int64_t>(mine.size()) * copies * in.c.epochs});
+            callbacks.on_start({dist::is_root() ? describe(in, grid.jobs) : std::string(), in.c.epochs,
+                                mine * copies * in.c.epochs, grid.runs, static_cast<int64_t>(finished.size())});
         }
-        // This rank's runs, one at a time on this thread; rank 0 gathers every run's record, then
-        // writes the curves and runs.csv in run order. No files per run (the grid's dir is empty).
-        GridRunner grid;
-        grid.runs = static_cast<int64_t>(in.specs.size());
-        grid.jobs = 1;
         grid.run = [&](int64_t index, const std::string&) {
             return result_json(runner.run(in.specs[static_cast<size_t>(index)]));
         };

@@ -8,10 +8,15 @@
 // The run directory gets config.json, curves/<run>.csv, runs.csv, plots.gp (and PNGs where gnuplot
 // is installed) and summary.json. docs/stability.md has the config keys and the article's results.
 //
-// Under mpirun (core/dist.h) the runs are dealt out over the ranks (run i to rank i mod N); rank 0
-// gathers every curve and writes the same run directory, tables and plots as one process.
+// The runs go over `jobs` threads in one process (each run on one OpenMP thread when jobs > 1) and,
+// under mpirun (core/dist.h), over the ranks (run i to rank i mod N), on the grid runner
+// (jobs/grid_runner.h); rank 0 gathers every curve and writes the same run directory, tables and
+// plots as one process. Each finished run leaves its record in runs/<i>/result.json, so `resume`
+// continues an interrupted job: its curves, runs.csv and summary.json equal an uninterrupted job's
+// but for the wall-clock fields.
 // Nothing here prints: progress reaches the caller through StabilityCallbacks. A callback may throw
-// to cancel the job between epochs; the run directory then holds error.txt.
+// to cancel the job between epochs (the runs in flight on other threads finish first); the run
+// directory then holds error.txt, and the finished runs' records, which `resume` reads back.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,9 @@ struct StabilityJob {
     std::vector<std::string> overrides;  // "a.b=value", applied in order before validation
     std::string out;                     // run directory; "" for runs/<config name>-<timestamp>
     bool force = false;                  // replace an existing run directory
+    bool resume = false;                 // continue the job in `out`: run the runs without result.json
+    int jobs = 0;                        // runs at once on each rank; 0: the cores / the MPI ranks, at most the
+                                         // runs per rank (1 on a GPU)
 };
 
 // The job as it starts, for a header line.
@@ -37,6 +45,8 @@ struct StabilityStart {
     std::string description;  // "4 runs (2 norms x 1 depths x 1 lrs x 2 seeds), 100 epochs, f32 on cpu, ... -> runs/..."
     int64_t epochs = 0;       // per run (and per perturbed copy)
     int64_t total = 0;        // epochs this rank trains, over its runs and their copies
+    int64_t runs = 0;         // in the sweep
+    int64_t resumed = 0;      // read back from their result.json (resume), over all ranks
 };
 
 // One epoch of one run (or of its perturbed copy), on this rank.
@@ -51,7 +61,7 @@ struct StabilityEpoch {
 
 struct StabilityCallbacks {
     std::function<void(const StabilityStart&)> on_start;
-    std::function<void(const StabilityEpoch&)> on_epoch;
+    std::function<void(const StabilityEpoch&)> on_epoch;  // from the runs' threads, one call at a time
 };
 
 // One run's curves (rank 0's result holds every rank's runs, in sweep order).

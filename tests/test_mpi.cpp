@@ -293,7 +293,7 @@ TEST_CASE("mpi: a run stopped on 2 ranks resumes on 1 and ends with the uninterr
           read_text(dir / "part/checkpoints/step_00000020.safetensors"));
 }
 
-TEST_CASE("mpi: a 2-rank stability sweep writes one process's per-run results", "[mpi][mpirun]") {
+TEST_CASE("mpi: a 2-rank stability sweep writes one process's per-run results, and resumes", "[mpi][mpirun]") {
     TempDir dir("mpi_sweep");
     const std::string args = "stability " + shell_arg(kSource + "/configs/stability_sweep.json") +
                              " --quiet --set 'norms=[\"layernorm\",\"rmsnorm\"]' --set depths=[2] --set lrs=[0.01]"
@@ -317,8 +317,26 @@ TEST_CASE("mpi: a 2-rank stability sweep writes one process's per-run results", 
         CHECK(ra == rb);
         const std::string curve = "/curves/" + a["runs"][i]["id"].get<std::string>() + ".csv";
         CHECK(read_text(dir / ("one" + curve)) == read_text(dir / ("two" + curve)));
+        CHECK(fs::exists(dir / ("two/runs/" + std::to_string(i) + "/result.json")));  // each rank's records
     }
     CHECK(b["world_size"] == 2);
+
+    // Runs 1 and 4 (rank 1's) and 2 (rank 0's) lost, as in a killed job: --resume over 2 ranks runs
+    // exactly those and writes the same curves.
+    const std::string kept = read_text(dir / "two/runs/3/result.json");
+    for (int i : {1, 2, 4}) fs::remove(dir / ("two/runs/" + std::to_string(i) + "/result.json"));
+    fs::remove(dir / "two/summary.json");
+    Timed resumed = run_ranks(dir, 2, args + " --out two --resume");
+    INFO(resumed.cli.output);
+    REQUIRE(resumed.cli.status == 0);
+    CHECK(read_text(dir / "two/runs/3/result.json") == kept);
+    const auto c = nlohmann::json::parse(read_text(dir / "two/summary.json"));
+    REQUIRE(c["runs"].size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+        const std::string curve = "/curves/" + a["runs"][i]["id"].get<std::string>() + ".csv";
+        CHECK(read_text(dir / ("one" + curve)) == read_text(dir / ("two" + curve)));
+        CHECK(c["runs"][i]["final_loss"] == a["runs"][i]["final_loss"]);
+    }
 }
 
 TEST_CASE("mpi: a 2-rank transformer sweep writes one process's runs.csv and run files", "[mpi][mpirun]") {

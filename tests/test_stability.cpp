@@ -2,12 +2,16 @@
 // initial weights, built with the article's classes at their default eps (tests/reference/article.py),
 // must give PyTorch's loss curve for every norm the article defines (f64: every epoch within 1e-6
 // relative, fused and composed; f32: the first 30 epochs within 1e-4, the run being chaotic later),
-// and the job's outputs, divergence handling, determinism and bad-input errors. Runs the built
-// binary in a temporary directory.
+// and the job's outputs, divergence handling, determinism, parallel runs (--jobs), resume after an
+// interruption and bad-input errors. Runs the built binary in a temporary directory (and the job in
+// this process where a callback interrupts it).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,12 +19,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "jobs/stability.h"
 #include "tests/cli_test_util.h"
 
 using nl_test::CliRun;
 using nl_test::file_exists;
 using nl_test::make_temp_dir;
 using nl_test::read_text;
+using nl_test::run_normlab_env;
 using nl_test::run_normlab_in;
 using nl_test::shell_arg;
 
@@ -75,6 +81,57 @@ std::vector<double> fixture_losses(const std::string& norm, const std::string& d
 }
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
+
+// `value` without its wall-clock fields (every key containing "second", at any depth).
+nlohmann::json without_seconds(nlohmann::json value) {
+    if (value.is_array())
+        for (nlohmann::json& item : value) item = without_seconds(item);
+    if (!value.is_object()) return value;
+    nlohmann::json out = nlohmann::json::object();
+    for (auto it = value.begin(); it != value.end(); ++it)
+        if (it.key().find("second") == std::string::npos) out[it.key()] = without_seconds(it.value());
+    return out;
+}
+
+// A run directory's outputs but their wall-clock fields, by file: every curves/*.csv as written,
+// runs.csv without its `seconds` column, summary.json without its seconds fields.
+std::map<std::string, std::string> outputs_without_seconds(const std::string& dir) {
+    std::map<std::string, std::string> out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir + "/curves"))
+        out["curves/" + entry.path().filename().string()] = read_text(entry.path().string());
+    std::istringstream runs(read_text(dir + "/runs.csv"));
+    std::string line;
+    size_t seconds = std::string::npos;
+    while (std::getline(runs, line)) {
+        std::vector<std::string> cells;
+        std::string cell;
+        for (std::istringstream row(line + ","); std::getline(row, cell, ',');) cells.push_back(cell);
+        if (seconds == std::string::npos)
+            seconds = static_cast<size_t>(std::find(cells.begin(), cells.end(), "seconds") - cells.begin());
+        REQUIRE(seconds < cells.size());
+        cells.erase(cells.begin() + static_cast<std::ptrdiff_t>(seconds));
+        for (const std::string& c : cells) out["runs.csv"] += c + ",";
+        out["runs.csv"] += "\n";
+    }
+    out["summary.json"] = without_seconds(read_json(dir + "/summary.json")).dump(1);
+    return out;
+}
+
+void check_same_outputs(const std::string& dir_a, const std::string& dir_b) {
+    const std::map<std::string, std::string> a = outputs_without_seconds(dir_a), b = outputs_without_seconds(dir_b);
+    std::set<std::string> names_a, names_b;
+    for (const auto& [name, text] : a) names_a.insert(name);
+    for (const auto& [name, text] : b) names_b.insert(name);
+    REQUIRE(names_a == names_b);
+    for (const auto& [name, text] : a) {
+        INFO(name << " of " << dir_a << " and " << dir_b);
+        CHECK(text == b.at(name));
+    }
+}
+
+// A small sweep of 8 runs, half of them diverging (lr 100): 2 norms x 2 lrs x 2 seeds, 12 epochs.
+const std::vector<std::string> kParallelSets{"epochs=12", "samples=64", "hidden=16", "lrs=[0.001, 100]",
+                                             "seeds=[1, 2]", "plots=false"};
 
 // The norms the stability job offers that the article defines (one fixture set each).
 const std::vector<std::string> kArticleNorms{"layernorm", "rmsnorm", "rmsnorm_bias", "adaptive_rmsnorm", "hybridnorm"};
@@ -366,4 +423,82 @@ TEST_CASE("stability: an existing run directory needs --force", "[stability]") {
     INFO(forced.output);
     CHECK(forced.status == 0);
     CHECK(file_exists(first.run_dir() + "/summary.json"));
+}
+
+TEST_CASE("stability: --jobs 2 gives --jobs 1's curves, runs.csv and summary bit for bit, with a record per run",
+          "[stability]") {
+    const std::string config = kSource + "/configs/stability.json";
+    // One run at a time on one thread (OMP_NUM_THREADS=1 fixes the governor's count) against two at
+    // once, each on one thread: the late epochs' bits depend on the thread count, not on --jobs.
+    StabilityRun two = stability(config, kParallelSets, "--out run --jobs 2");
+    INFO(two.cli.output);
+    REQUIRE(two.cli.status == 0);
+    CHECK_THAT(two.cli.output, Catch::Contains("8 runs") && Catch::Contains("2 at once"));
+    std::string args = "stability " + shell_arg(config);
+    for (const std::string& set : kParallelSets) args += " --set " + shell_arg(set);
+    const CliRun single = run_normlab_env(two.dir, "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive ",
+                                          args + " --out single --quiet --jobs 1");
+    INFO(single.output);
+    REQUIRE(single.status == 0);
+    check_same_outputs(two.dir + "/single", two.run_dir());
+    const nlohmann::json summary = read_json(two.run_dir() + "/summary.json");
+    REQUIRE(summary["runs"].size() == 8);
+    int diverged = 0;
+    for (size_t i = 0; i < 8; ++i) {
+        diverged += summary["runs"][i]["diverged"].get<bool>();
+        CHECK(file_exists(two.run_dir() + "/runs/" + std::to_string(i) + "/result.json"));
+    }
+    CHECK(diverged == 4);  // the records carry a diverged run's epoch and curves too
+}
+
+TEST_CASE("stability: interrupted after two runs and resumed, the outputs equal an uninterrupted run's",
+          "[stability]") {
+    const std::string config = kSource + "/configs/stability.json";
+    const std::string dir = make_temp_dir("stability-resume");
+    // In this process: two runs at once (one thread each); the first epoch of run 2 throws, so the
+    // runs in flight (0 and 1) finish with their records and no other run starts.
+    nl::StabilityJob job;
+    job.config_path = config;
+    job.overrides = kParallelSets;
+    job.out = dir + "/run";
+    job.jobs = 2;
+    nl::StabilityCallbacks callbacks;
+    const std::set<std::string> first_two{"rmsnorm_d2_lr0.001_s1", "rmsnorm_d2_lr0.001_s2"};
+    callbacks.on_epoch = [&](const nl::StabilityEpoch& e) {
+        if (!first_two.count(e.run_id)) throw std::runtime_error("interrupted at " + e.run_id);
+    };
+    CHECK_THROWS_WITH(nl::run_stability(job, callbacks), Catch::Contains("interrupted at rmsnorm_d2_lr100_s1"));
+    const std::string run = dir + "/run";
+    CHECK_THAT(read_text(run + "/error.txt"), Catch::Contains("interrupted at"));
+    CHECK_FALSE(file_exists(run + "/summary.json"));
+    REQUIRE(file_exists(run + "/runs/0/result.json"));
+    REQUIRE(file_exists(run + "/runs/1/result.json"));
+    for (int i = 2; i < 8; ++i) CHECK_FALSE(file_exists(run + "/runs/" + std::to_string(i) + "/result.json"));
+    const std::string record0 = read_text(run + "/runs/0/result.json");
+
+    std::string args = "stability " + shell_arg(config);
+    for (const std::string& set : kParallelSets) args += " --set " + shell_arg(set);
+    // A changed config, --force with --resume, and a directory without a run are refused.
+    const CliRun changed = run_normlab_in(dir, args + " --set epochs=13 --out run --resume");
+    CHECK(changed.status == 2);
+    CHECK_THAT(changed.output, Catch::Contains("--resume: this config differs from"));
+    const CliRun forced = run_normlab_in(dir, args + " --out run --resume --force");
+    CHECK(forced.status == 2);
+    CHECK_THAT(forced.output, Catch::Contains("--resume and --force cannot be combined"));
+    const CliRun nothing = run_normlab_in(dir, args + " --out nothing --resume");
+    CHECK(nothing.status == 2);
+    CHECK_THAT(nothing.output, Catch::Contains("holds no stability run"));
+    CHECK_FALSE(file_exists(run + "/summary.json"));
+
+    const CliRun resumed = run_normlab_in(dir, args + " --out run --resume --jobs 2");
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK_THAT(resumed.output, Catch::Contains("(2 runs already done)"));
+    CHECK(read_text(run + "/runs/0/result.json") == record0);  // read back, not run again (its seconds too)
+    CHECK_FALSE(file_exists(run + "/error.txt"));
+    const CliRun whole = run_normlab_in(dir, args + " --out whole --quiet --jobs 2");
+    INFO(whole.output);
+    REQUIRE(whole.status == 0);
+    check_same_outputs(dir + "/whole", run);
+    CHECK(read_text(dir + "/whole/config.json") == read_text(run + "/config.json"));
 }

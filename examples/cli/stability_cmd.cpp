@@ -25,7 +25,8 @@ void run(const StabilityFlags& flags) {
     StabilityCallbacks callbacks;
     callbacks.on_start = [&](const StabilityStart& start) {
         if (dist::is_root()) {
-            fmt::print("stability: {}\n", start.description);
+            fmt::print("stability: {}{}\n", start.description,
+                       start.resumed > 0 ? fmt::format(" ({} runs already done)", start.resumed) : "");
             std::fflush(stdout);
         }
         // The progress line is rank 0's share of the runs.
@@ -54,7 +55,10 @@ void register_stability(CLI::App& app) {
     cmd->add_option("config", flags->job.config_path, "JSON config (configs/stability.json)")->required();
     cmd->add_option("--set", flags->job.overrides, "override a config key: --set epochs=30 (repeatable)");
     cmd->add_option("--out", flags->job.out, "run directory (default runs/<config name>-<timestamp>)");
+    cmd->add_option("--jobs", flags->job.jobs,
+                    "runs at once (default: one per core, at most the runs, each on one thread; 1 on a GPU)");
     cmd->add_flag("--force", flags->job.force, "overwrite an existing run directory");
+    cmd->add_flag("--resume", flags->job.resume, "continue the run in --out: run the runs that have no result.json");
     cmd->add_flag("--quiet", flags->quiet, "no progress lines");
     cmd->callback([flags] { run(*flags); });
 }

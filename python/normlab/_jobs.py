@@ -190,7 +190,8 @@ class _StabilityProgress:
         self.total = 0
 
     def start(self, info):
-        _say(f"stability: {info['description']}")
+        done = f" ({info['resumed']} runs already done)" if info["resumed"] else ""
+        _say(f"stability: {info['description']}{done}")
         self.epochs = max(1, info["epochs"])
         self.total = info["total"]
         self.bar = _bar(info["total"], 0, "stability")
@@ -465,19 +466,23 @@ class StabilityResult:
         return f"StabilityResult(run_dir={self.run_dir!r}, runs={len(self.runs)})"
 
 
-def stability(config, overrides=None, out=None, force=False, progress=False):
+def stability(config, overrides=None, out=None, force=False, resume=False, jobs=0, progress=False):
     """Runs the stability job (``normlab stability CONFIG``: RMSNorm vs LayerNorm, swept over norms,
     depths, learning rates and seeds) and returns a StabilityResult.
 
     config: a JSON config path or a dict; overrides: ``--set`` assignments (a list of "a.b=value", or a
-    dict); out: the run directory (None: runs/<config name>-<timestamp>); force: replace it. progress:
-    False (quiet), True (lines or a tqdm bar on stderr) or a callable given each epoch's dict (run_id,
-    perturbed, epoch, loss, done, diverged_epoch). Ctrl-C, or an exception from the callback, cancels
-    the job between epochs (the run directory gets error.txt) and is raised.
+    dict); out: the run directory (None: runs/<config name>-<timestamp>); force: replace it; resume:
+    continue the job in `out` (the runs without runs/<i>/result.json); jobs: runs at once (0: one per
+    core, at most the runs, each on one thread). progress: False (quiet), True (lines or a tqdm bar on
+    stderr) or a callable given each epoch's dict (run_id, perturbed, epoch, loss, done,
+    diverged_epoch), called from the runs' threads. Ctrl-C, or an exception from the callback, cancels
+    the job between epochs (the run directory gets error.txt; finished runs keep their result.json, so
+    resume=True continues) and is raised.
     """
     printer, on_start, on_epoch = _callbacks(progress, _StabilityProgress, "epoch")
     try:
-        r = _ext.stability(*_config_args(config), _overrides(overrides), _out(out), bool(force), on_start, on_epoch)
+        r = _ext.stability(*_config_args(config), _overrides(overrides), _out(out), bool(force), bool(resume),
+                           int(jobs), on_start, on_epoch)
     finally:
         if printer is not None:
             printer.close()

@@ -397,13 +397,18 @@ void save_checkpoint_py(const std::string& path, const PyModel& model, int64_t s
 
 // ---- the stability job ----
 
+// Runs the stability job; its runs go on the calling thread and jobs - 1 more, so on_epoch is called
+// from any of them, with the GIL. Ctrl-C is seen at an epoch of a run on the calling thread (Python
+// handles signals on its main thread only).
 nb::dict stability(const ConfigArg& config, const std::vector<std::string>& overrides, const std::string& out,
-                   bool force, nb::object on_start, nb::object on_epoch) {
+                   bool force, bool resume, int jobs, nb::object on_start, nb::object on_epoch) {
     StabilityJob job;
     set_config(job, config);
     job.overrides = overrides;
     job.out = out;
     job.force = force;
+    job.resume = resume;
+    job.jobs = jobs;
     CallbackState state;
     // A callback's Python error, KeyboardInterrupt included, cancels the job (it writes error.txt).
     auto fail = [&](nb::python_error&& e, const std::string& where) {
@@ -419,6 +424,8 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
         info["description"] = s.description;
         info["epochs"] = s.epochs;
         info["total"] = s.total;
+        info["runs"] = s.runs;
+        info["resumed"] = s.resumed;
         try {
             on_start(info);
         } catch (nb::python_error& e) {
@@ -772,19 +779,23 @@ void bind_stability(nb::module_& m) {
         (std::string("Runs the stability job (jobs/stability.h) with the GIL released; normlab.stability wraps "
                      "it. ") +
          kConfigArgs +
-         " on_start(dict: description, epochs, total), on_epoch(dict: run_id, perturbed, epoch, loss, done, "
-         "diverged_epoch). An exception from a callback, or a KeyboardInterrupt, cancels the job between epochs "
-         "(error.txt) and is raised. Returns a dict: run_dir, summary, table, notes, plots, runs (a dict per run "
-         "with its curves).");
+         " out: the run directory; resume: run the runs without result.json; jobs: runs at once (0: one per "
+         "core, at most the runs). on_start(dict: description, epochs, total, runs, resumed), on_epoch(dict: run_id, "
+         "perturbed, epoch, loss, done, diverged_epoch), called from the runs' threads. An exception from a "
+         "callback, or a KeyboardInterrupt, cancels the job between epochs (error.txt; the runs in flight finish "
+         "and keep their result.json) and is raised. Returns a dict: run_dir, summary, table, notes, plots, runs (a "
+         "dict per run with its curves).");
     m.def(
         "stability",
         [](const std::string& config_path, const std::string& config_json, const std::string& config_name,
-           const std::vector<std::string>& overrides, const std::string& out, bool force, nb::object on_start,
-           nb::object on_epoch) {
-            return stability({config_path, config_json, config_name}, overrides, out, force, on_start, on_epoch);
+           const std::vector<std::string>& overrides, const std::string& out, bool force, bool resume, int jobs,
+           nb::object on_start, nb::object on_epoch) {
+            return stability({config_path, config_json, config_name}, overrides, out, force, resume, jobs, on_start,
+                             on_epoch);
         },
         nb::arg("config_path"), nb::arg("config_json"), nb::arg("config_name"), nb::arg("overrides"),
-        nb::arg("out"), nb::arg("force"), nb::arg("on_start").none(), nb::arg("on_epoch").none(),
+        nb::arg("out"), nb::arg("force"), nb::arg("resume"), nb::arg("jobs"), nb::arg("on_start").none(),
+        nb::arg("on_epoch").none(),
         stability_doc.c_str());
     static const std::string sweep_doc =
         std::string("Runs the sweep job (normlab sweep: a grid of train runs x seeds; jobs/sweep.h). ") + kConfigArgs +

@@ -355,3 +355,21 @@ def test_stability_callback_exception_cancels_with_error_txt(tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
     with pytest.raises(normlab.Error, match="epochz"):
         normlab.stability(TINY_STABILITY, {"epochz": 3}, out=tmp_path / "other")
+
+
+def test_stability_resume_runs_only_the_runs_without_a_record(tmp_path):
+    run = tmp_path / "run"
+    first = normlab.stability(TINY_STABILITY, out=run, jobs=2)
+    assert all((run / "runs" / str(i) / "result.json").exists() for i in range(4))
+    (run / "runs" / "3" / "result.json").unlink()  # as if killed during run 3
+    epochs = []
+    again = normlab.stability(TINY_STABILITY, out=run, resume=True, jobs=2, progress=epochs.append)
+    assert {e["run_id"] for e in epochs} == {"layernorm_d2_lr0.001_s2"}
+    for a, b in zip(first.runs, again.runs, strict=True):
+        assert a.id == b.id
+        np.testing.assert_array_equal(a.losses, b.losses)
+        np.testing.assert_array_equal(a.perturbed_losses, b.perturbed_losses)
+        np.testing.assert_array_equal(a.grad_norms, b.grad_norms)
+    assert [r["final_loss"] for r in again.summary["runs"]] == [r["final_loss"] for r in first.summary["runs"]]
+    with pytest.raises(normlab.Error, match="this config differs"):
+        normlab.stability(TINY_STABILITY, {"epochs": 5}, out=run, resume=True)
