@@ -135,7 +135,39 @@ struct CallbackState {
         if (failure) throw nb::python_error(std::move(*failure));
         if (interrupt) throw nb::python_error(std::move(*interrupt));
     }
+
+    // For the jobs made of runs (stability, sweep): a callback's Python error, KeyboardInterrupt
+    // included, cancels the job. Files it and throws CallbackError "<job>: <where> raised <error>".
+    [[noreturn]] void cancel(nb::python_error&& e, const char* job, const std::string& where) {
+        const bool interrupted = take(std::move(e));
+        throw CallbackError(
+            fmt::format("{}: {} raised {}", job, where, describe_python_error(interrupted ? *interrupt : *failure)));
+    }
+
+    // Calls a Python callback with `arg` (the GIL held); its exception cancels the job as above.
+    void call(const nb::object& callback, const nb::dict& arg, const char* job, const std::string& where) {
+        try {
+            callback(arg);
+        } catch (nb::python_error& e) {
+            cancel(std::move(e), job, where);
+        }
+    }
 };
+
+// Runs `job` (a function running a job with these callbacks) with the GIL released; when a callback
+// cancelled it, raises the callback's Python exception.
+template <typename Run>
+auto run_without_gil(CallbackState& state, Run run) {
+    std::optional<decltype(run())> result;
+    try {
+        nb::gil_scoped_release release;
+        result = run();
+    } catch (const CallbackError&) {
+        state.raise();
+        throw;
+    }
+    return std::move(*result);
+}
 
 // ---- the train job ----
 
@@ -272,16 +304,9 @@ nb::dict train(const ConfigArg& config, const std::vector<std::string>& override
         if (!state.interrupt && PyErr_CheckSignals() != 0) fail(nb::python_error(), "signal handler");
         return state.interrupt.has_value();
     };
-    std::optional<TrainResult> result;
-    try {
-        nb::gil_scoped_release release;
-        result = run_train(job, callbacks);
-    } catch (const CallbackError&) {
-        state.raise();
-        throw;
-    }
+    const TrainResult result = run_without_gil(state, [&] { return run_train(job, callbacks); });
     state.raise();  // a KeyboardInterrupt: the run stopped with a checkpoint
-    return result_dict(*result);
+    return result_dict(result);
 }
 
 // The train job a step at a time (Python's TrainSession). The session is shared with the models
@@ -409,13 +434,7 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
     job.force = force;
     job.resume = resume;
     job.jobs = jobs;
-    CallbackState state;
-    // A callback's Python error, KeyboardInterrupt included, cancels the job (it writes error.txt).
-    auto fail = [&](nb::python_error&& e, const std::string& where) {
-        const bool interrupted = state.take(std::move(e));
-        const nb::python_error& error = interrupted ? *state.interrupt : *state.failure;
-        throw CallbackError(fmt::format("stability: {} raised {}", where, describe_python_error(error)));
-    };
+    CallbackState state;  // a callback's Python error cancels the job (it writes error.txt)
     StabilityCallbacks callbacks;
     callbacks.on_start = [&](const StabilityStart& s) {
         if (on_start.is_none()) return;
@@ -426,15 +445,12 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
         info["total"] = s.total;
         info["runs"] = s.runs;
         info["resumed"] = s.resumed;
-        try {
-            on_start(info);
-        } catch (nb::python_error& e) {
-            fail(std::move(e), "the start callback");
-        }
+        state.call(on_start, info, "stability", "the start callback");
     };
     callbacks.on_epoch = [&](const StabilityEpoch& e) {
         nb::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) fail(nb::python_error(), fmt::format("a signal at {} epoch {}", e.run_id, e.epoch));
+        if (PyErr_CheckSignals() != 0)
+            state.cancel(nb::python_error(), "stability", fmt::format("a signal at {} epoch {}", e.run_id, e.epoch));
         if (on_epoch.is_none()) return;
         nb::dict d;
         d["run_id"] = e.run_id;
@@ -443,28 +459,17 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
         d["loss"] = e.loss;
         d["done"] = e.done;
         d["diverged_epoch"] = e.diverged_epoch;
-        try {
-            on_epoch(d);
-        } catch (nb::python_error& error) {
-            fail(std::move(error), fmt::format("the progress callback at {} epoch {}", e.run_id, e.epoch));
-        }
+        state.call(on_epoch, d, "stability", fmt::format("the progress callback at {} epoch {}", e.run_id, e.epoch));
     };
-    std::optional<StabilityResult> result;
-    try {
-        nb::gil_scoped_release release;
-        result = run_stability(job, callbacks);
-    } catch (const CallbackError&) {
-        state.raise();
-        throw;
-    }
+    const StabilityResult result = run_without_gil(state, [&] { return run_stability(job, callbacks); });
     nb::dict d;
-    d["run_dir"] = result->run_dir;
-    d["summary"] = to_python(result->summary);
-    d["table"] = result->table;
-    d["notes"] = result->notes;
-    d["plots"] = result->plots;
+    d["run_dir"] = result.run_dir;
+    d["summary"] = to_python(result.summary);
+    d["table"] = result.table;
+    d["notes"] = result.notes;
+    d["plots"] = result.plots;
     nb::list runs;
-    for (const StabilityRun& r : result->runs) {
+    for (const StabilityRun& r : result.runs) {
         nb::dict run;
         run["id"] = r.id;
         run["norm"] = r.norm;
@@ -496,13 +501,7 @@ nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& override
     job.force = force;
     job.resume = resume;
     job.jobs = jobs;
-    CallbackState state;
-    // A callback's Python error, KeyboardInterrupt included, stops the sweep after the runs in flight.
-    auto fail = [&](nb::python_error&& e, const std::string& where) {
-        const bool interrupted = state.take(std::move(e));
-        const nb::python_error& error = interrupted ? *state.interrupt : *state.failure;
-        throw CallbackError(fmt::format("sweep: {} raised {}", where, describe_python_error(error)));
-    };
+    CallbackState state;  // a callback's Python error stops the sweep after the runs in flight
     SweepCallbacks callbacks;
     callbacks.on_start = [&](const SweepStart& s) {
         if (on_start.is_none()) return;
@@ -512,15 +511,11 @@ nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& override
         info["runs"] = s.runs;
         info["resumed"] = s.resumed;
         info["mine"] = s.mine;
-        try {
-            on_start(info);
-        } catch (nb::python_error& e) {
-            fail(std::move(e), "the start callback");
-        }
+        state.call(on_start, info, "sweep", "the start callback");
     };
     callbacks.on_run = [&](const SweepRunDone& r) {
         nb::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) fail(nb::python_error(), fmt::format("a signal after run {}", r.index));
+        if (PyErr_CheckSignals() != 0) state.cancel(nb::python_error(), "sweep", fmt::format("a signal after run {}", r.index));
         if (on_run.is_none()) return;
         nb::dict d;
         d["index"] = r.index;
@@ -531,27 +526,16 @@ nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& override
         d["seconds"] = r.seconds;
         d["done"] = r.done;
         d["mine"] = r.mine;
-        try {
-            on_run(d);
-        } catch (nb::python_error& error) {
-            fail(std::move(error), fmt::format("the progress callback after run {}", r.index));
-        }
+        state.call(on_run, d, "sweep", fmt::format("the progress callback after run {}", r.index));
     };
-    std::optional<SweepResult> result;
-    try {
-        nb::gil_scoped_release release;
-        result = run_sweep(job, callbacks);
-    } catch (const CallbackError&) {
-        state.raise();
-        throw;
-    }
+    const SweepResult result = run_without_gil(state, [&] { return run_sweep(job, callbacks); });
     nb::dict d;
-    d["run_dir"] = result->run_dir;
-    d["summary"] = to_python(result->summary);
-    d["table"] = result->table;
-    d["plots"] = result->plots;
-    d["columns"] = result->columns;
-    d["rows"] = result->rows;
+    d["run_dir"] = result.run_dir;
+    d["summary"] = to_python(result.summary);
+    d["table"] = result.table;
+    d["plots"] = result.plots;
+    d["columns"] = result.columns;
+    d["rows"] = result.rows;
     return d;
 }
 
