@@ -154,6 +154,12 @@ def main():
     print(f"  PyTorch's --jobs {N} inside its script (without Python's and torch's start-up): {cell(torch_inner)} s")
     print(f"  PyTorch / normlab, --jobs {N} each:     {cell(vs_torch)}   (target >= 1.5)")
     print(f"  normlab --jobs 1 / --jobs {N}:          {cell(scaling)}   (target >= 1.8 for --jobs 2 on 2 free cores)")
+    # CPU seconds do not depend on how much of the machine the other tenants leave: the work each side did.
+    cpu_vs_torch = [t / n for t, n in zip(cpu[("torch", N)], cpu[("normlab", N)])]
+    cpu_overhead = [many / one for many, one in zip(cpu[("normlab", N)], cpu[("normlab", 1)])]
+    print(f"  CPU seconds, PyTorch / normlab, --jobs {N} each: {cell(cpu_vs_torch)}")
+    print(f"  CPU seconds, normlab --jobs {N} / --jobs 1: {cell(cpu_overhead)}   (1: running side by side costs "
+          f"no extra work)")
     if a.torch_jobs1:
         torch_scaling = [one / many for one, many in zip(times[("torch", 1)], times[("torch", N)])]
         print(f"  PyTorch --jobs 1 / --jobs {N}:          {cell(torch_scaling)}   (the machine's own scaling)")

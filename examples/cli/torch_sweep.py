@@ -75,7 +75,7 @@ def read_sweep(path, defaults):
             for key, value in zip(grid, values):
                 set_key(config, key, value)
             config["seed"] = seed
-            label = " ".join(f"{k}={v}" for k, v in zip(grid, values)) + f" seed={seed}"
+            label = " ".join([f"{k}={v}" for k, v in zip(grid, values)] + [f"seed={seed}"])
             runs.append((label, config))
     return runs, sweep.get("diverge_factor", 3.0)
 
@@ -94,11 +94,11 @@ def model_args(config, where):
                              f"{m.get(key)!r}")
     if config["train"].get("autocast", "none") != "none":
         raise SystemExit(f"torch_sweep.py: {where}: /train/autocast: only \"none\" is built here")
-    norm = m.get("norm", {})
+    norm = m.get("norm", {})  # eps: normlab's default for rmsnorm and layernorm (layers/norm_registry.cpp)
     return SimpleNamespace(vocab_size=d["symbols"] + 1, dim=m["dim"], n_layers=m["n_layers"], n_heads=m["n_heads"],
                            n_kv_heads=m.get("n_kv_heads", 0), multiple_of=m["multiple_of"],
                            ffn_hidden_dim=m.get("ffn_hidden_dim", 0), norm=norm.get("type", "rmsnorm"),
-                           norm_eps=norm.get("eps"), pre_norm=m.get("norm_placement", "pre") == "pre",
+                           norm_eps=norm.get("eps", 1e-5), pre_norm=m.get("norm_placement", "pre") == "pre",
                            rope_theta=m.get("rope_theta", 10000.0), seq_len=2 * d["length"],
                            qk_norm=m.get("qk_norm", "none"))
 
