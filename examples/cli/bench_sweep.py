@@ -89,6 +89,7 @@ def main():
     p.add_argument("--jobs", type=int, default=2, help="runs at once on both sides (compared with --jobs 1)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--torch-jobs1", action="store_true", help="also time PyTorch with --jobs 1 each round")
+    p.add_argument("--skip-torch", action="store_true", help="time normlab only (--jobs N against --jobs 1)")
     a = p.parse_args()
     if a.rounds < 1 or a.jobs < 2:
         raise SystemExit(f"bench_sweep.py: --rounds must be at least 1 and --jobs at least 2, found {a.rounds}, {a.jobs}")
@@ -98,6 +99,11 @@ def main():
     with open(defaults, "w", encoding="utf-8") as f:
         f.write(run([a.normlab, "config", "--defaults", "train"])[1])
     torch_script = os.path.join(HERE, "torch_sweep.py")
+    why = "--skip-torch was given" if a.skip_torch else None  # why the PyTorch side is skipped
+    if why is None:
+        probe = subprocess.run([a.python, "-c", "import torch"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            why = f"`{a.python} -c 'import torch'` failed: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
 
     cpu = {}  # side -> (rounds,) CPU seconds of its command: over the wall seconds, the cores it kept busy
 
@@ -115,6 +121,8 @@ def main():
         return seconds, json.loads(stdout.strip().splitlines()[-1])
 
     sides = [("normlab", a.jobs), ("torch", a.jobs), ("normlab", 1)] + ([("torch", 1)] if a.torch_jobs1 else [])
+    if why is not None:
+        sides = [side for side in sides if side[0] == "normlab"]
     times = {side: [] for side in sides}  # (rounds,) wall seconds per side
     torch_inner = []                      # (rounds,) PyTorch --jobs N's own time, without its start-up
     print(f"bench_sweep: {a.config}, {a.rounds} rounds of {', '.join(f'{n} --jobs {j}' for n, j in sides)} "
@@ -139,30 +147,34 @@ def main():
             times[side].append(seconds)
             line.append(f"{name} --jobs {jobs}: {seconds:6.2f} s ({cpu[side][-1] / seconds:.2f} cores)")
         print(f"  round {r + 1}: " + "   ".join(line), flush=True)
-        if r == 0:
+        if r == 0 and why is None:
             print_losses(first_normlab_dir, first_torch)
 
     N = a.jobs
-    vs_torch = [t / n for t, n in zip(times[("torch", N)], times[("normlab", N)])]
     scaling = [one / many for one, many in zip(times[("normlab", 1)], times[("normlab", N)])]
-    print(f"\nmedian [min, max] over {a.rounds} rounds (PyTorch {torch_version}; load average "
-          f"{os.getloadavg()[0]:.1f} at the end):")
+    print(f"\nmedian [min, max] over {a.rounds} rounds ({'PyTorch ' + torch_version if why is None else 'normlab only'}; "
+          f"load average {os.getloadavg()[0]:.1f} at the end):")
     for side in sides:
         busy = [c / t for c, t in zip(cpu[side], times[side])]
         print(f"  {side[0]:<8} --jobs {side[1]}: {cell(times[side])} s, CPU {cell(cpu[side])} s, "
               f"cores busy (CPU / wall) {cell(busy)}")
-    print(f"  PyTorch's --jobs {N} inside its script (without Python's and torch's start-up): {cell(torch_inner)} s")
-    print(f"  PyTorch / normlab, --jobs {N} each:     {cell(vs_torch)}   (target >= 1.5)")
+    if why is None:
+        vs_torch = [t / n for t, n in zip(times[("torch", N)], times[("normlab", N)])]
+        print(f"  PyTorch's --jobs {N} inside its script (without Python's and torch's start-up): {cell(torch_inner)} s")
+        print(f"  PyTorch / normlab, --jobs {N} each:     {cell(vs_torch)}   (target >= 1.5)")
     print(f"  normlab --jobs 1 / --jobs {N}:          {cell(scaling)}   (target >= 1.8 for --jobs 2 on 2 free cores)")
     # CPU seconds do not depend on how much of the machine the other tenants leave: the work each side did.
-    cpu_vs_torch = [t / n for t, n in zip(cpu[("torch", N)], cpu[("normlab", N)])]
+    if why is None:
+        cpu_vs_torch = [t / n for t, n in zip(cpu[("torch", N)], cpu[("normlab", N)])]
+        print(f"  CPU seconds, PyTorch / normlab, --jobs {N} each: {cell(cpu_vs_torch)}")
     cpu_overhead = [many / one for many, one in zip(cpu[("normlab", N)], cpu[("normlab", 1)])]
-    print(f"  CPU seconds, PyTorch / normlab, --jobs {N} each: {cell(cpu_vs_torch)}")
     print(f"  CPU seconds, normlab --jobs {N} / --jobs 1: {cell(cpu_overhead)}   (1: running side by side costs "
           f"no extra work)")
-    if a.torch_jobs1:
+    if a.torch_jobs1 and why is None:
         torch_scaling = [one / many for one, many in zip(times[("torch", 1)], times[("torch", N)])]
         print(f"  PyTorch --jobs 1 / --jobs {N}:          {cell(torch_scaling)}   (the machine's own scaling)")
+    if why is not None:
+        print(f"PyTorch side skipped: {why}")
     shutil.rmtree(work)
 
 
