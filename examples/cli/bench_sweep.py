@@ -9,7 +9,9 @@ transformer on the reversal task), each round times, as whole commands (start-up
   PyTorch  --jobs 1     (with --torch-jobs1: PyTorch's own scaling, to tell the machine from the runner)
 The order rotates from round to round, so a load that comes and goes on a shared machine lands on every
 side. Each round gives the ratios PyTorch / normlab (above 1: normlab is faster) and normlab --jobs 1 /
---jobs N; the medians over the rounds are printed with their [min, max]. The first round also checks that
+--jobs N; the medians over the rounds are printed with their [min, max], beside each command's CPU
+seconds (CPU / wall: the cores it got from a shared machine). --skip-torch times normlab alone; where
+--python cannot import torch, the PyTorch side is skipped and the reason printed. The first round also checks that
 both sides trained the same thing: per run, the held-out loss before training and after it, normlab's
 (runs.csv) next to PyTorch's (different initial weights: close, not equal). Needs torch (--python); CI
 does not run it.
