@@ -112,10 +112,18 @@ def apply_rope(x, freqs_cis):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads):
+    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", norm="rmsnorm", norm_eps=None):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = dim // n_heads
+        # qk_norm "head" (Qwen3, Gemma 3): each head's q and k vectors normalized before RoPE, one
+        # norm of head_dim shared by the heads, as normlab's Attention.
+        if qk_norm not in ("none", "head"):
+            raise SystemExit(f"torch_bench.py: qk_norm '{qk_norm}' has no PyTorch twin here (none, head)")
+        self.qk_norm = qk_norm
+        if qk_norm == "head":
+            self.q_norm = make_norm(norm, self.head_dim, norm_eps)
+            self.k_norm = make_norm(norm, self.head_dim, norm_eps)
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -126,6 +134,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         rep = self.n_heads // self.n_kv_heads
         if rep > 1:  # repeat_kv
@@ -153,7 +163,8 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, a):
         super().__init__()
-        self.attention = Attention(a.dim, a.n_heads, a.n_kv_heads or a.n_heads)
+        self.attention = Attention(a.dim, a.n_heads, a.n_kv_heads or a.n_heads, getattr(a, "qk_norm", "none"), a.norm,
+                                   a.norm_eps)
         self.feed_forward = FeedForward(a.dim, a.ffn_hidden_dim or 4 * a.dim, a.multiple_of)
         self.attention_norm = make_norm(a.norm, a.dim, a.norm_eps)
         self.ffn_norm = make_norm(a.norm, a.dim, a.norm_eps)
@@ -274,6 +285,7 @@ def main():
     p.add_argument("--norm", default="rmsnorm")
     p.add_argument("--norm-eps", type=float, default=None)
     p.add_argument("--post-norm", dest="pre_norm", action="store_false")
+    p.add_argument("--qk-norm", choices=("none", "head"), default="none")
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--seq-len", type=int, default=16, help="model input length T")
     p.add_argument("--batch", type=int, default=64)
