@@ -188,11 +188,12 @@ def wortsman(sweep):
 def dyt(sweep, baselines):
     print("Final val loss per learning rate (mean over seeds that did not diverge):\n")
     print(variant_lr_table(sweep, ["model.norm.alpha_init"], []))
-    if os.path.isdir(baselines):
+    have_baselines = os.path.exists(os.path.join(baselines, "runs.csv"))
+    if have_baselines:
         print()
         print(variant_lr_table(baselines, ["model.norm.type"], []))
     print("\nLearning-rate sensitivity (summary.json):\n")
-    print(sensitivity_table([sweep] + ([baselines] if os.path.isdir(baselines) else [])))
+    print(sensitivity_table([sweep] + ([baselines] if have_baselines else [])))
     # alpha of block i's attention norm against 1 / residual_rms.block<i-1> (the residual stream
     # entering block i; RMS, not std: the same when the features' mean is 0), and the final norm's
     # alpha against 1 / residual_rms of the last block. Pearson correlation over norms x probed steps.
