@@ -97,7 +97,7 @@ def xiong(sweep):
                     mean(last_w2), str(len(runs))])
     print("Gradient norm at initialization per block (mean over seeds):\n")
     print(table(["placement", "blocks", "block 0", "block L/2", "block L-1", "last / first",
-                 "||grad W2|| last block", "seeds"], out))
+                 "last block's w2 grad norm", "seeds"], out))
 
 
 # 2. Kim et al. 2025 (Peri-LN), Sun et al. 2025 (LayerNorm Scaling): residual RMS by block.
