@@ -238,11 +238,21 @@ def deepnet(sweep):
     for (placement, depth, lr), runs in group(rows, ["model.norm_placement", "model.n_layers", "optim.lr"]).items():
         done = [r for r in runs if r["diverged"] == "0"]
         at = [r["diverged_at_step"] for r in runs if r["diverged"] == "1"]
+        # A run can fail without passing diverge_factor: its train loss climbs back and stalls.
+        # metrics.csv per step: the lowest train loss (and its step) and the largest gradient norm.
+        lowest, lowest_step, peak_grad = [], [], []
+        for r in runs:
+            metrics = read_csv(os.path.join(sweep, "runs", r["index"], "metrics.csv"))
+            best = min(metrics, key=lambda m: num(m["train_loss"]))
+            lowest.append(num(best["train_loss"]))
+            lowest_step.append(num(best["step"]))
+            peak_grad.append(max(num(m["grad_norm"]) for m in metrics))
         out.append([placement, depth, lr, mean([num(r["final_val_loss"]) for r in done]),
                     f"{len(runs) - len(done)}/{len(runs)}", ",".join(at) or "-",
-                    mean([num(r["init_loss"]) for r in runs])])
+                    mean([num(r["init_loss"]) for r in runs]), mean(lowest), mean(lowest_step), mean(peak_grad)])
     print("Post-LN vs DeepNorm by depth:\n")
-    print(table(["placement", "blocks", "lr", "val loss", "diverged", "at step", "L_init"], out))
+    print(table(["placement", "blocks", "lr", "val loss", "diverged", "at step", "L_init", "lowest train loss",
+                 "at step", "max grad norm"], out))
 
 
 PAPERS = {
