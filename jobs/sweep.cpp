@@ -364,19 +364,22 @@ double std_of(const std::vector<double>& values) {
 // One variant: a grid point without its lr, over its lrs and seeds.
 struct Variant {
     json grid;                     // the variant's grid values, optim.lr left out
-    std::string name;              // "model.qk_norm=true" ("base" when the grid has no other key)
+    std::string name;              // "model.qk_norm=head": the keys with more than one value ("base" when none)
     std::vector<const json*> runs;
 };
 
-std::vector<Variant> variants_of(const std::vector<json>& records) {
+std::vector<Variant> variants_of(const std::vector<json>& records, const SweepConfig& c) {
     std::vector<Variant> variants;
     for (const json& r : records) {
         json grid = r["grid"];
         grid.erase(kLrKey);
         auto it = std::find_if(variants.begin(), variants.end(), [&](const Variant& v) { return v.grid == grid; });
         if (it == variants.end()) {
+            // A key the grid gives one value is the same in every variant: it would only lengthen the name.
             std::string name;
-            for (const auto& item : grid.items()) name += (name.empty() ? "" : " ") + item.key() + "=" + value_text(item.value());
+            for (size_t k = 0; k < c.keys.size(); ++k)
+                if (c.keys[k] != kLrKey && c.values[k].size() > 1)
+                    name += (name.empty() ? "" : " ") + c.keys[k] + "=" + value_text(grid[c.keys[k]]);
             it = variants.insert(variants.end(), Variant{grid, name.empty() ? "base" : name, {}});
         }
         it->runs.push_back(&r);
@@ -500,7 +503,7 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
     }
     std::string script =
         "# gnuplot script written by normlab sweep: run `gnuplot plots.gp` in this directory\n"
-        "set terminal pngcairo size 1200,700 noenhanced\nset key outside right\nset grid\n" + data;
+        "set terminal pngcairo size 1200,800 noenhanced\nset key below\nset grid\n" + data;
     std::string drawn = "val_loss_vs_lr.png";
     script += "set output 'val_loss_vs_lr.png'\nset logscale x\nset xlabel 'peak learning rate (optim.lr)'\n"
               "set ylabel 'final validation loss (mean over seeds; diverged = loss at init)'\n" + loss_plot + "\n";
@@ -607,7 +610,7 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         make_table(c, records, out);
         CsvWriter csv(run->path("runs.csv"), out.columns);
         for (const auto& row : out.rows) csv.row(row);
-        const std::vector<Variant> variants = variants_of(records);
+        const std::vector<Variant> variants = variants_of(records, c);
         json variant_rows = json::array();
         std::vector<std::vector<std::pair<double, double>>> curves(variants.size());
         for (size_t v = 0; v < variants.size(); ++v) variant_rows.push_back(variant_json(variants[v], c, curves[v]));

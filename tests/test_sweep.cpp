@@ -106,7 +106,9 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     // Written in this key order (nlohmann::json would sort the grid's keys).
     write_json(dir + "/sweep.json",
                nlohmann::ordered_json{{"base", "base.json"},
-                                      {"grid", {{"optim.lr", {0.003, 10.0}}, {"model.qk_norm", {"none", "head"}}}},
+                                      {"grid", {{"optim.lr", {0.003, 10.0}},
+                                                {"model.qk_norm", {"none", "head"}},
+                                                {"model.norm.type", {"rmsnorm"}}}},
                                       {"seeds", {0, 1}}});
     const CliRun run = run_normlab_in(dir, "sweep sweep.json --out out --jobs 2");
     INFO(run.output);
@@ -115,7 +117,7 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     // runs.csv: the grid keys in the file's order (optim.lr before model.qk_norm), the last key then
     // the seeds fastest.
     const Csv csv = read_csv(dir + "/out/runs.csv");
-    const std::vector<std::string> fixed = {"index", "optim.lr", "model.qk_norm", "seed", "init_loss",
+    const std::vector<std::string> fixed = {"index", "optim.lr", "model.qk_norm", "model.norm.type", "seed", "init_loss",
                                             "final_train_loss", "final_val_loss", "diverged", "diverged_at_step",
                                             "seconds", "probe_step", "attn_score_max.block0", "residual_rms.block0",
                                             "logsumexp_mean", "logsumexp_max"};
@@ -170,7 +172,11 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
         CHECK(v["lrs"].size() == 2);
     }
     CHECK(file_exists(dir + "/out/plots.gp"));
-    CHECK(read_text(dir + "/out/plots.gp").find("$attn") != std::string::npos);
+    const std::string plots = read_text(dir + "/out/plots.gp");
+    CHECK(plots.find("$attn") != std::string::npos);
+    // A variant is named by the keys that vary: model.norm.type has one value, so no title names it.
+    CHECK(plots.find("title 'model.qk_norm=head'") != std::string::npos);
+    CHECK(plots.find("model.norm.type=") == std::string::npos);
     CHECK(run.output.find("diverged at step") != std::string::npos);
 
     // The bits: run 2 (qk_norm head, seed 0) trained standalone from its config.json writes the same
