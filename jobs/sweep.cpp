@@ -172,6 +172,14 @@ json run_config_of(const SweepConfig& c, int64_t index) {
     return root;
 }
 
+// The train config file `/base` names, its relative paths beside it.
+json read_base_file(const std::string& file, const std::string& path) {
+    NL_REQUIRE(fs::is_regular_file(path), file, ": /base: no train config file \"", path, "\"");
+    json base = load_json_file(path);
+    resolve_paths_beside_config(base, path, {"/data/path", "/model/init_from"});
+    return base;
+}
+
 SweepConfig read_config(const SweepJob& job) {
     SweepConfig c;
     c.file = job.config_path.empty() ? job.config_name : job.config_path;
@@ -180,7 +188,16 @@ SweepConfig read_config(const SweepJob& job) {
         root = load_json_file(job.config_path);
         resolve_paths_beside_config(root, job.config_path, {"/base"});
     }
-    for (const std::string& assignment : job.overrides) apply_override(root, assignment);
+    bool base_file_read = false;  // /base named a file, read here already: its paths are resolved
+    for (const std::string& assignment : job.overrides) {
+        // `--set base.<key>=...` on a base given as a file: the file is read first (its relative
+        // paths beside it), so the override lands in the train config it names.
+        if (assignment.rfind("base.", 0) == 0 && root.is_object() && root.contains("base") && root["base"].is_string()) {
+            root["base"] = read_base_file(c.file, root["base"].get<std::string>());
+            base_file_read = true;
+        }
+        apply_override(root, assignment);
+    }
     NL_REQUIRE(root.is_object(), c.file, ": expected a JSON object at the top level, got ", root.type_name());
     ConfigReader r(root, c.file, config_schema("sweep"));
     const json base = r.get_json("base");
@@ -198,13 +215,11 @@ SweepConfig read_config(const SweepJob& job) {
 
     // The base train config, its relative paths beside the file that holds them.
     if (base.is_string()) {
-        const std::string path = base.get<std::string>();
-        NL_REQUIRE(fs::is_regular_file(path), c.file, ": /base: no train config file \"", path, "\"");
-        c.base = load_json_file(path);
-        resolve_paths_beside_config(c.base, path, {"/data/path", "/model/init_from"});
+        c.base = read_base_file(c.file, base.get<std::string>());
     } else {
         c.base = base;
-        if (!job.config_path.empty()) resolve_paths_beside_config(c.base, job.config_path, {"/data/path", "/model/init_from"});
+        if (!job.config_path.empty() && !base_file_read)
+            resolve_paths_beside_config(c.base, job.config_path, {"/data/path", "/model/init_from"});
     }
     NL_REQUIRE(c.base.is_object(), c.file, ": /base: expected a train config object, found ", brief_json(c.base));
 

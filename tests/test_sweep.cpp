@@ -223,6 +223,30 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
     }
 }
 
+TEST_CASE("sweep: --set base.<key> reaches a base given as a file, its paths still beside it", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep_base_set");
+    std::filesystem::create_directories(dir + "/configs");
+    std::filesystem::create_directories(dir + "/data");
+    {
+        std::ofstream text(dir + "/data/text.txt");
+        for (int i = 0; i < 40; ++i) text << "the quick brown fox jumps over the lazy dog. ";
+    }
+    json base = tiny_base(20);
+    base["data"] = {{"source", "text"}, {"path", "../data/text.txt"}, {"seq_len", 8}, {"eval_sequences", 4}};
+    write_json(dir + "/configs/base.json", base);
+    write_json(dir + "/configs/sweep.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    // Run from the sweep's folder's parent: the base's data path is beside the base, not the cwd.
+    const CliRun run = run_normlab_in(dir, "sweep configs/sweep.json --out out --set base.train.steps=3");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    const json config = json::parse(read_text(dir + "/out/runs/0/config.json"));
+    CHECK(config["train"]["steps"] == 3);
+    CHECK(config["data"]["path"] == "data/text.txt");
+    const Csv csv = read_csv(dir + "/out/runs.csv");
+    REQUIRE(csv.rows.size() == 1);
+    CHECK(csv.rows[0][csv.column("diverged")] == "0");
+}
+
 TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrupted sweep's", "[sweep][cli]") {
     const std::string dir = make_temp_dir("sweep-resume");
     write_json(dir + "/base.json", tiny_base(150));
