@@ -221,6 +221,19 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
         CHECK(!fs::exists(dir + "/out" + std::to_string(i)));
     }
+    // Flags: a negative --jobs, and --resume without the directory it continues.
+    write_json(dir + "/good.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    const std::vector<std::pair<std::string, std::string>> flags = {
+        {"--jobs -1 --out outj", "sweep: --jobs must be >= 0, found -1"},
+        {"--resume", "sweep: --resume needs --out naming the sweep directory"}};
+    for (const auto& [args, message] : flags) {
+        const CliRun run = run_normlab_in(dir, "sweep good.json " + args);
+        INFO(args << ": " << run.output);
+        CHECK(run.status == 2);
+        CHECK(run.output.find(message) != std::string::npos);
+        CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+    }
+    CHECK(!fs::exists(dir + "/outj"));
 }
 
 TEST_CASE("sweep: --set base.<key> reaches a base given as a file, its paths still beside it", "[sweep][cli]") {
