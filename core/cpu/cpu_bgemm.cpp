@@ -77,58 +77,46 @@ constexpr int64_t kBBlockBytes = int64_t(1) << 20;  // a packed B block of about
 // The 32-bit word of bf16 values (lo, hi): lo in the low half, as vdpbf16ps reads element 2j.
 inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
 
-// op(A)[i0:i0+rows, :] as a panel of k pairs (kp, 16) of words; rows past `rows` are zero.
-void pack_a_pairs(const BGemmArgs& g, int64_t i0, int rows, uint32_t* panel) {
-    const int64_t k = g.k, kp = (k + 1) / 2, lda = g.lda;
-    if (!g.trans_a) {  // A stored (m, k): row r's pair p is two neighbours a[r][2p], a[r][2p+1]
-        for (int r = 0; r < kTile; ++r) {
-            if (r >= rows) {
-                for (int64_t p = 0; p < kp; ++p) panel[p * kTile + r] = 0u;
-                continue;
-            }
-            const uint16_t* row = g.a + (i0 + r) * lda;  // (k)
-            for (int64_t p = 0; p < k / 2; ++p) panel[p * kTile + r] = pair_word(row[2 * p], row[2 * p + 1]);
-            if (k % 2 != 0) panel[(kp - 1) * kTile + r] = pair_word(row[k - 1], 0);
-        }
-        return;
-    }
-    // A stored (k, m): a pair is the same column of two neighbouring rows.
-    for (int64_t p = 0; p < kp; ++p) {
-        const uint16_t* lo = g.a + (2 * p) * lda + i0;                              // (rows)
-        const uint16_t* hi = 2 * p + 1 < k ? g.a + (2 * p + 1) * lda + i0 : nullptr;  // (rows) or none
-        for (int r = 0; r < kTile; ++r)
-            panel[p * kTile + r] = r < rows ? pair_word(lo[r], hi != nullptr ? hi[r] : uint16_t(0)) : 0u;
-    }
-}
+// One operand of the sum as the kernels read it: `lines` 16 at a time (A's rows of op(A), B's columns
+// of op(B)), each a run of k values. `k_inner`: a line's k values are neighbours in memory (A stored
+// (m, k), B stored (n, k)), else a line is a column of a (k, lines) storage (A stored (k, m), B stored
+// (k, n)). ld is the storage's row stride.
+struct PairOperand {
+    const uint16_t* data;
+    int64_t ld;
+    bool k_inner;
+};
+PairOperand a_operand(const BGemmArgs& g) { return {g.a, g.lda, !g.trans_a}; }
+PairOperand b_operand(const BGemmArgs& g) { return {g.b, g.ldb, g.trans_b}; }
 
-// Columns [j0, j0 + cols) of op(B) as a panel of k pairs (kp_padded, 16) of words; columns past `cols`
-// and pairs past k are zero.
-void pack_b_pairs_scalar(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel) {
-    const int64_t k = g.k, kp = (k + 1) / 2, ldb = g.ldb;
+// Lines [j0, j0 + lines) of `s` as a panel of k pairs (kp_padded, 16) of words: panel row p holds the
+// 16 lines' words (value 2p, value 2p + 1). Lines past `lines` and pairs past k are zero.
+void pack_pairs_scalar(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel) {
+    const int64_t kp = (k + 1) / 2;
     std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
-    if (!g.trans_b) {  // B stored (k, n): a pair is the same column of two neighbouring rows
+    if (!s.k_inner) {  // a pair is the same column of two neighbouring storage rows
         for (int64_t p = 0; p < kp; ++p) {
-            const uint16_t* lo = g.b + (2 * p) * ldb + j0;
-            const uint16_t* hi = 2 * p + 1 < k ? g.b + (2 * p + 1) * ldb + j0 : nullptr;
+            const uint16_t* lo = s.data + (2 * p) * s.ld + j0;
+            const uint16_t* hi = 2 * p + 1 < k ? s.data + (2 * p + 1) * s.ld + j0 : nullptr;
             for (int j = 0; j < kTile; ++j)
-                panel[p * kTile + j] = j < cols ? pair_word(lo[j], hi != nullptr ? hi[j] : uint16_t(0)) : 0u;
+                panel[p * kTile + j] = j < lines ? pair_word(lo[j], hi != nullptr ? hi[j] : uint16_t(0)) : 0u;
         }
         return;
     }
-    // B stored (n, k): column j of op(B) is row j of the storage, its pairs neighbours.
+    // A line is a storage row, its pairs neighbours.
     for (int j = 0; j < kTile; ++j) {
-        if (j >= cols) {
+        if (j >= lines) {
             for (int64_t p = 0; p < kp; ++p) panel[p * kTile + j] = 0u;
             continue;
         }
-        const uint16_t* row = g.b + (j0 + j) * ldb;  // (k)
+        const uint16_t* row = s.data + (j0 + j) * s.ld;  // (k)
         for (int64_t p = 0; p < k / 2; ++p) panel[p * kTile + j] = pair_word(row[2 * p], row[2 * p + 1]);
         if (k % 2 != 0) panel[(kp - 1) * kTile + j] = pair_word(row[k - 1], 0);
     }
 }
 
 // The same panel, written by the AVX-512 code where the CPU has it (defined below).
-void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel);
+void pack_pairs(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel);
 
 // C[i0:i0+rows, j0:j0+cols] from a finished f32 tile (rows, cols) with row stride tile_ld: alpha * sum
 // (+ beta * C), then rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole
@@ -229,13 +217,13 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
             const int64_t per_group = (n_panels + n_groups - 1) / n_groups;
 #pragma omp for schedule(static)
             for (int64_t jp = 0; jp < n_panels; ++jp)
-                pack_b_pairs(g, jc + jp * kTile, static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)), kp,
-                             b_packed + jp * kp * kTile);
+                pack_pairs(b_operand(g), g.k, jc + jp * kTile, static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)),
+                           kp, b_packed + jp * kp * kTile);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < m_panels * n_groups; ++task) {
                 const int64_t i0 = task / n_groups * kTile, group = task % n_groups;
                 const int rows = static_cast<int>(std::min<int64_t>(kTile, g.m - i0));
-                pack_a_pairs(g, i0, rows, a_panel);
+                pack_pairs(a_operand(g), g.k, i0, rows, kp, a_panel);
                 const int64_t jp_end = std::min(n_panels, (group + 1) * per_group);
                 for (int64_t jp = group * per_group; jp < jp_end; ++jp) {
                     kernel_avx512bf16_16x16(kp, a_panel, b_packed + jp * kp * kTile, tile);
@@ -283,33 +271,34 @@ __attribute__((target("avx512f"))) inline void transpose_16x16_words(__m512i row
     }
 }
 
-// pack_b_pairs with AVX-512, 16 pairs at a time. B stored (k, n): a panel row is two B rows' 16 values
-// interleaved (lo in the low half). B stored (n, k): the 16 columns' rows hold their pairs as words
-// already, so 16 words of each of the 16 rows are loaded and transposed.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_pairs_avx512(const BGemmArgs& g, int64_t j0,
-                                                                               int cols, int64_t kp_padded,
-                                                                               uint32_t* panel) {
-    const int64_t k = g.k, kp = (k + 1) / 2, ldb = g.ldb;
-    const __mmask16 col_mask = static_cast<__mmask16>((1u << cols) - 1u);
+// pack_pairs with AVX-512, 16 pairs at a time. Lines across the storage (!k_inner): a panel row is two
+// storage rows' 16 values interleaved (lo in the low half). Lines along the storage (k_inner): the 16
+// lines' rows hold their pairs as words already, so 16 words of each of the 16 rows are loaded and
+// transposed.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs_avx512(const PairOperand& s, int64_t k, int64_t j0,
+                                                                             int lines, int64_t kp_padded,
+                                                                             uint32_t* panel) {
+    const int64_t kp = (k + 1) / 2, ld = s.ld;
+    const __mmask16 line_mask = static_cast<__mmask16>((1u << lines) - 1u);
     std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
-    if (!g.trans_b) {
+    if (!s.k_inner) {
         for (int64_t p = 0; p < kp; ++p) {
-            const __m256i lo = _mm256_maskz_loadu_epi16(col_mask, g.b + (2 * p) * ldb + j0);
+            const __m256i lo = _mm256_maskz_loadu_epi16(line_mask, s.data + (2 * p) * ld + j0);
             const __m256i hi =
-                2 * p + 1 < k ? _mm256_maskz_loadu_epi16(col_mask, g.b + (2 * p + 1) * ldb + j0) : _mm256_setzero_si256();
+                2 * p + 1 < k ? _mm256_maskz_loadu_epi16(line_mask, s.data + (2 * p + 1) * ld + j0) : _mm256_setzero_si256();
             _mm512_store_si512(panel + p * kTile, _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
                                                                   _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
         }
         return;
     }
     for (int64_t p0 = 0; p0 < kp; p0 += 16) {
-        // Values [2 p0, 2 p0 + 32) of each column's row, past k zero: 16 words a row.
+        // Values [2 p0, 2 p0 + 32) of each line's row, past k zero: 16 words a row.
         const int64_t values = std::min<int64_t>(32, k - 2 * p0);
         const __mmask32 k_mask = values >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << values) - 1u);
         __m512i words[16];
         for (int j = 0; j < 16; ++j)
-            words[j] = j < cols ? _mm512_maskz_loadu_epi16(k_mask, g.b + (j0 + j) * ldb + 2 * p0) : _mm512_setzero_si512();
-        transpose_16x16_words(words);  // words[p][j]: pair p0 + p of column j
+            words[j] = j < lines ? _mm512_maskz_loadu_epi16(k_mask, s.data + (j0 + j) * ld + 2 * p0) : _mm512_setzero_si512();
+        transpose_16x16_words(words);  // words[p][j]: pair p0 + p of line j
         const int64_t count = std::min<int64_t>(16, kp - p0);
         for (int64_t p = 0; p < count; ++p) _mm512_store_si512(panel + (p0 + p) * kTile, words[p]);
     }
@@ -320,13 +309,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_pairs_avx512(co
 #endif
 #endif
 
-// Columns [j0, j0 + cols) of op(B) as a panel of k pairs (kp_padded, 16) of words (see pack_b_pairs_scalar).
-void pack_b_pairs(const BGemmArgs& g, int64_t j0, int cols, int64_t kp_padded, uint32_t* panel) {
+void pack_pairs(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel) {
 #ifdef NL_BGEMM_X86
     static const bool avx512 = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    if (avx512) return pack_b_pairs_avx512(g, j0, cols, kp_padded, panel);
+    if (avx512) return pack_pairs_avx512(s, k, j0, lines, kp_padded, panel);
 #endif
-    pack_b_pairs_scalar(g, j0, cols, kp_padded, panel);
+    pack_pairs_scalar(s, k, j0, lines, kp_padded, panel);
 }
 
 #ifdef NL_BGEMM_AMX
@@ -569,7 +557,7 @@ void bgemm_amx(const BGemmArgs& g) {
 #pragma omp for schedule(static)
         for (int64_t jp = 0; jp < 2 * n_groups32; ++jp) {  // a panel past n is all zeros
             const int cols = static_cast<int>(std::clamp<int64_t>(g.n - jp * kTile, 0, kTile));
-            pack_b_pairs(g, jp * kTile, cols, kp_padded, b_packed + jp * panel_words);
+            pack_pairs(b_operand(g), g.k, jp * kTile, cols, kp_padded, b_packed + jp * panel_words);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < m_panels * n_groups; ++task) {
