@@ -64,6 +64,9 @@ std::vector<std::string> bgemm_kernels_this_cpu_runs();
 // tile registers alone, on the calling thread; returns one of the sums. Throws nl::Error, naming why,
 // where the amx engine cannot run.
 float bgemm_amx_register_loop(int64_t trips);
+// The same for AVX512-BF16: `trips` x 16 vdpbf16ps (each 16 lanes x 2 products: 64 FLOP) on 16
+// accumulator registers.
+float bgemm_avx512bf16_register_loop(int64_t trips);
 
 // C = alpha * op(A) op(B) + beta * C, row-major. op(A) is (m, k): A is stored (m, k) with row stride
 // lda, or (k, m) when trans_a; op(B) is (k, n): B stored (k, n) with row stride ldb, or (n, k) when

@@ -117,6 +117,12 @@ TEST_CASE("bench torch --autocast bf16 trains both sides under autocast and time
     CHECK_THAT(run.output, Catch::Contains("bf16 autocast on both sides"));
     CHECK_THAT(run.output, Catch::Contains("transformer tokens/s"));
     CHECK_THAT(run.output, Catch::Contains("bf16 GEMMs at the same shapes") && Catch::Contains("normlab bf16 engine f32 "));
+    // An engine on a bf16 instruction is set beside that instruction's register-loop peak.
+    for (const std::string& engine : nl::bgemm_kernels_this_cpu_runs()) {
+        if (engine == "avx512bf16")
+            CHECK_THAT(run.output, Catch::Contains("vdpbf16ps peak: ") && Catch::Contains("the avx512bf16 engine runs at "));
+        if (engine == "amx") CHECK_THAT(run.output, Catch::Contains("AMX peak: ") && Catch::Contains("the amx engine runs at "));
+    }
     BenchRun bad = run_bench("bench torch --quick --skip-torch --autocast f16");
     CHECK(bad.status == 2);
     CHECK_THAT(bad.output, Catch::Contains("--autocast"));

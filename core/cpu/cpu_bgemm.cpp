@@ -195,6 +195,28 @@ __attribute__((target("avx512f,avx512bf16"))) void kernel_avx512bf16_16x16(int64
     for (int r = 0; r < 16; ++r) _mm512_store_ps(tile + r * 16, acc[r]);
 }
 
+// `trips` rounds of 16 vdpbf16ps over 16 accumulator registers alone (independent, so the
+// instruction's throughput and not its latency sets the pace; the products of bf16 1.0 and the
+// smallest bf16 keep the sums finite): the instruction's rate on this core, for benchmarks.
+__attribute__((target("avx512f,avx512bf16"), noinline)) float avx512bf16_register_loop(int64_t trips) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);        // pairs of bf16 1.0
+    const __m512bh y = (__m512bh)_mm512_set1_epi32(0x00010001);  // pairs of the smallest bf16
+    for (int64_t t = 0; t < trips; ++t) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+        __asm__ volatile("" : "+v"(x));  // keeps the loop from being folded
+    }
+    __m512 sum = acc[0];
+    for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    float total = 0;
+    for (float v : lanes) total += v;
+    return total;
+}
+
 void bgemm_avx512bf16(const BGemmArgs& g) {
     const int64_t kp = (g.k + 1) / 2;
     const int64_t m_panels = (g.m + kTile - 1) / kTile;
@@ -741,6 +763,16 @@ void run_on(const BEngine& e, const BGemmArgs& g) {
 }
 
 }  // namespace
+
+float bgemm_avx512bf16_register_loop(int64_t trips) {
+#ifdef NL_BGEMM_X86
+    NL_REQUIRE(cpu_has_avx512_bf16(), "the vdpbf16ps register loop cannot run here: this CPU lacks AVX512-BF16");
+    return avx512bf16_register_loop(trips);
+#else
+    NL_REQUIRE(false, "the vdpbf16ps register loop cannot run here: it needs x86-64");
+    return 0.0f;
+#endif
+}
 
 float bgemm_amx_register_loop(int64_t trips) {
 #ifdef NL_BGEMM_AMX

@@ -236,25 +236,6 @@ __attribute__((target("avx512f"), noinline)) float fma_avx512_loop(int64_t trips
     for (float v : lanes) total += v;
     return total;
 }
-
-__attribute__((target("avx512f,avx512bf16"), noinline)) float dpbf16_loop(int64_t trips) {
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // pairs of bf16 1.0
-    const __m512bh y = (__m512bh)_mm512_set1_epi32(0x00010001);  // pairs of the smallest bf16
-    for (int64_t t = 0; t < trips; ++t) {
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
-        __asm__ volatile("" : "+v"(x));
-    }
-    __m512 sum = acc[0];
-    for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, sum);
-    float total = 0;
-    for (float v : lanes) total += v;
-    return total;
-}
 #endif
 
 // GFLOP/s of one core for `loop` (16 instructions of flops_per_instruction per trip), median of reps.
@@ -284,7 +265,7 @@ void bench_instruction_peaks(const BenchOptions& opt) {
         fmt::print("  vdpbf16ps: skipped (this CPU lacks AVX512-BF16)\n");
         return;
     }
-    const double bf16 = loop_gflops(dpbf16_loop, 64.0, opt.reps, trips);
+    const double bf16 = loop_gflops(bgemm_avx512bf16_register_loop, 64.0, opt.reps, trips);
     fmt::print("  bf16 dot (vdpbf16ps zmm)         {:7.1f} GFLOP/s = {:.2f} x the f32 FMA\n", bf16, bf16 / fma);
     try {
         bgemm_amx_register_loop(0);

@@ -537,32 +537,37 @@ void print_model_flops(const ToySpec& spec, const Rounds& r) {
     if (!spec.autocast) return;
     // Under bf16 autocast: normlab's bf16 engines and torch.mm on bf16 tensors (oneDNN) at the same shapes.
     fmt::print("bf16 GEMMs at the same shapes (bf16 operands and C, f32 sums); auto runs {}:\n", bgemm_engine_name());
-    double amx_flops = 0;
+    std::vector<std::pair<std::string, double>> engine_flops;  // (engine, GFLOP/s x 1e9) of each that runs here
     for (const std::string& engine : bgemm_kernels_this_cpu_runs()) {
         const double flops = gemm_flops_at_model_shapes(spec, model, 5, {GemmEngine::Bf16, engine});
         fmt::print("  normlab bf16 engine {:<14} {:7.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm\n", engine, flops / 1e9,
                    flops / sgemm);
-        if (engine == "amx") amx_flops = flops;
+        engine_flops.emplace_back(engine, flops);
     }
     if (r.torch_gemm_flops > 0)
         fmt::print("  PyTorch torch.mm on bf16 (oneDNN) {:7.1f} GFLOP/s = {:.2f} x OpenBLAS sgemm\n", r.torch_gemm_flops / 1e9,
                    r.torch_gemm_flops / sgemm);
-    if (amx_flops > 0) {
-        // The tiles' own ceiling: tdpbf16ps on registers on one core (median of 5), times the threads.
+    // Each bf16 instruction's own ceiling: its register loop on one core (median of 5), times the
+    // threads; the engine that runs on it as a share of it (and oneDNN's, which runs on the best one).
+    for (const auto& [engine, flops] : engine_flops) {
+        const bool amx = engine == "amx";
+        if (!amx && engine != "avx512bf16") continue;  // the widened engine's ceiling is the f32 FMA's
+        const int64_t trips = amx ? 20000 : 2000000;
+        const double trip_flops = 16.0 * (amx ? 16384.0 : 64.0);  // 16 instructions a trip
         std::vector<double> rates;
         for (int rep = 0; rep < 6; ++rep) {
-            const int64_t trips = 20000;
             const auto start = std::chrono::steady_clock::now();
-            volatile float sink = bgemm_amx_register_loop(trips);
+            volatile float sink = amx ? bgemm_amx_register_loop(trips) : bgemm_avx512bf16_register_loop(trips);
             (void)sink;
             const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (rep > 0) rates.push_back(16.0 * 16384.0 * static_cast<double>(trips) / s);
+            if (rep > 0) rates.push_back(trip_flops * static_cast<double>(trips) / s);
         }
         const double peak = summarize(rates).median * omp_get_max_threads();
-        fmt::print("  AMX peak: {:.1f} GFLOP/s ({} threads x tdpbf16ps on registers, {:.0f} FLOP per cycle per core "
-                   "in the SDM); the amx engine runs at {:.0f}% of it",
-                   peak / 1e9, omp_get_max_threads(), 1024.0, 100.0 * amx_flops / peak);
-        if (r.torch_gemm_flops > 0) fmt::print(", oneDNN at {:.0f}%", 100.0 * r.torch_gemm_flops / peak);
+        fmt::print("  {} peak: {:.1f} GFLOP/s ({} threads x {} on registers); the {} engine runs at {:.0f}% of it",
+                   amx ? "AMX" : "vdpbf16ps", peak / 1e9, omp_get_max_threads(), amx ? "tdpbf16ps" : "vdpbf16ps", engine,
+                   100.0 * flops / peak);
+        if (r.torch_gemm_flops > 0 && engine == engine_flops.front().first)
+            fmt::print(", oneDNN at {:.0f}%", 100.0 * r.torch_gemm_flops / peak);
         fmt::print("\n");
     }
 }
