@@ -54,10 +54,10 @@ EngineChoice choose_engine_by_rate(const std::string& kind, std::vector<EngineRa
 std::string engine_cache_path();
 
 // What identifies this machine in the cache: the CPU's model name, its vector support, normlab's
-// version (a new version may have faster kernels) and the probe's (a cache measured another way is
-// measured again).
+// version (a new version may have faster kernels) and the probe's (a cache measured another way, or
+// on kernels since made faster, is measured again: raise it when an engine's speed changes).
 std::string engine_cache_machine();
-inline constexpr int kEngineProbeVersion = 2;
+inline constexpr int kEngineProbeVersion = 3;
 
 // The shape every engine is timed on: the query projection of a nanoGPT-sized step (384 wide, 2048
 // tokens in a batch), cut to 512 rows so that it takes a few milliseconds: C (m, n) = A (m, k) B^T,
