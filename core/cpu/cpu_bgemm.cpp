@@ -74,9 +74,6 @@ constexpr int kTile = 16;                          // MR = NR = 16
 constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;  // below: the calling thread alone
 constexpr int64_t kBBlockBytes = int64_t(1) << 20;  // a packed B block of about 1 MiB stays in L2
 
-// The 32-bit word of bf16 values (lo, hi): lo in the low half, as vdpbf16ps reads element 2j.
-inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
-
 // One operand of the sum as the kernels read it: `lines` 16 at a time (A's rows of op(A), B's columns
 // of op(B)), each a run of k values. `k_inner`: a line's k values are neighbours in memory (A stored
 // (m, k), B stored (n, k)), else a line is a column of a (k, lines) storage (A stored (k, m), B stored
@@ -86,37 +83,16 @@ struct PairOperand {
     int64_t ld;
     bool k_inner;
 };
-PairOperand a_operand(const BGemmArgs& g) { return {g.a, g.lda, !g.trans_a}; }
-PairOperand b_operand(const BGemmArgs& g) { return {g.b, g.ldb, g.trans_b}; }
+inline PairOperand a_operand(const BGemmArgs& g) { return {g.a, g.lda, !g.trans_a}; }
+inline PairOperand b_operand(const BGemmArgs& g) { return {g.b, g.ldb, g.trans_b}; }
 
 // Lines [j0, j0 + lines) of `s` as a panel of k pairs (kp_padded, 16) of words: panel row p holds the
-// 16 lines' words (value 2p, value 2p + 1). Lines past `lines` and pairs past k are zero.
-void pack_pairs_scalar(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel) {
-    const int64_t kp = (k + 1) / 2;
-    std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
-    if (!s.k_inner) {  // a pair is the same column of two neighbouring storage rows
-        for (int64_t p = 0; p < kp; ++p) {
-            const uint16_t* lo = s.data + (2 * p) * s.ld + j0;
-            const uint16_t* hi = 2 * p + 1 < k ? s.data + (2 * p + 1) * s.ld + j0 : nullptr;
-            for (int j = 0; j < kTile; ++j)
-                panel[p * kTile + j] = j < lines ? pair_word(lo[j], hi != nullptr ? hi[j] : uint16_t(0)) : 0u;
-        }
-        return;
-    }
-    // A line is a storage row, its pairs neighbours.
-    for (int j = 0; j < kTile; ++j) {
-        if (j >= lines) {
-            for (int64_t p = 0; p < kp; ++p) panel[p * kTile + j] = 0u;
-            continue;
-        }
-        const uint16_t* row = s.data + (j0 + j) * s.ld;  // (k)
-        for (int64_t p = 0; p < k / 2; ++p) panel[p * kTile + j] = pair_word(row[2 * p], row[2 * p + 1]);
-        if (k % 2 != 0) panel[(kp - 1) * kTile + j] = pair_word(row[k - 1], 0);
-    }
-}
-
-// The same panel, written by the AVX-512 code where the CPU has it (defined below).
-void pack_pairs(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel);
+// 16 lines' words (value 2p, value 2p + 1). Lines past `lines` and pairs past k are zero. AVX-512 code
+// (defined below), which every CPU that runs the bf16 instructions has.
+#ifdef NL_BGEMM_X86
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairOperand& s, int64_t k, int64_t j0,
+                                                                      int lines, int64_t kp_padded, uint32_t* panel);
+#endif
 
 // C[i0:i0+rows, j0:j0+cols] from a finished f32 tile (rows, cols) with row stride tile_ld: alpha * sum
 // (+ beta * C), then rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole
@@ -173,7 +149,11 @@ private:
 
 #ifdef NL_BGEMM_X86
 
-bool cpu_has_avx512_bf16() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+// The engine's packs are AVX-512 BW/VL code (every CPU with AVX512-BF16 so far has both).
+bool cpu_has_avx512_bf16() {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
 
 // The micro-kernel: tile (16, 16) = sum over kp pairs of A panel (kp, 16) (x) B panel (kp, 16).
 // 16 accumulators and one B vector; each A word is broadcast from memory into its vdpbf16ps.
@@ -293,13 +273,12 @@ __attribute__((target("avx512f"))) inline void transpose_16x16_words(__m512i row
     }
 }
 
-// pack_pairs with AVX-512, 16 pairs at a time. Lines across the storage (!k_inner): a panel row is two
+// pack_pairs, 16 pairs at a time. Lines across the storage (!k_inner): a panel row is two
 // storage rows' 16 values interleaved (lo in the low half). Lines along the storage (k_inner): the 16
 // lines' rows hold their pairs as words already, so 16 words of each of the 16 rows are loaded and
 // transposed.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs_avx512(const PairOperand& s, int64_t k, int64_t j0,
-                                                                             int lines, int64_t kp_padded,
-                                                                             uint32_t* panel) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairOperand& s, int64_t k, int64_t j0,
+                                                                      int lines, int64_t kp_padded, uint32_t* panel) {
     const int64_t kp = (k + 1) / 2, ld = s.ld;
     const __mmask16 line_mask = static_cast<__mmask16>((1u << lines) - 1u);
     std::memset(panel + kp * kTile, 0, static_cast<size_t>((kp_padded - kp) * kTile) * 4);
@@ -330,14 +309,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs_avx512(cons
 #pragma GCC diagnostic pop
 #endif
 #endif
-
-void pack_pairs(const PairOperand& s, int64_t k, int64_t j0, int lines, int64_t kp_padded, uint32_t* panel) {
-#ifdef NL_BGEMM_X86
-    static const bool avx512 = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    if (avx512) return pack_pairs_avx512(s, k, j0, lines, kp_padded, panel);
-#endif
-    pack_pairs_scalar(s, k, j0, lines, kp_padded, panel);
-}
 
 #ifdef NL_BGEMM_AMX
 
@@ -683,7 +654,10 @@ std::string runs_everywhere() { return ""; }
 std::string amx_why_not() { return amx_status().usable ? "" : amx_status().why; }
 #endif
 #ifdef NL_BGEMM_X86
-std::string avx512bf16_why_not() { return cpu_has_avx512_bf16() ? "" : "this CPU lacks AVX512-BF16"; }
+std::string avx512bf16_why_not() {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) return "this CPU lacks AVX512-BF16";
+    return cpu_has_avx512_bf16() ? "" : "this CPU has AVX512-BF16 but lacks AVX512-BW/VL, which the engine's packs use";
+}
 #endif
 
 const BEngine kEngines[] = {
