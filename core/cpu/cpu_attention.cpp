@@ -126,6 +126,37 @@ void pack_transposed(const Dims& s, const T* src, int64_t b, int64_t j0, int64_t
     transpose_rows(src + s.kv_row(b, j0, g), s.kv_heads * s.head_dim, count, s.head_dim, packed, tile_width(count));
 }
 
+#if defined(__AVX512F__) && defined(__FMA__)
+// The backward's two products below for f32 on AVX-512 (V vectors of 16 columns a row): the same
+// multiply-adds in the same order, so the same bits. Written out because the compiler, left to the
+// loops, folds the load of a shared vector into each of the four rows' multiply-adds: four loads of it
+// where one serves. On one Zen 4 core the backward went from 58 to 77 GFLOP/s this way
+// (docs/benchmarks.md).
+
+// 16 floats from p, kept in a register: the empty asm stops the compiler from folding the load
+// back into every multiply-add that reads it.
+inline __m512 load_kept(const float* p) {
+    __m512 v = _mm512_loadu_ps(p);
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+// acc[r][v] = init[r][v]; acc[r] += sum over `steps` of scalar(r, i) * the vectors at row(i), then out.
+// scalar(r, i) gives row r's multiplier at step i; row(i) the V vectors' start at step i.
+template <int V, typename Scalar, typename Row>
+inline void four_rows_times_vectors(__m512 (&acc)[kRowBlock][V], int64_t steps, Scalar scalar, Row row) {
+    for (int64_t i = 0; i < steps; ++i) {
+        const float* x = row(i);
+        __m512 xv[V];
+        for (int v = 0; v < V; ++v) xv[v] = load_kept(x + 16 * v);
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const __m512 s = _mm512_set1_ps(scalar(r, i));
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(s, xv[v], acc[r][v]);
+        }
+    }
+}
+#endif
+
 // out[r][c] = sum_d a[r][d] * packed[d][c] for kRowBlock rows and the first `width` columns of a
 // packed tile whose rows are `stride` apart, summed over d in order: every pass computes a score (or
 // dp) the same way, whatever block a row is in and however many columns it takes, and the same way
@@ -136,6 +167,21 @@ template <int64_t Width, typename T>
 inline void rows_times_packed_fixed(const T* const a[kRowBlock], const T* packed, int64_t stride, int64_t hd,
                                     T (*out)[kKeyTile]) {
     constexpr int64_t Pass = pass_columns(Width, kTileValues<T> / kRowBlock);  // columns per register tile
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float> && Pass % 16 == 0) {
+        constexpr int V = static_cast<int>(Pass / 16);
+        for (int64_t c0 = 0; c0 < Width; c0 += Pass) {
+            __m512 acc[kRowBlock][V];
+            for (auto& row : acc)
+                for (__m512& v : row) v = _mm512_setzero_ps();
+            four_rows_times_vectors<V>(acc, hd, [&](int64_t r, int64_t d) { return a[r][d]; },
+                                       [&](int64_t d) { return packed + d * stride + c0; });
+            for (int64_t r = 0; r < kRowBlock; ++r)
+                for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[r] + c0 + 16 * v, acc[r][v]);
+        }
+        return;
+    }
+#endif
     for (int64_t c0 = 0; c0 < Width; c0 += Pass) {
         T acc[kRowBlock][Pass] = {};
         for (int64_t d = 0; d < hd; ++d) {
@@ -236,6 +282,21 @@ inline void gradient_tile_row(int64_t width, T* p, T* ds, int64_t n, T scale, T 
 template <int64_t Chunk, typename T>
 inline void rows_accumulate_fixed(const T* w, int64_t w_rs, int64_t w_cs, int64_t count, const T* x,
                                   int64_t x_stride, T* const y[kRowBlock], const T* y_scale, int64_t d0) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float> && Chunk % 16 == 0) {
+        constexpr int V = static_cast<int>(Chunk / 16);
+        __m512 acc[kRowBlock][V];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const __m512 f = _mm512_set1_ps(y_scale != nullptr ? y_scale[r] : 1.0f);
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(y[r] + d0 + 16 * v), f);
+        }
+        four_rows_times_vectors<V>(acc, count, [&](int64_t r, int64_t c) { return w[r * w_rs + c * w_cs]; },
+                                   [&](int64_t c) { return x + c * x_stride + d0; });
+        for (int64_t r = 0; r < kRowBlock; ++r)
+            for (int v = 0; v < V; ++v) _mm512_storeu_ps(y[r] + d0 + 16 * v, acc[r][v]);
+        return;
+    }
+#endif
     T acc[kRowBlock][Chunk];
     for (int64_t r = 0; r < kRowBlock; ++r) {
         const T f = y_scale != nullptr ? y_scale[r] : T(1);
