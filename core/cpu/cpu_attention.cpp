@@ -473,6 +473,43 @@ void tile_scores(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t 
     }
 }
 
+// online_softmax_tile's max and probabilities for f32 on AVX-512: its loops below with the running
+// max and sum in registers, where the compiler keeps f.tile_max and f.sum in memory across keys and
+// each key waits on the last one's store. The same operations in the same order: the same bits.
+// Leaves f.st, f.tile_max, f.rescale and f.sum as those loops do.
+#if defined(__AVX512F__) && defined(__FMA__)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  // GCC 12's headers trip these in _mm512_max_ps (GCC bug 105593)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+inline void tile_max_and_probabilities_f32x16(ForwardBuffers<float>& f, int64_t j0, int64_t count, float scale) {
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m512 visible = _mm512_loadu_ps(f.visible), scale16 = _mm512_set1_ps(scale);
+    __m512 tile_max = neg_inf;
+    for (int64_t c = 0; c < count; ++c) {
+        const __mmask16 sees = _mm512_cmp_ps_mask(_mm512_set1_ps(static_cast<float>(j0 + c)), visible, _CMP_LT_OQ);
+        const __m512 x = _mm512_mask_mul_ps(neg_inf, sees, _mm512_loadu_ps(f.st[c]), scale16);
+        _mm512_storeu_ps(f.st[c], x);
+        tile_max = _mm512_max_ps(x, tile_max);  // x > max ? x : max, as below (a NaN x keeps max)
+    }
+    tile_max = _mm512_max_ps(tile_max, _mm512_loadu_ps(f.row_max));
+    _mm512_storeu_ps(f.tile_max, tile_max);
+    std::copy_n(f.row_max, kLanes, f.rescale);
+    exp_lanes(f.rescale, f.tile_max);  // exp(row_max - new max)
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < count; ++c) {
+        const __m512 p = cpu_math::exp_f32x16(_mm512_sub_ps(_mm512_loadu_ps(f.st[c]), tile_max));
+        _mm512_storeu_ps(f.st[c], p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_storeu_ps(f.sum, sum);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 // The online softmax over keys [j0, j0 + count), each lane its own row (Dao et al. 2022, Algorithm
 // 1): the scaled scores (soft-capped when softcap > 0), -inf where a row does not see the key; the
 // new running max; the rescale of the earlier sums (0 on the first tile, where row_max is -inf; 1 for
@@ -490,25 +527,32 @@ void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scal
         }
         scale = T(1);
     }
-    std::fill(f.tile_max, f.tile_max + kLanes, kNegInf);
-    for (int64_t c = 0; c < count; ++c) {
-        const T key = static_cast<T>(j0 + c);
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float> && kLanes == 16) {
+        tile_max_and_probabilities_f32x16(f, j0, count, scale);
+    } else
+#endif
+    {
+        std::fill(f.tile_max, f.tile_max + kLanes, kNegInf);
+        for (int64_t c = 0; c < count; ++c) {
+            const T key = static_cast<T>(j0 + c);
 #pragma omp simd
-        for (int64_t r = 0; r < kLanes; ++r) {
-            const T x = key < f.visible[r] ? f.st[c][r] * scale : kNegInf;
-            f.st[c][r] = x;
-            f.tile_max[r] = x > f.tile_max[r] ? x : f.tile_max[r];
+            for (int64_t r = 0; r < kLanes; ++r) {
+                const T x = key < f.visible[r] ? f.st[c][r] * scale : kNegInf;
+                f.st[c][r] = x;
+                f.tile_max[r] = x > f.tile_max[r] ? x : f.tile_max[r];
+            }
         }
-    }
 #pragma omp simd
-    for (int64_t r = 0; r < kLanes; ++r) f.tile_max[r] = f.tile_max[r] > f.row_max[r] ? f.tile_max[r] : f.row_max[r];
-    std::copy_n(f.row_max, kLanes, f.rescale);
-    exp_lanes(f.rescale, f.tile_max);  // exp(row_max - new max)
-    std::fill(f.sum, f.sum + kLanes, T(0));
-    for (int64_t c = 0; c < count; ++c) {
-        exp_lanes(f.st[c], f.tile_max);  // the masked keys' -inf gives 0
+        for (int64_t r = 0; r < kLanes; ++r) f.tile_max[r] = f.tile_max[r] > f.row_max[r] ? f.tile_max[r] : f.row_max[r];
+        std::copy_n(f.row_max, kLanes, f.rescale);
+        exp_lanes(f.rescale, f.tile_max);  // exp(row_max - new max)
+        std::fill(f.sum, f.sum + kLanes, T(0));
+        for (int64_t c = 0; c < count; ++c) {
+            exp_lanes(f.st[c], f.tile_max);  // the masked keys' -inf gives 0
 #pragma omp simd
-        for (int64_t r = 0; r < kLanes; ++r) f.sum[r] += f.st[c][r];
+            for (int64_t r = 0; r < kLanes; ++r) f.sum[r] += f.st[c][r];
+        }
     }
 #pragma omp simd
     for (int64_t r = 0; r < kLanes; ++r) {
