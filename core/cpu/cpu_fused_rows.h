@@ -3,6 +3,7 @@
 // half-precision kernel still moves only half-precision bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -106,6 +107,18 @@ void stream_block(T* dst, const T* block, int64_t n) {
     }
 #endif
     std::memcpy(dst, block, static_cast<size_t>(n) * sizeof(T));
+}
+
+// body(begin, length) over n elements in chunks of kElementBlock (the last one shorter), across
+// OpenMP's threads above kParallelElements: the one elementwise pass of the fused kernels that run
+// along contiguous elements (SwiGLU's gate, the logit soft-cap).
+inline constexpr int64_t kParallelElements = 32768;  // below this many elements one thread is faster
+inline constexpr int64_t kElementBlock = 4096;       // elements per thread's chunk
+template <typename Body>
+void for_element_blocks(int64_t n, Body body) {
+    const int64_t blocks = (n + kElementBlock - 1) / kElementBlock;
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+    for (int64_t q = 0; q < blocks; ++q) body(q * kElementBlock, std::min(kElementBlock, n - q * kElementBlock));
 }
 
 inline void stream_fence() {

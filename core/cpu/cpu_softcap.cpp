@@ -13,9 +13,6 @@ namespace nl {
 
 namespace {
 
-constexpr int64_t kParallelElements = 32768;  // below this many elements one thread is faster
-constexpr int64_t kBlock = 4096;              // elements per thread's chunk
-
 // S: the storage (float, double, or uint16_t: bf16 bits); T: the math (double for f64, else float).
 // x / cap, then tanh, then times cap: the composed form's order (tanh(x / cap) * cap), so with the tanh
 // op's own f32 tanh the two agree to the bit.
@@ -40,22 +37,13 @@ void backward_block(const S* y, const S* dy, S* dx, int64_t n, T cap, T inv_cap_
     }
 }
 
-// body(begin, length) over the kBlock-element chunks of n (the last one shorter), across threads
-// for large n.
-template <typename Body>
-void for_blocks(int64_t n, Body body) {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-    for (int64_t q = 0; q < blocks; ++q) body(q * kBlock, std::min(kBlock, n - q * kBlock));
-}
-
 template <typename S>
 void forward_impl(const void* x, void* y, int64_t n, double cap) {
     using T = decltype(cpu_rows::math_value(S{}));
     const S* xs = static_cast<const S*>(x);
     S* ys = static_cast<S*>(y);
     const T c = static_cast<T>(cap);
-    for_blocks(n, [&](int64_t at, int64_t len) { forward_block(xs + at, ys + at, len, c); });
+    cpu_rows::for_element_blocks(n, [&](int64_t at, int64_t len) { forward_block(xs + at, ys + at, len, c); });
 }
 
 template <typename S>
@@ -64,7 +52,7 @@ void backward_impl(const void* y, const void* dy, void* dx, int64_t n, double ca
     const S *ys = static_cast<const S*>(y), *gs = static_cast<const S*>(dy);
     S* dxs = static_cast<S*>(dx);
     const T c = static_cast<T>(cap), inv_c2 = static_cast<T>(1.0 / (double(c) * double(c)));
-    for_blocks(n, [&](int64_t at, int64_t len) { backward_block(ys + at, gs + at, dxs + at, len, c, inv_c2); });
+    cpu_rows::for_element_blocks(n, [&](int64_t at, int64_t len) { backward_block(ys + at, gs + at, dxs + at, len, c, inv_c2); });
 }
 
 }  // namespace

@@ -13,9 +13,6 @@ namespace nl {
 
 namespace {
 
-constexpr int64_t kParallelElements = 32768;  // below this many elements one thread is faster
-constexpr int64_t kBlock = 4096;              // elements per thread's chunk
-
 // S: the storage (float, double, or uint16_t: bf16 bits); the math runs in f32 (f64 for f64), each
 // element converted as it is loaded and rounded once as it is stored, in the same vectorized pass.
 template <typename S>
@@ -36,27 +33,18 @@ void backward_block(const S* a, const S* b, const S* dout, S* da, S* db, int64_t
     }
 }
 
-// body(begin, length) over the kBlock-element chunks of n (the last one shorter), across threads
-// for large n.
-template <typename Body>
-void for_blocks(int64_t n, Body body) {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-    for (int64_t q = 0; q < blocks; ++q) body(q * kBlock, std::min(kBlock, n - q * kBlock));
-}
-
 template <typename S>
 void forward_impl(const void* a, const void* b, void* out, int64_t n) {
     const S *as = static_cast<const S*>(a), *bs = static_cast<const S*>(b);
     S* os = static_cast<S*>(out);
-    for_blocks(n, [&](int64_t at, int64_t len) { forward_block(as + at, bs + at, os + at, len); });
+    cpu_rows::for_element_blocks(n, [&](int64_t at, int64_t len) { forward_block(as + at, bs + at, os + at, len); });
 }
 
 template <typename S>
 void backward_impl(const void* a, const void* b, const void* dout, void* da, void* db, int64_t n) {
     const S *as = static_cast<const S*>(a), *bs = static_cast<const S*>(b), *gs = static_cast<const S*>(dout);
     S *das = static_cast<S*>(da), *dbs = static_cast<S*>(db);
-    for_blocks(n, [&](int64_t at, int64_t len) {
+    cpu_rows::for_element_blocks(n, [&](int64_t at, int64_t len) {
         backward_block(as + at, bs + at, gs + at, das + at, dbs + at, len);
     });
 }
