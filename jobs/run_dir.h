@@ -44,6 +44,10 @@ private:
     std::shared_ptr<void> lock_;  // the directory's lock, released with the last copy
 };
 
+// For --resume: `out` must hold a run of this job (its config.json) and that run's resolved config must
+// equal `resolved`; else an nl::Error naming both. `what` names the run ("stability run", "sweep").
+void require_resumable(const std::string& out, const nlohmann::json& resolved, const std::string& what);
+
 // metrics.csv-style streaming writer: a header row, then one row per call, flushed each row so a
 // crash loses at most one line.
 class CsvWriter {

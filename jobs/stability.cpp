@@ -568,12 +568,7 @@ void read_inputs(const StabilityJob& job, Inputs& in) {
             for (const std::string& norm : c.norms)
                 for (int64_t depth : c.depths) in.inits[{norm, depth}] = load_init(c, norm, depth);
         if (!dist::is_root()) return;
-        if (job.resume) {
-            const std::string stored = job.out + "/config.json";
-            NL_REQUIRE(fs::is_regular_file(stored), "--resume: ", job.out, " holds no stability run (no config.json)");
-            NL_REQUIRE(load_json_file(stored) == c.resolved, "--resume: this config differs from ", stored,
-                       "'s; resume with the config the run started with");
-        }
+        if (job.resume) require_resumable(job.out, c.resolved, "stability run");
         in.run_dir = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force,
                                     job.resume);
         if (!job.resume) {

@@ -575,12 +575,7 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
     dist::run_on_every_rank([&] {
         c = read_config(job);
         if (!dist::is_root()) return;
-        if (job.resume) {
-            const std::string stored = job.out + "/config.json";
-            NL_REQUIRE(fs::is_regular_file(stored), "--resume: ", job.out, " holds no sweep (no config.json)");
-            NL_REQUIRE(load_json_file(stored) == c.resolved, "--resume: this sweep config differs from ", stored,
-                       "'s; resume with the config the sweep started with");
-        }
+        if (job.resume) require_resumable(job.out, c.resolved, "sweep");
         run = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force, job.resume);
         if (!job.resume) {
             // A forced sweep starts over: runs of the sweep it replaces must not be read back.
