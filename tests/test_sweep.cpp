@@ -299,4 +299,19 @@ TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrup
           json::parse(read_text(dir + "/whole/summary.json"))["variants"]);
     // Every run's metrics.csv has exactly its 150 steps (a half-written run was started over).
     for (int i = 0; i < 6; ++i) CHECK(read_csv(dir + "/killed/runs/" + std::to_string(i) + "/metrics.csv").rows.size() == 150);
+
+    // --resume refuses a folder that holds no sweep, and a config other than the one the sweep started with.
+    fs::create_directories(dir + "/empty");
+    write_json(dir + "/other.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003, 0.01}}}}, {"seeds", {0, 1}}});
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"sweep sweep.json --out empty --resume", "--resume: empty holds no sweep (no config.json)"},
+        {"sweep other.json --out whole --resume", "--resume: this config differs from whole/config.json's"}};
+    for (const auto& [args, message] : refused) {
+        const CliRun run = run_normlab_in(dir, args);
+        INFO(args << ": " << run.output);
+        CHECK(run.status == 2);
+        CHECK(run.output.find(message) != std::string::npos);
+        CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+    }
+    CHECK(read_csv(dir + "/whole/runs.csv").rows.size() == 6);  // the refused resume left the sweep as it was
 }
