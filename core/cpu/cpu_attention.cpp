@@ -141,8 +141,8 @@ inline __m512 load_kept(const float* p) {
     return v;
 }
 
-// acc[r][v] = init[r][v]; acc[r] += sum over `steps` of scalar(r, i) * the vectors at row(i), then out.
-// scalar(r, i) gives row r's multiplier at step i; row(i) the V vectors' start at step i.
+// acc[r][v] += scalar(r, i) * (vector v at row(i)) for each step i in order, one multiply-add each:
+// scalar(r, i) is row r's multiplier at step i, row(i) where step i's V vectors start.
 template <int V, typename Scalar, typename Row>
 inline void four_rows_times_vectors(__m512 (&acc)[kRowBlock][V], int64_t steps, Scalar scalar, Row row) {
     for (int64_t i = 0; i < steps; ++i) {
