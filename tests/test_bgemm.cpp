@@ -266,6 +266,44 @@ TEST_CASE("bf16 gemm: the widened engine gives its f32 kernel's bits on the wide
     }
 }
 
+TEST_CASE("bf16 gemm: every engine's C is alpha * its f32 sums (+ beta * C), rounded once by f32_to_bf16", "[bgemm]") {
+    // The epilogue, bit for bit: the engine's own sums (alpha 1, beta 0, f32 C) against what the same
+    // call writes with alpha and beta, into a bf16 C and (for the two engines on bf16 instructions; the
+    // widened engine's f32 C is its f32 kernel's, tested above) an f32 C. A NaN in A makes its row NaN, which a
+    // bf16 C keeps a quiet NaN; the tile edges (m, n not multiples of 16 or 32) are partial tiles.
+    for (const std::string& engine : engines_to_test()) {
+        for (const Case& t : {Case{false, true, 37, 45, 70}, Case{true, false, 33, 17, 129}}) {
+            INFO("engine " << engine << ", trans " << t.trans_a << t.trans_b << ", m " << t.m << " n " << t.n);
+            const Result sums = run_case(engine, t, 1.0f, 0.0f, true);
+            for (const float beta : {0.0f, 0.75f}) {
+                const float alpha = -1.5f;
+                const Result f32 = run_case(engine, t, alpha, beta, true);
+                const Result b16 = run_case(engine, t, alpha, beta, false);
+                for (int64_t i = 0; i < t.m; ++i) {
+                    for (int64_t j = 0; j < t.n; ++j) {
+                        const size_t at = static_cast<size_t>(i * sums.ldc + j);
+                        const float scaled = alpha * sums.c32[at];
+                        const float want = beta != 0.0f ? scaled + beta * sums.c0[at] : scaled;
+                        if (engine != "f32") REQUIRE(f32_bits(f32.c32[at]) == f32_bits(want));
+                        REQUIRE(b16.c16[at] == f32_to_bf16(want));
+                    }
+                }
+            }
+        }
+        Result nan_row = run_case(engine, {false, false, 20, 18, 9}, 1.0f, 0.0f, false);
+        nan_row.a[static_cast<size_t>(3 * nan_row.lda + 4)] = 0x7fc1;  // a quiet NaN with a payload
+        std::vector<uint16_t> c16(nan_row.c16.size(), 0);
+        bgemm_with_kernel(engine, false, false, 20, 18, 9, 1.0f, nan_row.a.data(), nan_row.lda, nan_row.b.data(),
+                          nan_row.ldb, 0.0f, c16.data(), false, nan_row.ldc);
+        for (int64_t j = 0; j < 18; ++j) {
+            const uint16_t v = c16[static_cast<size_t>(3 * nan_row.ldc + j)];
+            CHECK((v & 0x7f80u) == 0x7f80u);  // exponent all ones
+            CHECK((v & 0x0040u) != 0);        // quiet
+        }
+        CHECK(std::isfinite(bf16_to_f32(c16[static_cast<size_t>(2 * nan_row.ldc)])));
+    }
+}
+
 TEST_CASE("bf16 gemm: k == 0 scales C by beta, and beta == 0 writes zeros without reading C", "[bgemm]") {
     for (const std::string& engine : engines_to_test()) {
         std::vector<float> c = {1.0f, NAN, -2.0f, 4.0f};

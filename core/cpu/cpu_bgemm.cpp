@@ -72,7 +72,10 @@ struct BGemmArgs {
 
 constexpr int kTile = 16;                          // MR = NR = 16
 constexpr int64_t kThreadedMinWork = int64_t(64) * 64 * 64;  // below: the calling thread alone
-constexpr int64_t kBBlockBytes = int64_t(1) << 20;  // a packed B block of about 1 MiB stays in L2
+// A packed B block of up to 4 MiB. A kernel call reads a B panel at 64 bytes per 16 vdpbf16ps, which
+// L3 keeps up with; each block re-packs all of A, so a weight gradient (k = tokens, A read across rows
+// of its storage) lost 5% on one Zen 4 core with 1 MiB blocks sized for L2.
+constexpr int64_t kBBlockBytes = int64_t(4) << 20;
 
 // One operand of the sum as the kernels read it: `lines` 16 at a time (A's rows of op(A), B's columns
 // of op(B)), each a run of k values. `k_inner`: a line's k values are neighbours in memory (A stored
@@ -93,23 +96,6 @@ inline PairOperand b_operand(const BGemmArgs& g) { return {g.b, g.ldb, g.trans_b
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairOperand& s, int64_t k, int64_t j0,
                                                                       int lines, int64_t kp_padded, uint32_t* panel);
 #endif
-
-// C[i0:i0+rows, j0:j0+cols] from a finished f32 tile (rows, cols) with row stride tile_ld: alpha * sum
-// (+ beta * C), then rounded once to bf16 for a bf16 C. The same scalar arithmetic for every tile, whole
-// or partial, of every engine.
-void store_tile(const BGemmArgs& g, const float* tile, int tile_ld, int64_t i0, int64_t j0, int rows, int cols) {
-    if (!g.c_f32) {
-        round_sums_to_bf16(tile, tile_ld, static_cast<uint16_t*>(g.c) + i0 * g.ldc + j0, g.ldc, rows, cols, g.alpha,
-                           g.beta);
-        return;
-    }
-    const bool read_c = g.beta != 0.0f;
-    for (int r = 0; r < rows; ++r) {
-        const float* sum = tile + r * tile_ld;  // (cols)
-        float* row = static_cast<float*>(g.c) + (i0 + r) * g.ldc + j0;
-        for (int j = 0; j < cols; ++j) row[j] = read_c ? g.alpha * sum[j] + g.beta * row[j] : g.alpha * sum[j];
-    }
-}
 
 // An empty sum (k == 0): C = beta * C, and beta == 0 does not read C.
 void scale_c(const BGemmArgs& g) {
@@ -147,6 +133,14 @@ private:
     int64_t capacity_ = 0;
 };
 
+// GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
+// _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 #ifdef NL_BGEMM_X86
 
 // The engine's packs are AVX-512 BW/VL code (every CPU with AVX512-BF16 so far has both).
@@ -155,10 +149,43 @@ bool cpu_has_avx512_bf16() {
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
-// The micro-kernel: tile (16, 16) = sum over kp pairs of A panel (kp, 16) (x) B panel (kp, 16).
-// 16 accumulators and one B vector; each A word is broadcast from memory into its vdpbf16ps.
-__attribute__((target("avx512f,avx512bf16"))) void kernel_avx512bf16_16x16(int64_t kp, const uint32_t* a,
-                                                                          const uint32_t* b, float* tile) {
+// C[i, j:j+n] (n <= 16) from 16 f32 sums: alpha * sum (+ beta * C where beta != 0), then for a bf16 C
+// rounded once to nearest even by f32_to_bf16's rule (core/dtype.h: add 0x7fff plus the lowest kept
+// bit, truncate; a NaN stays a quiet NaN). The one epilogue of both bf16 engines, vector for vector the
+// operations of the scalar rule, so every tile gets the same bits whichever engine or thread made it.
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void store_sums_16(const BGemmArgs& g,
+                                                                                         __m512 sums, int64_t i,
+                                                                                         int64_t j, int n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+    const __m512 scaled = _mm512_mul_ps(_mm512_set1_ps(g.alpha), sums);
+    const __m512 beta = _mm512_set1_ps(g.beta);
+    const bool read_c = g.beta != 0.0f;
+    if (g.c_f32) {
+        float* c = static_cast<float*>(g.c) + i * g.ldc + j;
+        _mm512_mask_storeu_ps(c, mask, read_c ? _mm512_add_ps(scaled, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mask, c)))
+                                              : scaled);
+        return;
+    }
+    uint16_t* c = static_cast<uint16_t*>(g.c) + i * g.ldc + j;
+    __m512 v = scaled;
+    if (read_c) {
+        const __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c)), 16);
+        v = _mm512_add_ps(scaled, _mm512_mul_ps(beta, _mm512_castsi512_ps(old)));
+    }
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan)));
+}
+
+// The micro-kernel: C[i0:i0+rows, j0:j0+cols] from the (16, 16) sums over kp pairs of A panel (kp, 16)
+// (x) B panel (kp, 16). 16 accumulators and one B vector; each A word is broadcast from memory into its
+// vdpbf16ps; the sums go from the registers to C.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void kernel_avx512bf16_16x16(
+    int64_t kp, const uint32_t* a, const uint32_t* b, const BGemmArgs& g, int64_t i0, int64_t j0, int rows, int cols) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
@@ -172,7 +199,8 @@ __attribute__((target("avx512f,avx512bf16"))) void kernel_avx512bf16_16x16(int64
         b += 16;
     }
 #pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) _mm512_store_ps(tile + r * 16, acc[r]);
+    for (int r = 0; r < 16; ++r)
+        if (r < rows) store_sums_16(g, acc[r], i0 + r, j0, cols);
 }
 
 // `trips` rounds of 16 vdpbf16ps over 16 accumulator registers alone (independent, so the
@@ -209,7 +237,6 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
     {
         thread_local WordBuffer a_buffer;
         uint32_t* a_panel = a_buffer.get(kp * kTile);  // (kp, 16)
-        alignas(64) float tile[kTile * kTile];         // (16, 16)
         for (int64_t jc = 0; jc < g.n; jc += nc_max) {
             const int64_t nc = std::min(nc_max, g.n - jc);
             const int64_t n_panels = (nc + kTile - 1) / kTile;
@@ -228,25 +255,13 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
                 pack_pairs(a_operand(g), g.k, i0, rows, kp, a_panel);
                 const int64_t jp_end = std::min(n_panels, (group + 1) * per_group);
                 for (int64_t jp = group * per_group; jp < jp_end; ++jp) {
-                    kernel_avx512bf16_16x16(kp, a_panel, b_packed + jp * kp * kTile, tile);
-                    store_tile(g, tile, kTile, i0, jc + jp * kTile, rows,
-                               static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)));
+                    kernel_avx512bf16_16x16(kp, a_panel, b_packed + jp * kp * kTile, g, i0, jc + jp * kTile, rows,
+                                            static_cast<int>(std::min<int64_t>(kTile, nc - jp * kTile)));
                 }
             }
         }
     }
 }
-
-#endif  // NL_BGEMM_X86
-
-#ifdef NL_BGEMM_X86
-// GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
-// _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 // A (16, 16) matrix of 32-bit words in 16 registers, transposed in place: rows[r][c] <- rows[c][r].
 // Unpacks within 128-bit lanes make 4 x 4 transposes, then two rounds of lane shuffles move the blocks.
@@ -305,10 +320,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairO
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
+#endif  // NL_BGEMM_X86
 
 #ifdef NL_BGEMM_AMX
 
@@ -357,13 +369,6 @@ struct alignas(64) AmxTileConfig {
     uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
-// _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 // pack_a_amx's blocks [q_begin, q_end) for A stored (k, m): per block of 16 pairs, the 16 pair words of each of 16 columns of
 // the storage are made from two rows (lo in the low half), then transposed to the tile's rows.
@@ -385,44 +390,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(
     }
 }
 
-// store_tile for a (32, 32) AMX tile, 16 columns at a time: the same operations as store_tile's scalar
-// loop (alpha * sum, + beta * C when beta != 0, bf16 rounded to nearest even with f32_to_bf16's rule).
+// A finished (32, 32) AMX tile (rows, cols) into C, one row of 16 sums at a time.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void store_tile_amx(const BGemmArgs& g, const float* tile, int64_t i0,
                                                                 int64_t j0, int rows, int cols) {
-    const bool read_c = g.beta != 0.0f;
-    const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
-    for (int r = 0; r < rows; ++r) {
-        for (int half = 0; half * 16 < cols; ++half) {
-            const int n = std::min(16, cols - half * 16);
-            const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
-            const __m512 sum = _mm512_mul_ps(alpha, _mm512_load_ps(tile + r * kAmxCols + half * 16));
-            const int64_t at = (i0 + r) * g.ldc + j0 + half * 16;
-            if (g.c_f32) {
-                float* c = static_cast<float*>(g.c) + at;
-                const __m512 v = read_c ? _mm512_add_ps(sum, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mask, c))) : sum;
-                _mm512_mask_storeu_ps(c, mask, v);
-                continue;
-            }
-            uint16_t* c = static_cast<uint16_t*>(g.c) + at;
-            __m512 v = sum;
-            if (read_c) {
-                const __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c)), 16);
-                v = _mm512_add_ps(sum, _mm512_mul_ps(beta, _mm512_castsi512_ps(old)));
-            }
-            const __m512i bits = _mm512_castps_si512(v);
-            const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-            const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-            const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
-                                                          _mm512_set1_epi32(0x7f800000));
-            _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan)));
-        }
-    }
+    for (int r = 0; r < rows; ++r)
+        for (int half = 0; half * 16 < cols; ++half)
+            store_sums_16(g, _mm512_load_ps(tile + r * kAmxCols + half * 16), i0 + r, j0 + half * 16,
+                          std::min(16, cols - half * 16));
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 // Blocks [q_begin, q_end) of op(A) rows [i0, i0 + rows) as 16 x 16-word tiles (q_end - q_begin, 16,
 // 16): block q holds k pairs [16q, 16q + 16) of the 16 rows, one 64-byte row each, as an AMX A tile
@@ -589,6 +565,9 @@ void bgemm_amx(const BGemmArgs& g) {
 }
 
 #endif  // NL_BGEMM_AMX
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // bf16 rows (rows, cols) at src (row stride ld) widened into dst (rows, cols), packed.
 void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
