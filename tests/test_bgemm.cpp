@@ -290,6 +290,17 @@ TEST_CASE("bf16 gemm: every engine's C is alpha * its f32 sums (+ beta * C), rou
                 }
             }
         }
+        // Exact ties: every sum is 1 and alpha = 1 + 2^-7 + 2^-8 sits halfway between two bf16 values
+        // with an odd last kept bit, so to nearest even rounds it up (to 1 + 2^-6, 0x3f82), where
+        // truncation or rounding half down would not.
+        const float tie = 1.0f + std::ldexp(1.0f, -7) + std::ldexp(1.0f, -8);
+        const std::vector<uint16_t> ones(static_cast<size_t>(20 * 18), f32_to_bf16(1.0f));
+        for (const float alpha : {tie, -tie}) {
+            std::vector<uint16_t> c16(static_cast<size_t>(20 * 18), 0);
+            bgemm_with_kernel(engine, false, false, 20, 18, 1, alpha, ones.data(), 1, ones.data(), 18, 0.0f, c16.data(),
+                              false, 18);
+            for (const uint16_t v : c16) REQUIRE(v == (alpha > 0 ? 0x3f82 : 0xbf82));
+        }
         Result nan_row = run_case(engine, {false, false, 20, 18, 9}, 1.0f, 0.0f, false);
         nan_row.a[static_cast<size_t>(3 * nan_row.lda + 4)] = 0x7fc1;  // a quiet NaN with a payload
         std::vector<uint16_t> c16(nan_row.c16.size(), 0);
