@@ -2,7 +2,8 @@
 // (LLaMA's attention in autograd ops): forward and backward over odd lengths, odd head sizes, lengths
 // past one tile, grouped-query ratios and cached offsets (more keys than queries), in f32 and f64;
 // f64 gradchecks of the fused node; bits independent of the thread count; what each form saves for
-// backward (graph inspection); bf16 inputs; the transformer with either form; bad inputs.
+// backward (graph inspection); bf16 inputs on both bf16 kernels (widened, vdpbf16ps); the transformer
+// with either form; bad inputs.
 #include <catch2/catch.hpp>
 
 #include <omp.h>
@@ -12,6 +13,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/graph.h"
+#include "core/cpu_runtime.h"
 #include "core/fused.h"
 #include "layers/loss.h"
 #include "layers/transformer.h"
@@ -59,6 +61,25 @@ Result run(const Inputs& in, bool fused, uint64_t seed) {
     Var w(randn(out.shape(), gen, out.dtype()));
     sum(out * w).backward();
     return {out.data(), in.q.grad().data(), in.k.grad().data(), in.v.grad().data()};
+}
+
+// Runs bf16 attention on one kernel (set_attention_bf16_kernel) for its scope, then back to auto.
+struct Bf16Kernel {
+    explicit Bf16Kernel(const std::string& kernel) { set_attention_bf16_kernel(kernel); }
+    ~Bf16Kernel() { set_attention_bf16_kernel("auto"); }
+};
+
+// max |actual - expected| <= tol * max |expected|, with both figures in the report.
+void check_near_in_scale(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
+    const std::vector<double> a = actual.to(DType::F64).to_vector(), e = expected.to(DType::F64).to_vector();
+    REQUIRE(a.size() == e.size());
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        err = std::max(err, std::abs(a[i] - e[i]));
+        scale = std::max(scale, std::abs(e[i]));
+    }
+    INFO(what << ": max error " << err << ", max |expected| " << scale);
+    CHECK(err <= tol * scale);
 }
 
 }  // namespace
@@ -161,12 +182,13 @@ TEST_CASE("attention: bf16 inputs are computed in f32 and rounded once", "[atten
     check_close(b16.out.to(DType::F32), f32.out, 0.05, 0.02, "bf16 out");
 }
 
-TEST_CASE("attention: bf16 on the CPU is read and written as bf16, with the bits of the f32 kernels rounded once",
+TEST_CASE("attention: bf16 widened on the CPU is read and written as bf16, with the bits of the f32 kernels rounded once",
           "[attention]") {
     // Every case (GQA, a cached offset, odd sizes), and one threaded over (batch, kv head) slices, on
     // 1 and 2 threads: the bf16 kernels equal the f32 ones on the widened values, then rounded.
     std::vector<AttnCase> cases = kCases;
     cases.push_back({3, 100, 100, 6, 2, 16});
+    const Bf16Kernel widened("widened");
     const int threads = omp_get_max_threads();
     for (const AttnCase& c : cases) {
         INFO(c.str());
@@ -194,6 +216,88 @@ TEST_CASE("attention: bf16 on the CPU is read and written as bf16, with the bits
         }
     }
     omp_set_num_threads(threads);
+}
+
+TEST_CASE("attention: bf16 on vdpbf16ps is the f64 result within bf16's rounding of P and dS, on any thread count",
+          "[attention]") {
+#ifndef __AVX512BF16__
+    WARN("SKIPPED: attention: bf16 on vdpbf16ps: this build does not target AVX512-BF16");
+    CHECK_THROWS_WITH(set_attention_bf16_kernel("vdpbf16ps"), Catch::Contains("does not target AVX512-BF16"));
+#else
+    // Head sizes of 16, 32, 48 (a 32- and a 16-column pass) and 64; odd T and L, T and L past the 64-row
+    // chunk and the 64-key tile, GQA, a cached offset, one query row, and a softcap.
+    struct Bf16Case {
+        AttnCase c;
+        double softcap;
+    };
+    const std::vector<Bf16Case> cases = {
+        {{2, 70, 70, 4, 1, 16}, 0.0},   {{1, 129, 129, 2, 2, 32}, 0.0}, {{3, 100, 100, 6, 2, 16}, 0.0},
+        {{1, 37, 90, 4, 2, 48}, 0.0},   {{2, 131, 131, 6, 3, 64}, 0.0}, {{1, 1, 9, 4, 1, 32}, 0.0},
+        {{2, 40, 40, 4, 2, 16}, 3.0},   {{1, 77, 140, 2, 1, 64}, 5.0},
+    };
+    const Bf16Kernel vdpbf16ps("vdpbf16ps");
+    CHECK(std::string(attention_bf16_kernel()) == "vdpbf16ps");
+    const int threads = omp_get_max_threads();
+    for (const Bf16Case& bc : cases) {
+        const AttnCase& c = bc.c;
+        INFO(c.str() << ", softcap " << bc.softcap);
+        Generator gen(23);
+        auto bf16_randn = [&](const Shape& shape) { return randn(shape, gen).to(DType::BF16); };
+        const Tensor q = bf16_randn({c.B, c.T, c.H, c.hd}), k = bf16_randn({c.B, c.L, c.KV, c.hd});
+        const Tensor v = bf16_randn({c.B, c.L, c.KV, c.hd}), dout = bf16_randn({c.B, c.T, c.H, c.hd});
+        // The reference: f64 on the bf16 values.
+        const Tensor q64 = q.to(DType::F64), k64 = k.to(DType::F64), v64 = v.to(DType::F64);
+        const AttentionForward f64 = attention_forward(q64, k64, v64, bc.softcap);
+        const AttentionBackward g64 = attention_backward(dout.to(DType::F64), q64, k64, v64, f64.out, f64.lse, bc.softcap);
+        omp_set_num_threads(1);
+        const AttentionForward f1 = attention_forward(q, k, v, bc.softcap);
+        const AttentionBackward g1 = attention_backward(dout, q, k, v, f1.out, f1.lse, bc.softcap);
+        REQUIRE(f1.out.dtype() == DType::BF16);
+        REQUIRE(g1.dq.dtype() == DType::BF16);
+        // P rounded to bf16 (relative error 2^-9) moves each output by about 2^-9 of the values it
+        // averages; dS's rounding moves the gradients alike, each then rounded once more.
+        check_near_in_scale(f1.out, f64.out, 0.01, "out");
+        check_near_in_scale(f1.lse, f64.lse, 1e-5, "lse");
+        check_near_in_scale(g1.dq, g64.dq, 0.015, "dq");
+        check_near_in_scale(g1.dk, g64.dk, 0.015, "dk");
+        check_near_in_scale(g1.dv, g64.dv, 0.015, "dv");
+        for (int team : {2, 3}) {
+            omp_set_num_threads(team);
+            const AttentionForward f = attention_forward(q, k, v, bc.softcap);
+            const AttentionBackward g = attention_backward(dout, q, k, v, f1.out, f1.lse, bc.softcap);
+            CHECK(f.out.to_vector() == f1.out.to_vector());
+            CHECK(f.lse.to_vector() == f1.lse.to_vector());
+            CHECK(g.dq.to_vector() == g1.dq.to_vector());
+            CHECK(g.dk.to_vector() == g1.dk.to_vector());
+            CHECK(g.dv.to_vector() == g1.dv.to_vector());
+        }
+        omp_set_num_threads(threads);
+    }
+#endif
+}
+
+TEST_CASE("attention: the bf16 kernel follows the bf16 gemm engine, and a bad name is refused", "[attention]") {
+    // auto multiplies bf16 where the gemm engine does and this build can; a head size that is not a
+    // multiple of 16 widens (its bits are the f32 kernels', as above).
+    const bool bf16_instructions = bgemm_engine_multiplies_bf16();
+#ifdef __AVX512BF16__
+    CHECK(std::string(attention_bf16_kernel()) == (bf16_instructions ? "vdpbf16ps" : "widened"));
+#else
+    CHECK(std::string(attention_bf16_kernel()) == "widened");
+#endif
+    {
+        const Bf16Kernel widened("widened");
+        CHECK(std::string(attention_bf16_kernel()) == "widened");
+    }
+    const AttnCase c{1, 20, 20, 2, 1, 8};
+    Generator gen(3);
+    const Tensor q = randn({c.B, c.T, c.H, c.hd}, gen).to(DType::BF16), k = randn({c.B, c.L, c.KV, c.hd}, gen).to(DType::BF16);
+    const Tensor v = randn({c.B, c.L, c.KV, c.hd}, gen).to(DType::BF16);
+    const AttentionForward f = attention_forward(q, k, v);
+    const AttentionForward ref = attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32));
+    CHECK(f.out.to_vector() == ref.out.to(DType::BF16).to_vector());
+    CHECK_THROWS_WITH(set_attention_bf16_kernel("fast"), Catch::Contains("expected auto, widened") &&
+                                                              Catch::Contains("found 'fast'"));
 }
 
 TEST_CASE("attention: a transformer gives the same logits and gradients with either form", "[attention][transformer]") {

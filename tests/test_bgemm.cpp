@@ -424,6 +424,15 @@ TEST_CASE("NORMLAB_GEMM_BF16 chooses the bf16 engine, info names it, and a bad v
     const nl_test::CliRun copies = nl_test::run_normlab_env(dir, "NORMLAB_GEMM=openblas NORMLAB_GEMM_BF16=f32 ", "info");
     INFO(copies.output);
     CHECK_THAT(copies.output, Catch::Contains("bf16 widened to f32 copies, then openblas"));
+    // Attention on bf16 follows the engine: widened with it, on vdpbf16ps where the engine multiplies
+    // bf16 and the build targets AVX512-BF16.
+    CHECK_THAT(copies.output, Catch::Contains("attention  bf16 widened to f32 per (batch, kv head)"));
+#ifdef __AVX512BF16__
+    const bool vdpbf16ps = bgemm_engine_multiplies_bf16();
+#else
+    const bool vdpbf16ps = false;
+#endif
+    CHECK_THAT(plain.output, Catch::Contains(vdpbf16ps ? "attention  bf16 on vdpbf16ps" : "attention  bf16 widened to f32"));
     // Training under bf16 autocast on every engine this CPU runs ends near the f32 run's loss.
     const std::string cfg = "train " + nl_test::shell_arg(std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json") +
                             " --set train.steps=30 --set optim.warmup_steps=5 --set train.eval_every=0";

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu_runtime.h"
 #include "core/safetensors.h"
 #include "layers/activation.h"
 #include "layers/autocast.h"
@@ -188,37 +189,57 @@ double relative_rms_error(const Tensor& got, const Tensor& exact) {
 
 TEST_CASE("reference: a LLaMA block under bf16 autocast is as close to float64 as PyTorch's autocast",
           "[transformer][reference][autocast]") {
-    // The fixture holds PyTorch's bf16-autocast output and gradients and the float64 answer for the
-    // same weights and input. PyTorch rounds the attention scores and probabilities to bf16, and
-    // each Linear's dX and dW; normlab's fused attention keeps scores and probabilities in f32, and
-    // autocast_linear returns dX and dW as f32 sums. So on every tensor normlab's error may not
-    // exceed PyTorch's (it measured 0.79-0.94 of it), and it must be a bf16-sized error, far above
-    // f32's 1e-7, or autocast did not run. (Rounding attention's output toward zero instead of to
-    // nearest raised four of these errors above PyTorch's.)
+    // The fixture holds PyTorch's bf16-autocast output and gradients (LLaMA's attention composed of
+    // matmuls and a softmax) and the float64 answer for the same weights and input. PyTorch rounds the
+    // attention scores and probabilities to bf16, and each Linear's dX and dW; autocast_linear returns
+    // dX and dW as f32 sums. normlab's widened attention keeps scores and probabilities in f32: on every
+    // tensor its error may not exceed PyTorch's (it measured 0.79-0.94 of it). Its attention on
+    // vdpbf16ps (core/cpu_runtime.h) rounds P and dS to bf16 as PyTorch's flash attention does: on
+    // this fixture ten tensors measured 0.87-0.96 of PyTorch's error and attention_norm's weight
+    // gradient 1.21 of it, so there no tensor may exceed 1.25 of PyTorch's error and the median ratio
+    // may not exceed 1. Either way the error must be bf16-sized, far above f32's 1e-7, or autocast did
+    // not run. (Rounding attention's output toward zero instead of to nearest raised four of these
+    // errors above PyTorch's.)
     const SafeTensorsFile f = fixture("llama_block_autocast_bf16.safetensors");
     REQUIRE(f.metadata.at("autocast") == "bf16");
     const bool fused = GENERATE(true, false);
-    INFO("fused norms: " << fused);
-    TransformerBlock block(block_options(f, fused));
-    REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
-    load_params(block, f);
-    Var x(f.at("input").clone(), true);
-    Var out;
-    {
-        AutocastGuard autocast(DType::BF16);
-        out = block.forward(x);
-    }
-    REQUIRE(out.dtype() == DType::F32);
-    out.backward(Var(f.at("grad_output")));
+    std::vector<std::string> kernels = {"widened"};
+#ifdef __AVX512BF16__
+    kernels.emplace_back("vdpbf16ps");
+#else
+    WARN("SKIPPED: the vdpbf16ps attention half of this case: this build does not target AVX512-BF16");
+#endif
+    for (const std::string& kernel : kernels) {
+        INFO("fused norms: " << fused << ", bf16 attention kernel " << kernel);
+        REQUIRE(block_options(f, fused).dim / block_options(f, fused).n_heads % 16 == 0);  // vdpbf16ps runs
+        TransformerBlock block(block_options(f, fused));
+        REQUIRE(block.feed_forward()->hidden() == std::stoll(f.metadata.at("hidden")));
+        set_attention_bf16_kernel(kernel);
+        load_params(block, f);
+        Var x(f.at("input").clone(), true);
+        Var out;
+        {
+            AutocastGuard autocast(DType::BF16);
+            out = block.forward(x);
+        }
+        REQUIRE(out.dtype() == DType::F32);
+        out.backward(Var(f.at("grad_output")));
+        set_attention_bf16_kernel("auto");
 
-    std::vector<std::pair<std::string, Tensor>> results = {{"output", out.data()}, {"grad_input", x.grad().data()}};
-    for (const auto& [name, param] : block.named_parameters()) results.emplace_back("grad." + name, param.grad().data());
-    for (const auto& [name, got] : results) {
-        const double ours = relative_rms_error(got, f.at("f64." + name));
-        const double torch = relative_rms_error(f.at(name), f.at("f64." + name));
-        INFO(name << ": normlab autocast " << ours << ", PyTorch autocast " << torch << " (||error|| / ||f64||)");
-        CHECK(ours <= torch);
-        CHECK(ours > 1e-5);
+        std::vector<std::pair<std::string, Tensor>> results = {{"output", out.data()}, {"grad_input", x.grad().data()}};
+        for (const auto& [name, param] : block.named_parameters()) results.emplace_back("grad." + name, param.grad().data());
+        std::vector<double> ratios;
+        for (const auto& [name, got] : results) {
+            const double ours = relative_rms_error(got, f.at("f64." + name));
+            const double torch = relative_rms_error(f.at(name), f.at("f64." + name));
+            INFO(name << ": normlab autocast " << ours << ", PyTorch autocast " << torch << " (||error|| / ||f64||)");
+            CHECK(ours <= (kernel == "widened" ? 1.0 : 1.25) * torch);
+            CHECK(ours > 1e-5);
+            ratios.push_back(ours / torch);
+        }
+        std::sort(ratios.begin(), ratios.end());
+        INFO("median ratio " << ratios[ratios.size() / 2]);
+        CHECK(ratios[ratios.size() / 2] <= 1.0);
     }
 }
 

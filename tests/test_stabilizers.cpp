@@ -16,6 +16,7 @@
 
 #include "autograd/autograd.h"
 #include "core/cpu/cpu_math.h"
+#include "core/cpu_runtime.h"
 #include "core/fused.h"
 #include "core/safetensors.h"
 #include "layers/activation.h"
@@ -380,12 +381,14 @@ TEST_CASE("softcap attention: bf16 is the f32 result within bf16's rounding, the
     const AttnCase c{2, 40, 40, 4, 2, 16};
     const AttnInputs in = attn_inputs(c, DType::F32, 10);
     NoGradGuard no_grad;
+    set_attention_bf16_kernel("widened");  // vdpbf16ps's softcap: tests/test_attention.cpp
     const Tensor q16 = in.q.data().to(DType::BF16), k16 = in.k.data().to(DType::BF16), v16 = in.v.data().to(DType::BF16);
     const AttentionForward low = attention_forward(q16, k16, v16, 3.0);
     const AttentionForward ref = attention_forward(q16.to(DType::F32), k16.to(DType::F32), v16.to(DType::F32), 3.0);
     CHECK(low.out.dtype() == DType::BF16);
-    // The bf16 path runs the f32 kernel on the widened values: the f32 output rounded once.
+    // The widened bf16 kernel runs the f32 kernel on the widened values: the f32 output rounded once.
     CHECK(same_bits(low.out, ref.out.to(DType::BF16)));
+    set_attention_bf16_kernel("auto");
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     const AttentionForward one = attention_forward(in.q.data(), in.k.data(), in.v.data(), 3.0);

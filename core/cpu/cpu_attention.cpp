@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -920,6 +921,441 @@ void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const ui
     }
 }
 
+// ---- bf16 operands on vdpbf16ps ----
+// Where the build targets AVX512-BF16, bf16 attention multiplies bf16 operands with f32 sums, twice
+// the f32 FMA's products per instruction on a CPU that retires vdpbf16ps at the FMA's rate (Zen 4),
+// as PyTorch's CPU flash attention does for bf16 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp):
+// the scores, the online softmax and the backward's P and dS in f32 as above, and P and dS rounded to
+// bf16 (f32_to_bf16) before the products that take them (P V; dS K, P^T dO, dS^T Q). The tasks and
+// tiles are the f32 kernels'; every sum runs in a fixed order, so the bits do not depend on the
+// thread count. vdpbf16ps (Intel SDM, "VDPBF16PS") adds the products of a pair of bf16 to each f32
+// lane, so both operands are read in pairs along the summed index: a row's pair of head columns is one
+// 32-bit word of its storage, and the operands are packed by the bf16 gemm's pack_bf16_pairs into
+// panels of words, 16 lines each. Head sizes that are not a multiple of 16 (a vector of f32 columns)
+// take the widened kernels.
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define NL_ATTENTION_VDPBF16PS 1
+
+constexpr int64_t kPanel = 16;  // lines per panel of words (pack_bf16_pairs)
+
+// Word p of bf16 storage at `row`: elements 2p and 2p + 1, the pair vdpbf16ps reads.
+inline uint32_t word_at(const uint16_t* row, int64_t p) {
+    uint32_t w;
+    std::memcpy(&w, row + 2 * p, sizeof w);
+    return w;
+}
+inline __m512bh broadcast_word(uint32_t w) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(w)); }
+// 16 words from p, kept in a register (see load_kept): one load for every row that uses it.
+inline __m512bh load_words_kept(const uint32_t* p) {
+    __m512i v = _mm512_loadu_si512(p);
+    __asm__("" : "+v"(v));
+    return (__m512bh)v;
+}
+
+// 64-byte-aligned words (pack_bf16_pairs stores whole aligned rows).
+class AlignedWords {
+public:
+    explicit AlignedWords(int64_t words) : storage_(static_cast<size_t>(words + 16)) {}
+    uint32_t* data() {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
+        return storage_.data() + ((64 - at % 64) % 64) / 4;
+    }
+
+private:
+    std::vector<uint32_t> storage_;
+};
+
+// Columns [0, hd) of the rows of a (k, hd) storage (row stride ld) as hd / 16 panels of k pairs:
+// panels[d / 16][p][d % 16] = (x[2p][d], x[2p + 1][d]), pairs past k zero, each panel `pairs_stride`
+// rows apart (pairs_stride >= ceil(k / 2)). The form of dS K's K, P^T dO's dO and dS^T Q's Q.
+inline void pack_column_panels(const uint16_t* x, int64_t ld, int64_t k, int64_t hd, int64_t pairs_stride,
+                               uint32_t* panels) {
+    for (int64_t d0 = 0; d0 < hd; d0 += kPanel)
+        pack_bf16_pairs(x, ld, false, k, d0, kPanel, pairs_stride, panels + d0 / kPanel * pairs_stride * kPanel);
+}
+
+// y[r][d0, d0 + 16 V) += sum_{p < pairs} (word p * w_stride of w[r]) . x's pair p of those columns, for
+// kRowBlock rows, over p in order: dS K, P^T dO and dS^T Q, with x in column panels
+// (pack_column_panels, panel_words apart).
+template <int V>
+inline void rows_accumulate_words_fixed(const uint16_t* const w[kRowBlock], int64_t w_stride, const uint32_t* x,
+                                        int64_t panel_words, int64_t pairs, float* const y[kRowBlock], int64_t d0) {
+    __m512 acc[kRowBlock][V];
+    for (int64_t r = 0; r < kRowBlock; ++r)
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_loadu_ps(y[r] + d0 + 16 * v);
+    const uint32_t* xp = x + d0 / kPanel * panel_words;
+    for (int64_t p = 0; p < pairs; ++p) {
+        __m512bh xv[V];
+        for (int v = 0; v < V; ++v) xv[v] = load_words_kept(xp + v * panel_words + p * kPanel);
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const __m512bh wr = broadcast_word(word_at(w[r], p * w_stride));
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], wr, xv[v]);
+        }
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r)
+        for (int v = 0; v < V; ++v) _mm512_storeu_ps(y[r] + d0 + 16 * v, acc[r][v]);
+}
+
+// All hd columns (a multiple of 16): 64 at a time (16 accumulators), then 32 and 16.
+inline void rows_accumulate_words(const uint16_t* const w[kRowBlock], int64_t w_stride, const uint32_t* x,
+                                  int64_t panel_words, int64_t pairs, float* const y[kRowBlock], int64_t hd) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) rows_accumulate_words_fixed<4>(w, w_stride, x, panel_words, pairs, y, d0);
+    if (d0 + 32 <= hd) rows_accumulate_words_fixed<2>(w, w_stride, x, panel_words, pairs, y, d0), d0 += 32;
+    if (d0 + 16 <= hd) rows_accumulate_words_fixed<1>(w, w_stride, x, panel_words, pairs, y, d0);
+}
+
+// ---- forward on vdpbf16ps ----
+
+struct Bf16ForwardOperands {
+    const uint16_t *q, *k, *v;
+    uint16_t* out;
+    float* lse;
+    float scale, softcap;
+};
+
+// One thread's buffers: the f32 forward's (accumulators, scores, running max and sum), with the
+// query rows, keys and values as panels of words.
+struct Bf16ForwardBuffers {
+    Bf16ForwardBuffers(int64_t hd, int64_t key_groups)
+        : f(hd, 0), value_pairs_stride(key_groups * kKeyStep / 2), q_words(hd / 2 * kLanes),
+          key_words(key_groups * hd / 2 * kKeyStep), value_pairs(hd / kPanel * value_pairs_stride * kPanel) {}
+    ForwardBuffers<float> f;  // acc_t, st, row_max, row_sum, ..., packed_head, packed_groups
+    const int64_t value_pairs_stride;
+    AlignedWords q_words;      // (hd / 2, kLanes): word p of each query row, a row per lane
+    AlignedWords key_words;    // (key_groups, hd / 2, kKeyStep): word p of each key of a group of kKeyStep
+    AlignedWords value_pairs;  // (hd / 16, key_groups * kKeyStep / 2, 16): values of keys 2c and 2c + 1 paired
+    alignas(64) uint32_t p_words[kKeyTile / 2][kLanes];  // (keys of a tile / 2, kLanes): P of keys 2c, 2c + 1 in bf16
+};
+
+// The key groups of kv head g of batch b up to `group` that are not packed yet, as words, and
+// their values in pairs (the f32 forward's packed_head and packed_groups say which are).
+void pack_key_groups_bf16(const Dims& s, const Bf16ForwardOperands& o, int64_t b, int64_t g, int64_t group,
+                          Bf16ForwardBuffers& w) {
+    const int64_t hd = s.head_dim, ld = s.kv_heads * hd;
+    for (; w.f.packed_groups <= group; ++w.f.packed_groups) {
+        const int64_t p0 = w.f.packed_groups * kKeyStep;
+        const int64_t keys = std::min(kKeyStep, s.kv_len - p0);
+        pack_bf16_pairs(o.k + s.kv_row(b, p0, g), ld, true, hd, 0, static_cast<int>(keys), hd / 2,
+                        w.key_words.data() + w.f.packed_groups * (hd / 2 * kKeyStep));
+        for (int64_t d0 = 0; d0 < hd; d0 += kPanel)
+            pack_bf16_pairs(o.v + s.kv_row(b, p0, g), ld, false, keys, d0, kPanel, kKeyStep / 2,
+                            w.value_pairs.data() + (d0 / kPanel * w.value_pairs_stride + p0 / 2) * kPanel);
+    }
+}
+
+// st[c][r] = sum over words p of (word p of key c) . (word p of query row r), for a group of kKeyStep
+// keys (key_words (words, kKeyStep)): a lane per query row, as the f32 forward's keys_times_rows.
+inline void keys_times_rows_bf16(const uint32_t* key_words, const uint32_t* q_words, int64_t words,
+                                 float (*st)[kLanes]) {
+    __m512 acc[kKeyStep];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    for (int64_t p = 0; p < words; ++p) {
+        const __m512bh qp = load_words_kept(q_words + p * kLanes);
+        const uint32_t* kp = key_words + p * kKeyStep;
+        for (int64_t c = 0; c < kKeyStep; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], broadcast_word(kp[c]), qp);
+    }
+    for (int64_t c = 0; c < kKeyStep; ++c) _mm512_storeu_ps(st[c], acc[c]);
+}
+
+// acc_t[d][r] = acc_t[d][r] * rescale[r] + sum_{c2 < pairs} value pair c2 of column d . p_words[c2][r]:
+// the output, transposed (hd, kLanes), 16 columns (one panel of value pairs) at a time over the tile's
+// key pairs in order.
+inline void values_times_probabilities_bf16(const uint32_t (*p_words)[kLanes], int64_t pairs,
+                                            const uint32_t* value_pairs, int64_t pairs_stride, int64_t hd,
+                                            const float* rescale, float* acc_t) {
+    const __m512 f = _mm512_loadu_ps(rescale);
+    for (int64_t d0 = 0; d0 < hd; d0 += kPanel) {
+        __m512 acc[kPanel];
+        for (int64_t e = 0; e < kPanel; ++e) acc[e] = _mm512_mul_ps(_mm512_loadu_ps(acc_t + (d0 + e) * kLanes), f);
+        const uint32_t* panel = value_pairs + d0 / kPanel * pairs_stride * kPanel;
+        for (int64_t c2 = 0; c2 < pairs; ++c2) {
+            const __m512bh pc = load_words_kept(p_words[c2]);
+            const uint32_t* vc = panel + c2 * kPanel;
+            for (int64_t e = 0; e < kPanel; ++e) acc[e] = _mm512_dpbf16_ps(acc[e], broadcast_word(vc[e]), pc);
+        }
+        for (int64_t e = 0; e < kPanel; ++e) _mm512_storeu_ps(acc_t + (d0 + e) * kLanes, acc[e]);
+    }
+}
+
+// One task of forward_task's: kLanes query rows of one head over the keys they see.
+void forward_task_bf16(const Dims& s, const Bf16ForwardOperands& o, int64_t task, int64_t tiles,
+                       Bf16ForwardBuffers& w) {
+    ForwardBuffers<float>& f = w.f;
+    const int64_t hd = s.head_dim, words = hd / 2;
+    const int64_t tile = task % tiles, h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
+    const int64_t g = h / s.group();
+    const int64_t i0 = tile * kLanes, rows = std::min(kLanes, s.q_len - i0);
+    pack_bf16_pairs(o.q + s.q_row(b, i0, h), s.heads * hd, true, hd, 0, static_cast<int>(rows), words,
+                    w.q_words.data());
+    std::fill(f.acc_t.begin(), f.acc_t.end(), 0.0f);
+    std::fill(f.row_max, f.row_max + kLanes, -std::numeric_limits<float>::infinity());
+    std::fill(f.row_sum, f.row_sum + kLanes, 0.0f);
+    for (int64_t r = 0; r < kLanes; ++r) f.visible[r] = static_cast<float>(r < rows ? s.visible(i0 + r) : s.kv_len);
+    const int64_t keys = s.visible(i0 + rows - 1);
+    if (f.packed_head != b * s.kv_heads + g) {
+        f.packed_head = b * s.kv_heads + g;
+        f.packed_groups = 0;
+    }
+    for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
+        const int64_t count = std::min(kKeyTile, keys - j0);
+        for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
+            const int64_t group = (j0 + c0) / kKeyStep;
+            pack_key_groups_bf16(s, o, b, g, group, w);
+            keys_times_rows_bf16(w.key_words.data() + group * (words * kKeyStep), w.q_words.data(), words, f.st + c0);
+        }
+        online_softmax_tile(f, j0, count, o.scale, o.softcap);
+        // P in bf16, keys paired; the key after an odd count's last gets 0.
+        const int64_t pairs = (count + 1) / 2;
+        for (int64_t c2 = 0; c2 < pairs; ++c2) {
+            const float* first = f.st[2 * c2];
+            const float* second = f.st[2 * c2 + 1];
+            const uint32_t keep_second = 2 * c2 + 1 < count ? 0xffffffffu : 0u;
+            for (int64_t r = 0; r < kLanes; ++r)
+                w.p_words[c2][r] = static_cast<uint32_t>(f32_to_bf16(first[r])) |
+                                   ((static_cast<uint32_t>(f32_to_bf16(second[r])) << 16) & keep_second);
+        }
+        values_times_probabilities_bf16(w.p_words, pairs, w.value_pairs.data() + j0 / 2 * kPanel, w.value_pairs_stride,
+                                        hd, f.rescale, f.acc_t.data());
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float inv = 1.0f / f.row_sum[r];
+        uint16_t* out = o.out + s.q_row(b, i0 + r, h);
+        for (int64_t d = 0; d < hd; ++d) out[d] = f32_to_bf16(f.acc_t[d * kLanes + r] * inv);
+        o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
+    }
+}
+
+void forward_bf16_vdpbf16ps(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
+                            float* lse, float scale, float softcap) {
+    const Bf16ForwardOperands o{q, k, v, out, lse, scale, softcap};
+    const int64_t tiles = (s.q_len + kLanes - 1) / kLanes;
+    const int64_t tasks = s.batch * s.heads * tiles;
+    const int64_t key_groups = (s.kv_len + kKeyStep - 1) / kKeyStep;
+#pragma omp parallel if (s.work() > kParallelFlops)
+    {
+        Bf16ForwardBuffers buffers(s.head_dim, key_groups);
+        const int64_t chunk = s.batch * s.heads >= 4 * omp_get_num_threads() ? tiles : 1;  // as forward_impl's
+#pragma omp for schedule(dynamic, chunk)
+        for (int64_t task = 0; task < tasks; ++task) forward_task_bf16(s, o, task, tiles, buffers);
+    }
+}
+
+// ---- backward on vdpbf16ps ----
+
+struct Bf16BackwardOperands {
+    const uint16_t *q, *k, *v, *out, *dout;
+    const float* lse;
+    float* delta;
+    uint16_t *dq, *dk, *dv;
+    float scale, softcap;
+};
+
+constexpr int64_t kChunkPairs = kRowChunk / 2;  // query-row pairs of a chunk
+constexpr int64_t kTilePairs = kKeyTile / 2;    // key pairs of a tile
+
+// One thread's buffers for its (batch, kv head) tasks.
+struct Bf16BackwardBuffers {
+    explicit Bf16BackwardBuffers(const Dims& s)
+        : key_words(s.head_dim / 2 * kKeyTile), value_words(s.head_dim / 2 * kKeyTile),
+          key_pairs(s.head_dim * kTilePairs), q_pairs(s.head_dim * kChunkPairs), dout_pairs(s.head_dim * kChunkPairs),
+          p_pairs(kKeyTile * kChunkPairs), ds_pairs(kKeyTile * kChunkPairs),
+          p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size()), p_bf16(p.size()), ds_bf16(p.size()),
+          dk_acc(static_cast<size_t>(kKeyTile * s.head_dim)), dv_acc(dk_acc.size()),
+          dq_acc(static_cast<size_t>(s.group() * s.q_len * s.head_dim)), zero_row(static_cast<size_t>(s.head_dim), 0),
+          spare_row(static_cast<size_t>(s.head_dim)) {}
+    AlignedWords key_words, value_words;  // (kKeyTile / 16, hd / 2, 16): word p of each key (value) of the tile
+    AlignedWords key_pairs;               // (hd / 16, kTilePairs, 16): the tile's keys paired, for dS K
+    AlignedWords q_pairs, dout_pairs;     // (hd / 16, kChunkPairs, 16): the chunk's rows paired, for dS^T Q, P^T dO
+    AlignedWords p_pairs, ds_pairs;       // (kKeyTile / 16, kChunkPairs, 16): P and dS of row pairs, per key
+    std::vector<float> p, ds;             // (kRowChunk, kKeyTile)
+    std::vector<uint16_t> p_bf16, ds_bf16;  // (kRowChunk, kKeyTile): P and dS rounded
+    std::vector<float> dk_acc, dv_acc;    // (kKeyTile, hd)
+    std::vector<float> dq_acc;            // (group, q_len, hd): dq of the task's query heads
+    const std::vector<uint16_t> zero_row;  // (hd): stands in for a block's missing rows
+    std::vector<float> spare_row;          // (hd): their dq goes here, unread
+};
+
+// out[r][c] = sum over words p of (word p of a[r]) . (word p of key c) for kRowBlock rows and the
+// first Width keys of a tile packed as words (kKeyTile / 16 panels of (words, 16)): the scores (a =
+// q rows, the keys' words) and dP (a = dout rows, the values' words).
+template <int64_t Width>
+inline void rows_times_words_fixed(const uint16_t* const a[kRowBlock], const uint32_t* key_words, int64_t words,
+                                   float (*out)[kKeyTile]) {
+    constexpr int V = static_cast<int>(Width / 16);
+    __m512 acc[kRowBlock][V];
+    for (auto& row : acc)
+        for (__m512& v : row) v = _mm512_setzero_ps();
+    for (int64_t p = 0; p < words; ++p) {
+        __m512bh wv[V];
+        for (int v = 0; v < V; ++v) wv[v] = load_words_kept(key_words + (v * words + p) * kPanel);
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const __m512bh ar = broadcast_word(word_at(a[r], p));
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, wv[v]);
+        }
+    }
+    for (int64_t r = 0; r < kRowBlock; ++r)
+        for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[r] + 16 * v, acc[r][v]);
+}
+
+// P and dS of query rows [c0, c0 + chunk) of head h against the key tile (the f32 backward's
+// chunk_probabilities with bf16 products), rounded to bf16, and dq += dS K for those rows.
+void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, const KeyTile& t, int64_t h, int64_t c0,
+                              int64_t chunk, Bf16BackwardBuffers& w) {
+    const int64_t hd = s.head_dim, words = hd / 2, hl = h - t.g * s.group();
+    for (int64_t r0 = 0; r0 < chunk; r0 += kRowBlock) {
+        const int64_t rows = std::min(kRowBlock, chunk - r0);
+        int64_t n[kRowBlock];
+        const uint16_t* q_rows[kRowBlock];
+        const uint16_t* dout_rows[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            n[r] = r < rows ? std::min(s.visible(c0 + r0 + r) - t.j0, t.count) : 0;
+            q_rows[r] = r < rows ? o.q + s.q_row(t.b, c0 + r0 + r, h) : w.zero_row.data();
+            dout_rows[r] = r < rows ? o.dout + s.q_row(t.b, c0 + r0 + r, h) : w.zero_row.data();
+        }
+        float(*p)[kKeyTile] = reinterpret_cast<float(*)[kKeyTile]>(w.p.data() + r0 * kKeyTile);
+        float(*ds)[kKeyTile] = reinterpret_cast<float(*)[kKeyTile]>(w.ds.data() + r0 * kKeyTile);
+        const int64_t width = tile_width(n[rows - 1]);
+        with_tile_width(width, [&](auto wc) {
+            rows_times_words_fixed<decltype(wc)::value>(q_rows, w.key_words.data(), words, p);
+            rows_times_words_fixed<decltype(wc)::value>(dout_rows, w.value_words.data(), words, ds);
+        });
+        const uint16_t* ds_rows[kRowBlock];
+        float* dq_rows[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const bool real = r < rows;
+            const float l = real ? o.lse[s.stat(t.b, h, c0 + r0 + r)] : 0.0f;
+            const float di = real ? o.delta[s.stat(t.b, h, c0 + r0 + r)] : 0.0f;
+            gradient_tile_row(width, p[r], ds[r], n[r], o.scale, l, di, o.softcap);
+            zero_values(p[r] + width, kKeyTile - width);
+            zero_values(ds[r] + width, kKeyTile - width);
+            uint16_t* p_row = w.p_bf16.data() + (r0 + r) * kKeyTile;
+            uint16_t* ds_row = w.ds_bf16.data() + (r0 + r) * kKeyTile;
+#pragma omp simd
+            for (int64_t c = 0; c < kKeyTile; ++c) {
+                p_row[c] = f32_to_bf16(p[r][c]);
+                ds_row[c] = f32_to_bf16(ds[r][c]);
+            }
+            ds_rows[r] = ds_row;
+            dq_rows[r] = real ? w.dq_acc.data() + (hl * s.q_len + c0 + r0 + r) * hd : w.spare_row.data();
+        }
+        rows_accumulate_words(ds_rows, 1, w.key_pairs.data(), kTilePairs * kPanel, (n[rows - 1] + 1) / 2, dq_rows, hd);
+    }
+    // P and dS in pairs of rows, a panel per 16 keys (an odd chunk's last pair ends in a zero).
+    for (int64_t c0p = 0; c0p < kKeyTile; c0p += kPanel) {
+        pack_bf16_pairs(w.p_bf16.data(), kKeyTile, false, chunk, c0p, kPanel, kChunkPairs,
+                        w.p_pairs.data() + c0p / kPanel * kChunkPairs * kPanel);
+        pack_bf16_pairs(w.ds_bf16.data(), kKeyTile, false, chunk, c0p, kPanel, kChunkPairs,
+                        w.ds_pairs.data() + c0p / kPanel * kChunkPairs * kPanel);
+    }
+}
+
+// dV and dK of the tile's keys from query rows [c0, c0 + chunk) of head h, four keys per pass, over the
+// rows from the first that sees the pass's first key (rounded down to a whole pair: the rows above it
+// have P and dS zero there).
+void chunk_key_gradients_bf16(const Dims& s, const Bf16BackwardOperands& o, const KeyTile& t, int64_t h, int64_t c0,
+                              int64_t chunk, Bf16BackwardBuffers& w) {
+    const int64_t hd = s.head_dim;
+    pack_column_panels(o.q + s.q_row(t.b, c0, h), s.heads * hd, chunk, hd, kChunkPairs, w.q_pairs.data());
+    pack_column_panels(o.dout + s.q_row(t.b, c0, h), s.heads * hd, chunk, hd, kChunkPairs, w.dout_pairs.data());
+    for (int64_t c = 0; c < t.count4; c += kRowBlock) {
+        const int64_t r_first = std::max<int64_t>(0, t.j0 + c - s.offset() - c0) / 2 * 2;
+        if (r_first >= chunk) break;
+        const int64_t pairs = (chunk - r_first + 1) / 2, p_first = r_first / 2;
+        const uint16_t* p_rows[kRowBlock];
+        const uint16_t* ds_rows[kRowBlock];
+        float* dv_rows[kRowBlock];
+        float* dk_rows[kRowBlock];
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+            const int64_t key = c + r, at = (key / kPanel * kChunkPairs + p_first) * kPanel + key % kPanel;
+            // Word p of key `key`'s row pairs, from pair p_first: at + p * kPanel words, read as bf16 pairs.
+            p_rows[r] = reinterpret_cast<const uint16_t*>(w.p_pairs.data() + at);
+            ds_rows[r] = reinterpret_cast<const uint16_t*>(w.ds_pairs.data() + at);
+            dv_rows[r] = w.dv_acc.data() + key * hd;
+            dk_rows[r] = w.dk_acc.data() + key * hd;
+        }
+        const int64_t from = p_first * kPanel;
+        rows_accumulate_words(p_rows, kPanel, w.dout_pairs.data() + from, kChunkPairs * kPanel, pairs, dv_rows, hd);
+        rows_accumulate_words(ds_rows, kPanel, w.q_pairs.data() + from, kChunkPairs * kPanel, pairs, dk_rows, hd);
+    }
+}
+
+// delta = dout . out of one bf16 row of hd values (a multiple of 16), in f32, pairs summed in order.
+inline float row_delta_bf16(const uint16_t* dout, const uint16_t* out, int64_t hd) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 32 <= hd; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(dout + d), (__m512bh)_mm512_loadu_si512(out + d));
+    if (d < hd) {  // 16 values: 8 words
+        const __m512i a = _mm512_maskz_loadu_epi32(0xff, dout + d), b = _mm512_maskz_loadu_epi32(0xff, out + d);
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+    }
+    alignas(64) float lanes[16];  // summed in lane order (_mm512_reduce_add_ps trips GCC 12's warnings)
+    _mm512_store_ps(lanes, acc);
+    float sum = 0.0f;
+    for (float lane : lanes) sum += lane;
+    return sum;
+}
+
+// One task: kv head g of batch b, its key tiles in order (the f32 backward_task's loop nest).
+void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t task, Bf16BackwardBuffers& w) {
+    const int64_t hd = s.head_dim, group = s.group(), words = hd / 2;
+    const int64_t g = task % s.kv_heads, b = task / s.kv_heads, h_begin = g * group;
+    for (int64_t h = h_begin; h < h_begin + group; ++h)
+        for (int64_t i = 0; i < s.q_len; ++i)
+            o.delta[s.stat(b, h, i)] = row_delta_bf16(o.dout + s.q_row(b, i, h), o.out + s.q_row(b, i, h), hd);
+    std::fill(w.dq_acc.begin(), w.dq_acc.end(), 0.0f);
+    const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
+    const int64_t ld = s.kv_heads * hd;
+    for (int64_t tile = 0; tile < key_tiles; ++tile) {
+        const int64_t j0 = tile * kKeyTile, count = std::min(s.kv_len - j0, kKeyTile);
+        const int64_t width = tile_width(count);
+        const KeyTile t{b, g, j0, count, width, std::min(width, (count + kRowBlock - 1) / kRowBlock * kRowBlock)};
+        const uint16_t* keys = o.k + s.kv_row(b, j0, g);
+        const uint16_t* values = o.v + s.kv_row(b, j0, g);
+        for (int64_t c0 = 0; c0 < width; c0 += kPanel) {  // panels of 16 keys as words (past count: zero)
+            const int lines = static_cast<int>(std::min(kPanel, count - c0));
+            pack_bf16_pairs(keys + c0 * ld, ld, true, hd, 0, lines, words, w.key_words.data() + c0 / kPanel * words * kPanel);
+            pack_bf16_pairs(values + c0 * ld, ld, true, hd, 0, lines, words, w.value_words.data() + c0 / kPanel * words * kPanel);
+        }
+        pack_column_panels(keys, ld, count, hd, kTilePairs, w.key_pairs.data());
+        std::fill(w.dk_acc.begin(), w.dk_acc.end(), 0.0f);
+        std::fill(w.dv_acc.begin(), w.dv_acc.end(), 0.0f);
+        const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());
+        for (int64_t h = h_begin; h < h_begin + group; ++h) {
+            for (int64_t c0 = first_row; c0 < s.q_len; c0 += kRowChunk) {
+                const int64_t chunk = std::min(kRowChunk, s.q_len - c0);
+                chunk_probabilities_bf16(s, o, t, h, c0, chunk, w);
+                chunk_key_gradients_bf16(s, o, t, h, c0, chunk, w);
+            }
+        }
+        for (int64_t c = 0; c < count; ++c) {
+            uint16_t* dk = o.dk + s.kv_row(b, j0 + c, g);
+            uint16_t* dv = o.dv + s.kv_row(b, j0 + c, g);
+            for (int64_t d = 0; d < hd; ++d) {
+                dk[d] = f32_to_bf16(w.dk_acc[c * hd + d]);
+                dv[d] = f32_to_bf16(w.dv_acc[c * hd + d]);
+            }
+        }
+    }
+    for (int64_t hl = 0; hl < group; ++hl)
+        for (int64_t i = 0; i < s.q_len; ++i) {
+            uint16_t* dq = o.dq + s.q_row(b, i, h_begin + hl);
+            const float* from = w.dq_acc.data() + (hl * s.q_len + i) * hd;
+            for (int64_t d = 0; d < hd; ++d) dq[d] = f32_to_bf16(from[d]);
+        }
+}
+
+void backward_bf16_vdpbf16ps(const Dims& s, const Bf16BackwardOperands& o) {
+#pragma omp parallel if (s.work() > kParallelFlops)
+    {
+        Bf16BackwardBuffers buffers(s);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) backward_task_bf16(s, o, task, buffers);
+    }
+}
+#endif  // AVX512-BF16
+
 // bf16 q, k, v and out with f32 lse (the f32 kernel on widened slices, above); the shared checks see
 // the f32 problem it runs.
 AttentionForwardArgs as_f32(AttentionForwardArgs a) {
@@ -931,12 +1367,55 @@ AttentionBackwardArgs as_f32(AttentionBackwardArgs a) {
     return a;
 }
 
+// The bf16 kernel asked for by set_attention_bf16_kernel ("auto" until then).
+std::string& requested_bf16_kernel() {
+    static std::string kernel = "auto";
+    return kernel;
+}
+
+#ifdef NL_ATTENTION_VDPBF16PS
+// Whether a bf16 problem of these sizes runs on vdpbf16ps (attention_bf16_kernel, and whole vectors of
+// head columns).
+bool runs_on_vdpbf16ps(const Dims& s) {
+    return s.head_dim % 16 == 0 && std::strcmp(attention_bf16_kernel(), "vdpbf16ps") == 0;
+}
+#endif
+
 }  // namespace
+
+const char* attention_bf16_kernel() {
+    const std::string& want = requested_bf16_kernel();
+    if (want == "widened") return "widened";
+#ifdef NL_ATTENTION_VDPBF16PS
+    if (want == "vdpbf16ps" || bgemm_engine_multiplies_bf16()) return "vdpbf16ps";
+#endif
+    return "widened";
+}
+
+void set_attention_bf16_kernel(const std::string& kernel) {
+#ifdef NL_ATTENTION_VDPBF16PS
+    const bool has_vdpbf16ps = true;
+#else
+    const bool has_vdpbf16ps = false;
+#endif
+    NL_REQUIRE(kernel == "auto" || kernel == "widened" || (kernel == "vdpbf16ps" && has_vdpbf16ps),
+               "set_attention_bf16_kernel: expected auto, widened", has_vdpbf16ps ? " or vdpbf16ps" : "",
+               ", found '", kernel, "'",
+               kernel == "vdpbf16ps" ? " (this build does not target AVX512-BF16)" : "");
+    requested_bf16_kernel() = kernel;
+}
 
 void CpuBackend::attention_forward(const AttentionForwardArgs& a) {
     const Dims s{a.dims};
     if (a.dtype == DType::BF16) {
         check_kernel_args(as_f32(a));
+#ifdef NL_ATTENTION_VDPBF16PS
+        if (runs_on_vdpbf16ps(s))
+            return forward_bf16_vdpbf16ps(s, static_cast<const uint16_t*>(a.q), static_cast<const uint16_t*>(a.k),
+                                          static_cast<const uint16_t*>(a.v), static_cast<uint16_t*>(a.out),
+                                          static_cast<float*>(a.lse), static_cast<float>(a.scale),
+                                          static_cast<float>(a.softcap));
+#endif
         return forward_bf16(s, static_cast<const uint16_t*>(a.q), static_cast<const uint16_t*>(a.k),
                             static_cast<const uint16_t*>(a.v), static_cast<uint16_t*>(a.out), static_cast<float*>(a.lse),
                             static_cast<float>(a.scale), static_cast<float>(a.softcap));
@@ -959,6 +1438,14 @@ void CpuBackend::attention_backward(const AttentionBackwardArgs& a) {
     if (a.dtype == DType::BF16) {
         check_kernel_args(as_f32(a));
         using H = uint16_t;
+#ifdef NL_ATTENTION_VDPBF16PS
+        if (runs_on_vdpbf16ps(s))
+            return backward_bf16_vdpbf16ps(
+                s, {static_cast<const H*>(a.q), static_cast<const H*>(a.k), static_cast<const H*>(a.v),
+                    static_cast<const H*>(a.out), static_cast<const H*>(a.dout), static_cast<const float*>(a.lse),
+                    static_cast<float*>(a.delta), static_cast<H*>(a.dq), static_cast<H*>(a.dk), static_cast<H*>(a.dv),
+                    static_cast<float>(a.scale), static_cast<float>(a.softcap)});
+#endif
         return backward_bf16(s, static_cast<const H*>(a.q), static_cast<const H*>(a.k), static_cast<const H*>(a.v),
                              static_cast<const H*>(a.out), static_cast<const H*>(a.dout), static_cast<const float*>(a.lse),
                              static_cast<float*>(a.delta), static_cast<H*>(a.dq), static_cast<H*>(a.dk),

@@ -717,6 +717,13 @@ void run_on(const BEngine& e, const BGemmArgs& g) {
 
 }  // namespace
 
+#ifdef NL_BGEMM_X86
+void pack_bf16_pairs(const uint16_t* data, int64_t ld, bool k_inner, int64_t k, int64_t j0, int lines,
+                     int64_t kp_padded, uint32_t* panel) {
+    pack_pairs({data, ld, k_inner}, k, j0, lines, kp_padded, panel);
+}
+#endif
+
 float bgemm_avx512bf16_register_loop(int64_t trips) {
 #ifdef NL_BGEMM_X86
     NL_REQUIRE(cpu_has_avx512_bf16(), "the vdpbf16ps register loop cannot run here: this CPU lacks AVX512-BF16");
@@ -750,6 +757,8 @@ const char* bgemm_engine_name() {
 }
 
 std::string bgemm_engine_reason() { return chosen().reason; }
+
+bool bgemm_engine_multiplies_bf16() { return std::string(chosen().engine->key) != "f32"; }
 
 std::vector<std::string> bgemm_kernels_this_cpu_runs() {
     std::vector<std::string> out;

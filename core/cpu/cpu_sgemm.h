@@ -51,4 +51,12 @@ void round_sums_to_bf16(const float* sums, int64_t ld_sums, uint16_t* c, int64_t
 void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
                        int64_t dst_cols);
 
+// Lines [j0, j0 + lines) (lines <= 16) of a bf16 operand as a panel (kp_padded, 16) of 32-bit words
+// for vdpbf16ps and AMX: panel row p holds each line's (value 2p, value 2p + 1), lines past `lines`
+// and pairs past k zero. k_inner: line j is row j of a (lines, k) storage (row stride ld); else a
+// column of a (k, lines) storage. The panel is 64-byte aligned. AVX-512 BW/VL code, for CPUs with
+// AVX512-BF16 only (x86-64): the bf16 gemm's packs, and the fused attention's on vdpbf16ps.
+void pack_bf16_pairs(const uint16_t* data, int64_t ld, bool k_inner, int64_t k, int64_t j0, int lines,
+                     int64_t kp_padded, uint32_t* panel);
+
 }  // namespace nl

@@ -113,6 +113,10 @@ void run_info() {
                                   openblas_get_corename(), chosen, openblas_get_num_threads()));
     print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(), nl::sgemm_engine_reason()));
     print_row("bf16 gemm", fmt::format("{} ({})", nl::bgemm_engine_name(), nl::bgemm_engine_reason()));
+    print_row("attention",
+              std::string(nl::attention_bf16_kernel()) == "vdpbf16ps"
+                  ? "bf16 on vdpbf16ps: bf16 products with f32 sums, P and dS rounded to bf16 (head sizes a multiple of 16)"
+                  : "bf16 widened to f32 per (batch, kv head), the f32 kernels, each result rounded once");
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)
