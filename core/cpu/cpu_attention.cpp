@@ -935,6 +935,11 @@ void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const ui
 // take the widened kernels.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define NL_ATTENTION_VDPBF16PS 1
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  // GCC 12's headers trip these in the shifts (GCC bug 105593)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 constexpr int64_t kPanel = 16;  // lines per panel of words (pack_bf16_pairs)
 
@@ -1108,22 +1113,28 @@ void forward_task_bf16(const Dims& s, const Bf16ForwardOperands& o, int64_t task
         // P in bf16, keys paired; the key after an odd count's last gets 0.
         const int64_t pairs = (count + 1) / 2;
         for (int64_t c2 = 0; c2 < pairs; ++c2) {
-            const float* first = f.st[2 * c2];
-            const float* second = f.st[2 * c2 + 1];
-            const uint32_t keep_second = 2 * c2 + 1 < count ? 0xffffffffu : 0u;
-            for (int64_t r = 0; r < kLanes; ++r)
-                w.p_words[c2][r] = static_cast<uint32_t>(f32_to_bf16(first[r])) |
-                                   ((static_cast<uint32_t>(f32_to_bf16(second[r])) << 16) & keep_second);
+            const __m512i first = cpu_math::f32x16_to_bf16(_mm512_loadu_ps(f.st[2 * c2]));
+            const __m512i second = 2 * c2 + 1 < count ? cpu_math::f32x16_to_bf16(_mm512_loadu_ps(f.st[2 * c2 + 1]))
+                                                      : _mm512_setzero_si512();
+            _mm512_store_si512(w.p_words[c2], _mm512_or_si512(first, _mm512_slli_epi32(second, 16)));
         }
         values_times_probabilities_bf16(w.p_words, pairs, w.value_pairs.data() + j0 / 2 * kPanel, w.value_pairs_stride,
                                         hd, f.rescale, f.acc_t.data());
     }
-    for (int64_t r = 0; r < rows; ++r) {
-        const float inv = 1.0f / f.row_sum[r];
-        uint16_t* out = o.out + s.q_row(b, i0 + r, h);
-        for (int64_t d = 0; d < hd; ++d) out[d] = f32_to_bf16(f.acc_t[d * kLanes + r] * inv);
-        o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
+    // out = acc / row_sum, rounded: 16 columns of every lane's row at a time, transposed to rows.
+    alignas(64) float inv[kLanes];
+    for (int64_t r = 0; r < kLanes; ++r) inv[r] = 1.0f / f.row_sum[r];
+    const __m512 inv16 = _mm512_load_ps(inv);
+    for (int64_t d0 = 0; d0 < hd; d0 += kPanel) {
+        __m512i columns[kPanel];  // columns[e]: lane r holds out[r][d0 + e]; then rows[r]: out[r][d0, d0 + 16)
+        for (int64_t e = 0; e < kPanel; ++e)
+            columns[e] = cpu_math::f32x16_to_bf16(_mm512_mul_ps(_mm512_loadu_ps(f.acc_t.data() + (d0 + e) * kLanes), inv16));
+        cpu_math::transpose_16x16_words(columns);
+        for (int64_t r = 0; r < rows; ++r)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.out + s.q_row(b, i0 + r, h) + d0),
+                                _mm512_cvtepi32_epi16(columns[r]));
     }
+    for (int64_t r = 0; r < rows; ++r) o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
 }
 
 void forward_bf16_vdpbf16ps(const Dims& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
@@ -1354,6 +1365,9 @@ void backward_bf16_vdpbf16ps(const Dims& s, const Bf16BackwardOperands& o) {
         for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) backward_task_bf16(s, o, task, buffers);
     }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif  // AVX512-BF16
 
 // bf16 q, k, v and out with f32 lse (the f32 kernel on widened slices, above); the shared checks see

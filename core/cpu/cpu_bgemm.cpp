@@ -25,6 +25,7 @@
 // re-read): the A and B panels then stream from L2 for large k. The bits do not depend on the thread
 // count: a tile's sum is always the same kernel over the same pairs in the same order.
 #include "core/cpu/cpu_engine_choice.h"
+#include "core/cpu/cpu_math.h"
 #include "core/cpu_runtime.h"
 
 #include <cblas.h>
@@ -172,13 +173,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
         const __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c)), 16);
         v = _mm512_add_ps(scaled, _mm512_mul_ps(beta, _mm512_castsi512_ps(old)));
     }
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan)));
+    _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(v)));
 }
 
 // The micro-kernel: C[i0:i0+rows, j0:j0+cols] from the (16, 16) sums over kp pairs of A panel (kp, 16)
@@ -263,31 +258,6 @@ void bgemm_avx512bf16(const BGemmArgs& g) {
     }
 }
 
-// A (16, 16) matrix of 32-bit words in 16 registers, transposed in place: rows[r][c] <- rows[c][r].
-// Unpacks within 128-bit lanes make 4 x 4 transposes, then two rounds of lane shuffles move the blocks.
-__attribute__((target("avx512f"))) inline void transpose_16x16_words(__m512i rows[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 8; ++i) {
-        a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
-        a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // b[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3
-        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {  // column 4l + j gathers lane l of b[j], b[4 + j], b[8 + j], b[12 + j]
-        const __m512i c0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44), c1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xEE);
-        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44);
-        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xEE);
-        rows[j] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-        rows[4 + j] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
-        rows[8 + j] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-        rows[12 + j] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
-    }
-}
-
 // pack_pairs, 16 pairs at a time. Lines across the storage (!k_inner): a panel row is two
 // storage rows' 16 values interleaved (lo in the low half). Lines along the storage (k_inner): the 16
 // lines' rows hold their pairs as words already, so 16 words of each of the 16 rows are loaded and
@@ -314,7 +284,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairO
         __m512i words[16];
         for (int j = 0; j < 16; ++j)
             words[j] = j < lines ? _mm512_maskz_loadu_epi16(k_mask, s.data + (j0 + j) * ld + 2 * p0) : _mm512_setzero_si512();
-        transpose_16x16_words(words);  // words[p][j]: pair p0 + p of line j
+        cpu_math::transpose_16x16_words(words);  // words[p][j]: pair p0 + p of line j
         const int64_t count = std::min<int64_t>(16, kp - p0);
         for (int64_t p = 0; p < count; ++p) _mm512_store_si512(panel + (p0 + p) * kTile, words[p]);
     }
@@ -385,7 +355,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_amx_transposed(
             const __m256i hi = hi_k < k ? _mm256_maskz_loadu_epi16(row_mask, g.a + hi_k * g.lda + i0) : _mm256_setzero_si256();
             words[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
         }
-        transpose_16x16_words(words);
+        cpu_math::transpose_16x16_words(words);
         for (int r = 0; r < 16; ++r) _mm512_store_si512(panel + ((q - q_begin) * 16 + r) * kAmxPairs, words[r]);
     }
 }

@@ -9,8 +9,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__FMA__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#define NL_CPU_MATH_X86 1
 #endif
 
 namespace nl::cpu_math {
@@ -155,5 +156,57 @@ inline T stable_sigmoid(T x) {
     const T numerator = x >= T(0) ? T(1) : e;
     return numerator / one_plus;
 }
+
+
+#ifdef NL_CPU_MATH_X86
+// AVX-512 helpers for the bf16 kernels, callable from code built for AVX-512 by -march or by a target
+// attribute (the bf16 gemm's, in a portable build).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  // GCC 12's headers trip these in the shifts (GCC bug 105593, as above)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// f32_to_bf16 (core/dtype.h) on 16 lanes, each lane's bf16 bits in its low half: add 0x7fff plus the
+// lowest kept bit and truncate (round to nearest even); a NaN stays a quiet NaN. The one vector form
+// of the rule, so a vector-rounded value has the scalar rule's bits.
+__attribute__((target("avx512f"), always_inline)) inline __m512i f32x16_to_bf16(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_blend_epi32(nan, rounded, quiet_nan);
+}
+
+// A (16, 16) matrix of 32-bit words in 16 registers, transposed in place: rows[r][c] <- rows[c][r].
+// Unpacks within 128-bit lanes make 4 x 4 transposes, then two rounds of lane shuffles move the blocks.
+__attribute__((target("avx512f"), always_inline)) inline void transpose_16x16_words(__m512i rows[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+        a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // b[4i + j], lane l: column 4l + j of rows 4i .. 4i + 3
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {  // column 4l + j gathers lane l of b[j], b[4 + j], b[8 + j], b[12 + j]
+        const __m512i c0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44), c1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xEE);
+        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44);
+        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xEE);
+        rows[j] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        rows[4 + j] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+        rows[8 + j] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        rows[12 + j] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
 
 }  // namespace nl::cpu_math
