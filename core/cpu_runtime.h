@@ -81,17 +81,19 @@ void bgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
                        float alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                        void* c, bool c_f32, int64_t ldc);
 
-// Whether the chosen bf16 gemm engine multiplies bf16 operands (amx or avx512bf16), rather than
-// widening them to f32.
-bool bgemm_engine_multiplies_bf16();
+// Whether vdpbf16ps multiplies bf16 faster than bf16 widened to f32 on this machine: the avx512bf16
+// engine's rate at least kEngineMargin (1.10) times the widened engine's in the engine choice's
+// measurement (core/cpu/cpu_engine_choice.h; twice on a Zen 4 EPYC, about even on a Sapphire Rapids
+// Xeon), or NORMLAB_GEMM_BF16=avx512bf16; false under any other NORMLAB_GEMM_BF16.
+bool bgemm_vdpbf16ps_beats_widened();
 
 // ---- fused attention on bf16 (core/cpu/cpu_attention.cpp) ----
 // The kernel fused attention runs on bf16 q, k and v: "vdpbf16ps" (every product on bf16 operands
 // with f32 sums; the softmax, P and dS in f32, P and dS rounded to bf16 before the products that take
-// them, as PyTorch's CPU flash attention does) where the build targets AVX512-BF16 and the bf16 gemm
-// engine multiplies bf16 (so NORMLAB_GEMM_BF16=f32 widens attention too), else "widened" (each
-// (batch, kv head) widened to f32 and run on the f32 kernels, its results rounded once: the f32
-// kernels' bits on the widened values). A head size that is not a multiple of 16 always widens.
+// them, as PyTorch's CPU flash attention does) where the build targets AVX512-BF16 and
+// bgemm_vdpbf16ps_beats_widened(), else "widened" (each (batch, kv head) widened to f32 and run on the
+// f32 kernels, its results rounded once: the f32 kernels' bits on the widened values). A head size
+// that is not a multiple of 16 always widens.
 const char* attention_bf16_kernel();
 // Asks for a kernel: "auto" (the default, as above), "widened", or "vdpbf16ps" (where the build
 // targets AVX512-BF16); another value throws nl::Error. Process-wide, for tests and benchmarks.

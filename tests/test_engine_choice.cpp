@@ -60,6 +60,21 @@ TEST_CASE("engine choice: the fastest engine this CPU runs wins, by a margin ove
                         Catch::Contains("no gemm engine runs on this CPU: amx (this CPU lacks AMX-BF16)"));
 }
 
+TEST_CASE("engine choice: bf16 attention takes vdpbf16ps where it beats the widened engine by the margin",
+          "[engines][attention]") {
+    using Rates = std::vector<EngineRate>;
+    // A Zen 4 EPYC measured vdpbf16ps at twice the widened engine; a Sapphire Rapids Xeon about even.
+    CHECK(nl::engine_beats(Rates{{"amx", "this CPU lacks AMX-BF16"}, {"avx512bf16", "", 201.5}, {"f32", "", 107.4}},
+                           "avx512bf16", "f32"));
+    CHECK_FALSE(nl::engine_beats(Rates{{"amx", "", 900.0}, {"avx512bf16", "", 110.0}, {"f32", "", 105.0}},
+                                 "avx512bf16", "f32"));
+    CHECK_FALSE(nl::engine_beats(Rates{{"avx512bf16", "", 109.0}, {"f32", "", 100.0}}, "avx512bf16", "f32"));
+    CHECK(nl::engine_beats(Rates{{"avx512bf16", "", 111.0}, {"f32", "", 100.0}}, "avx512bf16", "f32"));
+    // An engine this CPU lacks never wins, whatever its rate says.
+    CHECK_FALSE(nl::engine_beats(Rates{{"avx512bf16", "this CPU lacks AVX512-BF16", 1e6}, {"f32", "", 100.0}},
+                                 "avx512bf16", "f32"));
+}
+
 TEST_CASE("engine choice: the cached rates decide, a forced engine wins, and another machine's cache is measured again",
           "[engines][cli]") {
     const std::string dir = nl_test::make_temp_dir("engines");

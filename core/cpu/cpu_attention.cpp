@@ -1401,7 +1401,7 @@ const char* attention_bf16_kernel() {
     const std::string& want = requested_bf16_kernel();
     if (want == "widened") return "widened";
 #ifdef NL_ATTENTION_VDPBF16PS
-    if (want == "vdpbf16ps" || bgemm_engine_multiplies_bf16()) return "vdpbf16ps";
+    if (want == "vdpbf16ps" || bgemm_vdpbf16ps_beats_widened()) return "vdpbf16ps";
 #endif
     return "widened";
 }

@@ -636,6 +636,9 @@ const BEngine& engine_named(const std::string& name, const char* what) {
 struct Choice {
     const BEngine* engine;
     std::string reason;
+    // vdpbf16ps multiplies bf16 at least kEngineMargin times as fast as the widened engine, as
+    // measured (or NORMLAB_GEMM_BF16=avx512bf16 asks for it): the fused attention's choice.
+    bool vdpbf16ps_beats_widened = false;
 };
 
 void run_on(const BEngine& e, const BGemmArgs& g);
@@ -655,7 +658,7 @@ struct EngineProbeData {
 Choice choose() {
     const char* env = std::getenv("NORMLAB_GEMM_BF16");
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
-    if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16"), "NORMLAB_GEMM_BF16=" + want};
+    if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16"), "NORMLAB_GEMM_BF16=" + want, want == "avx512bf16"};
     std::vector<EngineRate> candidates;
     for (const BEngine& e : kEngines) candidates.push_back({e.key, e.why_not()});
     EngineProbeData d;
@@ -670,7 +673,8 @@ Choice choose() {
     for (const EngineRate& r : choice.rates)
         if (!r.why_not.empty()) absent += "; " + r.key + " does not run here: " + r.why_not;
     return {&engine_named(choice.key, "NORMLAB_GEMM_BF16"),
-            "auto: the fastest measured here, " + choice.rates_text() + absent + "; " + choice.source};
+            "auto: the fastest measured here, " + choice.rates_text() + absent + "; " + choice.source,
+            engine_beats(choice.rates, "avx512bf16", "f32")};
 }
 
 const Choice& chosen() {
@@ -728,7 +732,7 @@ const char* bgemm_engine_name() {
 
 std::string bgemm_engine_reason() { return chosen().reason; }
 
-bool bgemm_engine_multiplies_bf16() { return std::string(chosen().engine->key) != "f32"; }
+bool bgemm_vdpbf16ps_beats_widened() { return chosen().vdpbf16ps_beats_widened; }
 
 std::vector<std::string> bgemm_kernels_this_cpu_runs() {
     std::vector<std::string> out;

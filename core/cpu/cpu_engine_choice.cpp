@@ -37,6 +37,16 @@ size_t fastest_engine(const std::vector<EngineRate>& rates) {
     return best;
 }
 
+bool engine_beats(const std::vector<EngineRate>& rates, const std::string& faster, const std::string& than) {
+    double fast = -1.0, slow = 0.0;
+    for (const EngineRate& r : rates) {
+        if (!r.why_not.empty()) continue;
+        if (r.key == faster) fast = r.gflops;
+        if (r.key == than) slow = r.gflops;
+    }
+    return fast > 0.0 && fast >= kEngineMargin * slow;
+}
+
 std::string EngineChoice::rates_text() const {
     std::string out;
     for (const EngineRate& r : rates) {

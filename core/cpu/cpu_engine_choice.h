@@ -28,6 +28,11 @@ inline constexpr double kEngineMargin = 1.10;
 // kEngineMargin times as fast as the best so far; an nl::Error when none runs.
 size_t fastest_engine(const std::vector<EngineRate>& rates);
 
+// Whether engine `faster` runs here and is at least kEngineMargin times as fast as `than` (which
+// counts as 0 GFLOP/s where it does not run): the same margin as the choice, so noise does not flip
+// it. The fused attention on bf16 runs on vdpbf16ps where "avx512bf16" beats "f32" (the widened engine).
+bool engine_beats(const std::vector<EngineRate>& rates, const std::string& faster, const std::string& than);
+
 struct EngineChoice {
     std::string key;                // the chosen engine
     std::vector<EngineRate> rates;  // every candidate, with its rate where this CPU runs it
