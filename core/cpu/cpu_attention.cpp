@@ -1171,7 +1171,7 @@ struct Bf16BackwardBuffers {
         : key_words(s.head_dim / 2 * kKeyTile), value_words(s.head_dim / 2 * kKeyTile),
           key_pairs(s.head_dim * kTilePairs), q_pairs(s.head_dim * kChunkPairs), dout_pairs(s.head_dim * kChunkPairs),
           p_pairs(kKeyTile * kChunkPairs), ds_pairs(kKeyTile * kChunkPairs),
-          p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size()), p_bf16(p.size()), ds_bf16(p.size()),
+          p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size()), ds_bf16(p.size()),
           dk_acc(static_cast<size_t>(kKeyTile * s.head_dim)), dv_acc(dk_acc.size()),
           dq_acc(static_cast<size_t>(s.group() * s.q_len * s.head_dim)), zero_row(static_cast<size_t>(s.head_dim), 0),
           spare_row(static_cast<size_t>(s.head_dim)) {}
@@ -1180,7 +1180,7 @@ struct Bf16BackwardBuffers {
     AlignedWords q_pairs, dout_pairs;     // (hd / 16, kChunkPairs, 16): the chunk's rows paired, for dS^T Q, P^T dO
     AlignedWords p_pairs, ds_pairs;       // (kKeyTile / 16, kChunkPairs, 16): P and dS of row pairs, per key
     std::vector<float> p, ds;             // (kRowChunk, kKeyTile)
-    std::vector<uint16_t> p_bf16, ds_bf16;  // (kRowChunk, kKeyTile): P and dS rounded
+    std::vector<uint16_t> ds_bf16;        // (kRowChunk, kKeyTile): dS rounded, for dS K
     std::vector<float> dk_acc, dv_acc;    // (kKeyTile, hd)
     std::vector<float> dq_acc;            // (group, q_len, hd): dq of the task's query heads
     const std::vector<uint16_t> zero_row;  // (hd): stands in for a block's missing rows
@@ -1210,7 +1210,8 @@ inline void rows_times_words_fixed(const uint16_t* const a[kRowBlock], const uin
 }
 
 // P and dS of query rows [c0, c0 + chunk) of head h against the key tile (the f32 backward's
-// chunk_probabilities with bf16 products), rounded to bf16, and dq += dS K for those rows.
+// chunk_probabilities with bf16 products), rounded to bf16 (dS by rows, both in pairs of rows), and
+// dq += dS K for those rows.
 void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, const KeyTile& t, int64_t h, int64_t c0,
                               int64_t chunk, Bf16BackwardBuffers& w) {
     const int64_t hd = s.head_dim, words = hd / 2, hl = h - t.g * s.group();
@@ -1240,24 +1241,26 @@ void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, cons
             gradient_tile_row(width, p[r], ds[r], n[r], o.scale, l, di, o.softcap);
             zero_values(p[r] + width, kKeyTile - width);
             zero_values(ds[r] + width, kKeyTile - width);
-            uint16_t* p_row = w.p_bf16.data() + (r0 + r) * kKeyTile;
             uint16_t* ds_row = w.ds_bf16.data() + (r0 + r) * kKeyTile;
-#pragma omp simd
-            for (int64_t c = 0; c < kKeyTile; ++c) {
-                p_row[c] = f32_to_bf16(p[r][c]);
-                ds_row[c] = f32_to_bf16(ds[r][c]);
-            }
+            for (int64_t c = 0; c < kKeyTile; c += kPanel)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_row + c),
+                                    _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(_mm512_loadu_ps(ds[r] + c))));
             ds_rows[r] = ds_row;
             dq_rows[r] = real ? w.dq_acc.data() + (hl * s.q_len + c0 + r0 + r) * hd : w.spare_row.data();
         }
         rows_accumulate_words(ds_rows, 1, w.key_pairs.data(), kTilePairs * kPanel, (n[rows - 1] + 1) / 2, dq_rows, hd);
-    }
-    // P and dS in pairs of rows, a panel per 16 keys (an odd chunk's last pair ends in a zero).
-    for (int64_t c0p = 0; c0p < kKeyTile; c0p += kPanel) {
-        pack_bf16_pairs(w.p_bf16.data(), kKeyTile, false, chunk, c0p, kPanel, kChunkPairs,
-                        w.p_pairs.data() + c0p / kPanel * kChunkPairs * kPanel);
-        pack_bf16_pairs(w.ds_bf16.data(), kKeyTile, false, chunk, c0p, kPanel, kChunkPairs,
-                        w.ds_pairs.data() + c0p / kPanel * kChunkPairs * kPanel);
+        // P and dS of the block's two row pairs, rounded, for P^T dO and dS^T Q: a panel per 16 keys.
+        // (A block's missing rows have P and dS zero: an odd chunk's last pair ends in a zero.)
+        for (int64_t pr = 0; pr < kRowBlock / 2; ++pr)
+            for (int64_t c = 0; c < kKeyTile; c += kPanel) {
+                const int64_t at = (c / kPanel * kChunkPairs + r0 / 2 + pr) * kPanel;
+                const auto paired = [&](const float (*x)[kKeyTile]) {
+                    return _mm512_or_si512(cpu_math::f32x16_to_bf16(_mm512_loadu_ps(x[2 * pr] + c)),
+                                           _mm512_slli_epi32(cpu_math::f32x16_to_bf16(_mm512_loadu_ps(x[2 * pr + 1] + c)), 16));
+                };
+                _mm512_store_si512(w.p_pairs.data() + at, paired(p));
+                _mm512_store_si512(w.ds_pairs.data() + at, paired(ds));
+            }
     }
 }
 
