@@ -942,6 +942,7 @@ void backward_bf16(const Dims& s, const uint16_t* q, const uint16_t* k, const ui
 #endif
 
 constexpr int64_t kPanel = 16;  // lines per panel of words (pack_bf16_pairs)
+static_assert(kLanes == 16 && kKeyStep == kPanel, "a vector of 16 f32 lanes per query tile and key group");
 
 // Word p of bf16 storage at `row`: elements 2p and 2p + 1, the pair vdpbf16ps reads.
 inline uint32_t word_at(const uint16_t* row, int64_t p) {
