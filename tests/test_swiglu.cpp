@@ -1,11 +1,17 @@
 // SwiGLU's fused gate, silu(a) * b, against the composed silu and mul: forward and both gradients in
 // f32 and f64, an f64 gradcheck of the fused node, bf16 inputs, large |a| (the stable sigmoid), the
-// FeedForward with either form, and double backward (gradgradcheck) through the fused node.
+// FeedForward with either form, double backward (gradgradcheck) through the fused node, and the
+// kernel's bits element by element against the scalar formula (its 16-lane and tail paths alike).
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "autograd/autograd.h"
+#include "core/cpu/cpu_math.h"
 #include "core/fused.h"
 #include "layers/transformer.h"
 #include "layers_test_util.h"
@@ -76,6 +82,28 @@ TEST_CASE("swiglu: bf16 on the CPU is read and written as bf16, with the bits of
     REQUIRE(g.db.dtype() == DType::BF16);
     CHECK(g.da.to_vector() == g32.da.to(DType::BF16).to_vector());
     CHECK(g.db.to_vector() == g32.db.to(DType::BF16).to_vector());
+}
+
+TEST_CASE("swiglu: every element has the scalar formula's bits, 16 lanes at a time or in the tail", "[swiglu]") {
+    // 37 elements: two 16-lane vectors and a tail of 5; the specials fall in both.
+    Generator gen(13);
+    std::vector<float> a = (randn({37}, gen) * 20.0).to_vector_as<float>(), b = randn({37}, gen).to_vector_as<float>();
+    const std::vector<float> dout = randn({37}, gen).to_vector_as<float>();
+    const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 88.5f, -88.5f, 104.0f, -104.0f,
+                              std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+    for (int i = 0; i < 10; ++i) a[static_cast<size_t>(i * 4 + (i % 3))] = specials[i];
+    const Tensor ta = from_vector(a, {37}), tb = from_vector(b, {37}), td = from_vector(dout, {37});
+    const std::vector<float> out = swiglu_forward(ta, tb).to_vector_as<float>();
+    const SwigluBackward g = swiglu_backward(td, ta, tb);
+    const std::vector<float> da = g.da.to_vector_as<float>(), db = g.db.to_vector_as<float>();
+    auto bits = [](float v) { return std::bit_cast<uint32_t>(v); };
+    for (size_t i = 0; i < a.size(); ++i) {
+        INFO("element " << i << ", a " << a[i]);
+        const float x = a[i], s = cpu_math::stable_sigmoid(x);
+        CHECK(bits(out[i]) == bits(x * s * b[i]));
+        CHECK(bits(da[i]) == bits(dout[i] * b[i] * (s * (1.0f + x * (1.0f - s)))));
+        CHECK(bits(db[i]) == bits(dout[i] * (x * s)));
+    }
 }
 
 TEST_CASE("swiglu: FeedForward gives the same output and gradients with either form", "[swiglu][transformer]") {
