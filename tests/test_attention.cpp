@@ -226,8 +226,9 @@ TEST_CASE("attention: bf16 on vdpbf16ps is the f64 result within bf16's rounding
     WARN("SKIPPED: attention: bf16 on vdpbf16ps: this build does not target AVX512-BF16");
     CHECK_THROWS_WITH(set_attention_bf16_kernel("vdpbf16ps"), Catch::Contains("does not target AVX512-BF16"));
 #else
-    // Head sizes of 16, 32, 48 (a 32- and a 16-column pass) and 64; odd T and L, T and L past the 64-row
-    // chunk and the 64-key tile, GQA, a cached offset, one query row, and a softcap.
+    // Head sizes of 16, 32, 48 (a 32- and a 16-column pass), 64, 80 (64 and 16) and 128 (two passes of
+    // 64); odd T and L, T and L past the 64-row chunk and the 64-key tile, GQA up to 4 query heads a kv
+    // head, a cached offset, one query row, and a softcap.
     struct Bf16Case {
         AttnCase c;
         double softcap;
@@ -235,7 +236,8 @@ TEST_CASE("attention: bf16 on vdpbf16ps is the f64 result within bf16's rounding
     const std::vector<Bf16Case> cases = {
         {{2, 70, 70, 4, 1, 16}, 0.0},   {{1, 129, 129, 2, 2, 32}, 0.0}, {{3, 100, 100, 6, 2, 16}, 0.0},
         {{1, 37, 90, 4, 2, 48}, 0.0},   {{2, 131, 131, 6, 3, 64}, 0.0}, {{1, 1, 9, 4, 1, 32}, 0.0},
-        {{2, 40, 40, 4, 2, 16}, 3.0},   {{1, 77, 140, 2, 1, 64}, 5.0},
+        {{2, 40, 40, 4, 2, 16}, 3.0},   {{1, 77, 140, 2, 1, 64}, 5.0},  {{1, 70, 70, 8, 2, 128}, 0.0},
+        {{1, 33, 33, 2, 1, 80}, 0.0},
     };
     const Bf16Kernel vdpbf16ps("vdpbf16ps");
     CHECK(std::string(attention_bf16_kernel()) == "vdpbf16ps");
