@@ -958,19 +958,6 @@ inline __m512bh load_words_kept(const uint32_t* p) {
     return (__m512bh)v;
 }
 
-// 64-byte-aligned words (pack_bf16_pairs stores whole aligned rows).
-class AlignedWords {
-public:
-    explicit AlignedWords(int64_t words) : storage_(static_cast<size_t>(words + 16)) {}
-    uint32_t* data() {
-        const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
-        return storage_.data() + ((64 - at % 64) % 64) / 4;
-    }
-
-private:
-    std::vector<uint32_t> storage_;
-};
-
 // Columns [0, hd) of the rows of a (k, hd) storage (row stride ld) as hd / 16 panels of k pairs:
 // panels[d / 16][p][d % 16] = (x[2p][d], x[2p + 1][d]), pairs past k zero, each panel `pairs_stride`
 // rows apart (pairs_stride >= ceil(k / 2)). The form of dS K's K, P^T dO's dO and dS^T Q's Q.
@@ -1028,9 +1015,9 @@ struct Bf16ForwardBuffers {
           key_words(key_groups * hd / 2 * kKeyStep), value_pairs(hd / kPanel * value_pairs_stride * kPanel) {}
     ForwardBuffers<float> f;  // acc_t, st, row_max, row_sum, ..., packed_head, packed_groups
     const int64_t value_pairs_stride;
-    AlignedWords q_words;      // (hd / 2, kLanes): word p of each query row, a row per lane
-    AlignedWords key_words;    // (key_groups, hd / 2, kKeyStep): word p of each key of a group of kKeyStep
-    AlignedWords value_pairs;  // (hd / 16, key_groups * kKeyStep / 2, 16): values of keys 2c and 2c + 1 paired
+    WordBuffer q_words;      // (hd / 2, kLanes): word p of each query row, a row per lane
+    WordBuffer key_words;    // (key_groups, hd / 2, kKeyStep): word p of each key of a group of kKeyStep
+    WordBuffer value_pairs;  // (hd / 16, key_groups * kKeyStep / 2, 16): values of keys 2c and 2c + 1 paired
     alignas(64) uint32_t p_words[kKeyTile / 2][kLanes];  // (keys of a tile / 2, kLanes): P of keys 2c, 2c + 1 in bf16
 };
 
@@ -1173,17 +1160,17 @@ struct Bf16BackwardBuffers {
           key_pairs(s.head_dim * kTilePairs), q_pairs(s.head_dim * kChunkPairs), dout_pairs(s.head_dim * kChunkPairs),
           p_pairs(kKeyTile * kChunkPairs), ds_pairs(kKeyTile * kChunkPairs),
           p(static_cast<size_t>(kRowChunk * kKeyTile)), ds(p.size()), ds_bf16(p.size()),
-          dk_acc(static_cast<size_t>(kKeyTile * s.head_dim)), dv_acc(dk_acc.size()),
-          dq_acc(static_cast<size_t>(s.group() * s.q_len * s.head_dim)), zero_row(static_cast<size_t>(s.head_dim), 0),
+          dk_acc(static_cast<size_t>((s.kv_len + kKeyTile - 1) / kKeyTile * kKeyTile * s.head_dim)), dv_acc(dk_acc.size()),
+          dq_acc(static_cast<size_t>(s.q_len * s.group() * s.head_dim)), zero_row(static_cast<size_t>(s.head_dim), 0),
           spare_row(static_cast<size_t>(s.head_dim)) {}
-    AlignedWords key_words, value_words;  // (kKeyTile / 16, hd / 2, 16): word p of each key (value) of the tile
-    AlignedWords key_pairs;               // (hd / 16, kTilePairs, 16): the tile's keys paired, for dS K
-    AlignedWords q_pairs, dout_pairs;     // (hd / 16, kChunkPairs, 16): the chunk's rows paired, for dS^T Q, P^T dO
-    AlignedWords p_pairs, ds_pairs;       // (kKeyTile / 16, kChunkPairs, 16): P and dS of row pairs, per key
+    WordBuffer key_words, value_words;  // (kKeyTile / 16, hd / 2, 16): word p of each key (value) of the tile
+    WordBuffer key_pairs;               // (hd / 16, kTilePairs, 16): the tile's keys paired, for dS K
+    WordBuffer q_pairs, dout_pairs;     // (hd / 16, kChunkPairs, 16): the chunk's rows paired, for dS^T Q, P^T dO
+    WordBuffer p_pairs, ds_pairs;       // (kKeyTile / 16, kChunkPairs, 16): P and dS of row pairs, per key
     std::vector<float> p, ds;             // (kRowChunk, kKeyTile)
     std::vector<uint16_t> ds_bf16;        // (kRowChunk, kKeyTile): dS rounded, for dS K
-    std::vector<float> dk_acc, dv_acc;    // (kKeyTile, hd)
-    std::vector<float> dq_acc;            // (group, q_len, hd): dq of the task's query heads
+    std::vector<float> dk_acc, dv_acc;    // (kv_len in whole key tiles, hd): dk and dv of the task's kv head
+    std::vector<float> dq_acc;            // (q_len, group, hd): dq of its query heads (narrow_rows' slice)
     const std::vector<uint16_t> zero_row;  // (hd): stands in for a block's missing rows
     std::vector<float> spare_row;          // (hd): their dq goes here, unread
 };
@@ -1247,7 +1234,7 @@ void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, cons
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_row + c),
                                     _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(_mm512_loadu_ps(ds[r] + c))));
             ds_rows[r] = ds_row;
-            dq_rows[r] = real ? w.dq_acc.data() + (hl * s.q_len + c0 + r0 + r) * hd : w.spare_row.data();
+            dq_rows[r] = real ? w.dq_acc.data() + ((c0 + r0 + r) * s.group() + hl) * hd : w.spare_row.data();
         }
         rows_accumulate_words(ds_rows, 1, w.key_pairs.data(), kTilePairs * kPanel, (n[rows - 1] + 1) / 2, dq_rows, hd);
         // P and dS of the block's two row pairs, rounded, for P^T dO and dS^T Q: a panel per 16 keys.
@@ -1286,8 +1273,8 @@ void chunk_key_gradients_bf16(const Dims& s, const Bf16BackwardOperands& o, cons
             // Word p of key `key`'s row pairs, from pair p_first: at + p * kPanel words, read as bf16 pairs.
             p_rows[r] = reinterpret_cast<const uint16_t*>(w.p_pairs.data() + at);
             ds_rows[r] = reinterpret_cast<const uint16_t*>(w.ds_pairs.data() + at);
-            dv_rows[r] = w.dv_acc.data() + key * hd;
-            dk_rows[r] = w.dk_acc.data() + key * hd;
+            dv_rows[r] = w.dv_acc.data() + (t.j0 + key) * hd;
+            dk_rows[r] = w.dk_acc.data() + (t.j0 + key) * hd;
         }
         const int64_t from = p_first * kPanel;
         rows_accumulate_words(p_rows, kPanel, w.dout_pairs.data() + from, kChunkPairs * kPanel, pairs, dv_rows, hd);
@@ -1320,6 +1307,8 @@ void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t ta
         for (int64_t i = 0; i < s.q_len; ++i)
             o.delta[s.stat(b, h, i)] = row_delta_bf16(o.dout + s.q_row(b, i, h), o.out + s.q_row(b, i, h), hd);
     std::fill(w.dq_acc.begin(), w.dq_acc.end(), 0.0f);
+    std::fill(w.dk_acc.begin(), w.dk_acc.end(), 0.0f);
+    std::fill(w.dv_acc.begin(), w.dv_acc.end(), 0.0f);
     const int64_t key_tiles = (s.kv_len + kKeyTile - 1) / kKeyTile;
     const int64_t ld = s.kv_heads * hd;
     for (int64_t tile = 0; tile < key_tiles; ++tile) {
@@ -1334,8 +1323,6 @@ void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t ta
             pack_bf16_pairs(values + c0 * ld, ld, true, hd, 0, lines, words, w.value_words.data() + c0 / kPanel * words * kPanel);
         }
         pack_column_panels(keys, ld, count, hd, kTilePairs, w.key_pairs.data());
-        std::fill(w.dk_acc.begin(), w.dk_acc.end(), 0.0f);
-        std::fill(w.dv_acc.begin(), w.dv_acc.end(), 0.0f);
         const int64_t first_row = std::max<int64_t>(0, j0 - s.offset());
         for (int64_t h = h_begin; h < h_begin + group; ++h) {
             for (int64_t c0 = first_row; c0 < s.q_len; c0 += kRowChunk) {
@@ -1344,21 +1331,10 @@ void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t ta
                 chunk_key_gradients_bf16(s, o, t, h, c0, chunk, w);
             }
         }
-        for (int64_t c = 0; c < count; ++c) {
-            uint16_t* dk = o.dk + s.kv_row(b, j0 + c, g);
-            uint16_t* dv = o.dv + s.kv_row(b, j0 + c, g);
-            for (int64_t d = 0; d < hd; ++d) {
-                dk[d] = f32_to_bf16(w.dk_acc[c * hd + d]);
-                dv[d] = f32_to_bf16(w.dv_acc[c * hd + d]);
-            }
-        }
     }
-    for (int64_t hl = 0; hl < group; ++hl)
-        for (int64_t i = 0; i < s.q_len; ++i) {
-            uint16_t* dq = o.dq + s.q_row(b, i, h_begin + hl);
-            const float* from = w.dq_acc.data() + (hl * s.q_len + i) * hd;
-            for (int64_t d = 0; d < hd; ++d) dq[d] = f32_to_bf16(from[d]);
-        }
+    narrow_rows(w.dq_acc.data(), b, s.q_len, s.heads, h_begin, group, hd, o.dq);
+    narrow_rows(w.dk_acc.data(), b, s.kv_len, s.kv_heads, g, 1, hd, o.dk);
+    narrow_rows(w.dv_acc.data(), b, s.kv_len, s.kv_heads, g, 1, hd, o.dv);
 }
 
 void backward_bf16_vdpbf16ps(const Dims& s, const Bf16BackwardOperands& o) {

@@ -113,27 +113,6 @@ void scale_c(const BGemmArgs& g) {
     }
 }
 
-// A 64-byte-aligned buffer of 32-bit words that only grows, one per thread.
-class WordBuffer {
-public:
-    uint32_t* get(int64_t words) {
-        if (words > capacity_) {
-            const int64_t rounded = (words + 15) / 16 * 16;
-            data_.reset(static_cast<uint32_t*>(std::aligned_alloc(64, static_cast<size_t>(rounded) * 4)));
-            NL_CHECK(data_ != nullptr, "bf16 gemm pack buffer: out of memory for ", rounded, " words");
-            capacity_ = rounded;
-        }
-        return data_.get();
-    }
-
-private:
-    struct Free {
-        void operator()(uint32_t* p) const { std::free(p); }
-    };
-    std::unique_ptr<uint32_t, Free> data_;
-    int64_t capacity_ = 0;
-};
-
 // GCC 12's own headers trip -Wmaybe-uninitialized in the masked and widening intrinsics below (their
 // _mm512_undefined operands; GCC bug 105593): the warning is about the header, not this code.
 #if defined(__GNUC__) && !defined(__clang__)

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/cpu_runtime.h"  // sgemm_engine_name, sgemm_native
+#include "core/error.h"
 
 namespace nl {
 
@@ -50,6 +53,30 @@ void round_sums_to_bf16(const float* sums, int64_t ld_sums, uint16_t* c, int64_t
 // reads past src's `cols` columns. The fused attention packs its key and value tiles with it.
 void transpose_pad_f32(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld,
                        int64_t dst_cols);
+
+// A 64-byte-aligned buffer of 32-bit words that only grows (the panels pack_bf16_pairs writes), one
+// per thread: the bf16 gemm's packs and the fused attention's.
+class WordBuffer {
+public:
+    explicit WordBuffer(int64_t words = 0) { get(words); }
+    uint32_t* get(int64_t words) {
+        if (words > capacity_) {
+            const int64_t rounded = (words + 15) / 16 * 16;
+            data_.reset(static_cast<uint32_t*>(std::aligned_alloc(64, static_cast<size_t>(rounded) * 4)));
+            NL_CHECK(data_ != nullptr, "packed words buffer: out of memory for ", rounded, " words");
+            capacity_ = rounded;
+        }
+        return data_.get();
+    }
+    uint32_t* data() { return data_.get(); }
+
+private:
+    struct Free {
+        void operator()(uint32_t* p) const { std::free(p); }
+    };
+    std::unique_ptr<uint32_t, Free> data_;
+    int64_t capacity_ = 0;
+};
 
 // Lines [j0, j0 + lines) (lines <= 16) of a bf16 operand as a panel (kp_padded, 16) of 32-bit words
 // for vdpbf16ps and AMX: panel row p holds each line's (value 2p, value 2p + 1), lines past `lines`
