@@ -83,7 +83,7 @@ void bgemm_with_kernel(const std::string& kernel, bool trans_a, bool trans_b, in
 
 // Whether vdpbf16ps multiplies bf16 faster than bf16 widened to f32 on this machine: the avx512bf16
 // engine's rate at least kEngineMargin (1.10) times the widened engine's in the engine choice's
-// measurement (core/cpu/cpu_engine_choice.h; twice on a Zen 4 EPYC, about even on a Sapphire Rapids
+// measurement (core/cpu/cpu_engine_choice.h; twice on a Zen 4 EPYC, half on a Sapphire Rapids
 // Xeon), or NORMLAB_GEMM_BF16=avx512bf16; false under any other NORMLAB_GEMM_BF16.
 bool bgemm_vdpbf16ps_beats_widened();
 
