@@ -598,7 +598,9 @@ const BEngine kEngines[] = {
     {"f32", bgemm_widened, runs_everywhere},
 };
 
-const BEngine& engine_named(const std::string& name, const char* what) {
+// The engine named `name`, which must run here; throws nl::Error otherwise, naming what `what`
+// accepts: NORMLAB_GEMM_BF16 (`environment`) also takes auto, bgemm_with_kernel an engine's name only.
+const BEngine& engine_named(const std::string& name, const char* what, bool environment = false) {
     std::string known;
     for (const BEngine& e : kEngines) {
         if (name == e.key) {
@@ -608,7 +610,8 @@ const BEngine& engine_named(const std::string& name, const char* what) {
         }
         known += std::string(e.key) + ", ";
     }
-    NL_REQUIRE(false, what, ": expected auto, ", known.substr(0, known.size() - 2), ", found '", name, "'");
+    NL_REQUIRE(false, what, environment ? ": expected auto, " : ": expected an engine's name, ",
+               known.substr(0, known.size() - 2), ", found '", name, "'");
     return kEngines[0];  // not reached
 }
 
@@ -637,7 +640,7 @@ struct EngineProbeData {
 Choice choose() {
     const char* env = std::getenv("NORMLAB_GEMM_BF16");
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
-    if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16"), "NORMLAB_GEMM_BF16=" + want, want == "avx512bf16"};
+    if (want != "auto") return {&engine_named(want, "NORMLAB_GEMM_BF16", true), "NORMLAB_GEMM_BF16=" + want, want == "avx512bf16"};
     std::vector<EngineRate> candidates;
     for (const BEngine& e : kEngines) candidates.push_back({e.key, e.why_not()});
     EngineProbeData d;

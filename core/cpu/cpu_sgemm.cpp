@@ -342,8 +342,10 @@ std::vector<const KernelEntry*> all_kernels() {
     return out;
 }
 
-// The kernel named `name` ("avx512", "avx2"), which this CPU must run; throws nl::Error otherwise.
-const Engine& kernel_named(const std::string& name, const char* what) {
+// The kernel named `name` ("avx512", "avx2"), which this CPU must run; throws nl::Error otherwise,
+// naming what `what` accepts: NORMLAB_GEMM (`environment`) also takes auto and openblas, the
+// *_with_kernel functions a kernel's name only.
+const Engine& kernel_named(const std::string& name, const char* what, bool environment = false) {
     std::string known;
     for (const KernelEntry* k : all_kernels()) {
         if (name == k->engine.key) {
@@ -352,7 +354,9 @@ const Engine& kernel_named(const std::string& name, const char* what) {
         }
         known += std::string(k->engine.key) + ", ";
     }
-    NL_REQUIRE(false, what, ": expected auto, ", known, "or openblas, found '", name, "'");
+    if (environment) NL_REQUIRE(false, what, ": expected auto, ", known, "or openblas, found '", name, "'");
+    NL_REQUIRE(!known.empty(), what, ": this build has no normlab gemm kernel, found '", name, "'");
+    NL_REQUIRE(false, what, ": expected a kernel's name, ", known.substr(0, known.size() - 2), ", found '", name, "'");
     return kOpenBlas;  // not reached
 }
 
@@ -376,7 +380,7 @@ EngineInUse choose_engine() {
     const char* env = std::getenv("NORMLAB_GEMM");
     const std::string want = env == nullptr || *env == '\0' ? "auto" : env;
     if (want == "openblas") return {&kOpenBlas, "NORMLAB_GEMM=openblas"};
-    if (want != "auto") return {&kernel_named(want, "NORMLAB_GEMM"), "NORMLAB_GEMM=" + want};
+    if (want != "auto") return {&kernel_named(want, "NORMLAB_GEMM", true), "NORMLAB_GEMM=" + want};
     std::vector<EngineRate> candidates;
     for (const KernelEntry* k : all_kernels())
         candidates.push_back({k->engine.key, k->cpu_runs() ? "" : "this CPU cannot run it"});
