@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -107,6 +108,72 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
     if (nl::sgemm_engine_is_native())  // normlab's engine runs f32 gemms here (measured fastest, or asked for)
         CHECK_THAT(run.output, Catch::Contains("normlab's own gemm engine (normlab "));
     CHECK_THAT(run.output, Catch::Contains("peak memory per training step (normlab's allocator): fused attention"));
+}
+
+namespace {
+// A stand-in for python3 with torch, written into dir: `-c 'import torch'` succeeds, and running the
+// script prints `json` as torch_bench.py --json would. Returns its path.
+std::string fake_python(const std::filesystem::path& dir, const std::string& json) {
+    std::filesystem::create_directories(dir);
+    const std::filesystem::path path = dir / "python";
+    {
+        std::ofstream out(path);
+        out << "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then exit 0; fi\necho '" << json << "'\n";
+    }
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+    return path.string();
+}
+
+// The JSON's stability rows, then its transformer keys.
+std::string torch_json(const std::string& transformer_keys) {
+    return R"({"torch_version": "0.0-stub", "threads": 2, "python": "3", "device": "cpu", "stability": )"
+           R"({"layernorm": {"median_s": 0.004}, "rmsnorm": {"median_s": 0.005}})" +
+           transformer_keys + "}";
+}
+
+// The line of `output` that starts with `start` (empty if none).
+std::string line_starting(const std::string& output, const std::string& start) {
+    for (const std::string& line : split(output, '\n'))
+        if (line.rfind(start, 0) == 0) return line;
+    return "";
+}
+}  // namespace
+
+TEST_CASE("bench torch sets normlab beside the faster of PyTorch's two attentions, each also on its own row",
+          "[bench_cli]") {
+    // configs/toy_transformer.json under --quick: 1,024 tokens a step, so 0.2 s a step is 5,120 tokens/s.
+    const auto dir = fresh_dir("normlab-bench-fake-torch");
+    const std::string both = fake_python(dir / "both", torch_json(R"(, "transformer": {"median_s": 0.4}, )"
+                                                                  R"("transformer_sdpa": {"median_s": 0.2})"));
+    BenchRun run = run_bench("bench torch --quick --python '" + both + "'");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK_THAT(line_starting(run.output, "transformer tokens/s"), Catch::Contains("5120 tok/s [5120, 5120]"));
+    CHECK_THAT(line_starting(run.output, "  PyTorch, matmul + softmax"), Catch::Contains("2560 tok/s [2560, 2560]"));
+    CHECK_THAT(line_starting(run.output, "  PyTorch, SDPA"), Catch::Contains("5120 tok/s [5120, 5120]"));
+    CHECK_THAT(run.output, Catch::Contains("the faster of its two attentions"));
+
+    // When LLaMA's attention is the faster (bf16 on some CPUs), the row follows it.
+    const std::string llama_faster = fake_python(dir / "llama", torch_json(R"(, "transformer": {"median_s": 0.1}, )"
+                                                                           R"("transformer_sdpa": {"median_s": 0.2})"));
+    run = run_bench("bench torch --quick --python '" + llama_faster + "'");
+    REQUIRE(run.status == 0);
+    CHECK_THAT(line_starting(run.output, "transformer tokens/s"), Catch::Contains("10240 tok/s [10240, 10240]"));
+
+    // A script that times one attention only gives that row alone.
+    const std::string one = fake_python(dir / "one", torch_json(R"(, "transformer": {"median_s": 0.4})"));
+    run = run_bench("bench torch --quick --python '" + one + "'");
+    REQUIRE(run.status == 0);
+    CHECK_THAT(line_starting(run.output, "transformer tokens/s"), Catch::Contains("2560 tok/s [2560, 2560]"));
+    CHECK(line_starting(run.output, "  PyTorch, SDPA").empty());
+
+    // None: one line naming the keys it looked for, exit code 2.
+    const std::string none = fake_python(dir / "none", torch_json(""));
+    run = run_bench("bench torch --quick --python '" + none + "'");
+    CHECK(run.status == 2);
+    CHECK_THAT(run.output, Catch::Contains("reported no transformer timing (expected JSON key transformer or "
+                                           "transformer_sdpa)"));
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("bench torch --autocast bf16 trains both sides under autocast and times the bf16 GEMM engines",

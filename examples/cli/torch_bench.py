@@ -7,7 +7,11 @@
 2. The toy transformer (LLaMA-style, as normlab's layers/transformer.h: token embedding, pre- or
    post-norm blocks with causal multi-head attention, grouped-query heads, interleaved RoPE and a
    SwiGLU feed-forward without biases, a final norm, an output head), trained with AdamW and global
-   grad-norm clipping on random tokens: tokens per second (batch * seq_len / step time).
+   grad-norm clipping on random tokens: tokens per second (batch * seq_len / step time). Its attention
+   is timed both ways PyTorch users write it (--attention both, the default): LLaMA's reference code
+   (scores by matmul, an additive causal mask, softmax, matmul: "transformer" in the JSON) and
+   F.scaled_dot_product_attention(is_causal=True), as nanoGPT calls it ("transformer_sdpa"), whose
+   CPU kernel is a flash attention. Which is faster depends on the dtype and the machine.
 
 `normlab bench torch` runs this with --json and the model sizes it resolved from
 configs/toy_transformer.json, so both sides build the same model. Run alone, it prints a table.
@@ -112,9 +116,10 @@ def apply_rope(x, freqs_cis):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", norm="rmsnorm", norm_eps=None):
+    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", norm="rmsnorm", norm_eps=None, sdpa=False):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.sdpa = sdpa  # F.scaled_dot_product_attention instead of LLaMA's matmul + mask + softmax
         self.head_dim = dim // n_heads
         # qk_norm "head" (Qwen3, Gemma 3): each head's q and k vectors normalized before RoPE, one
         # norm of head_dim shared by the heads, as normlab's Attention.
@@ -142,6 +147,9 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        if self.sdpa:  # nanoGPT's call: causal, the default scale 1 / sqrt(head_dim)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(out.transpose(1, 2).reshape(B, T, -1))
         scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim) + mask
         probs = F.softmax(scores.float(), dim=-1).type_as(q)
         out = (probs @ v).transpose(1, 2).reshape(B, T, -1)
@@ -164,7 +172,7 @@ class Block(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.attention = Attention(a.dim, a.n_heads, a.n_kv_heads or a.n_heads, getattr(a, "qk_norm", "none"), a.norm,
-                                   a.norm_eps)
+                                   a.norm_eps, getattr(a, "sdpa", False))
         self.feed_forward = FeedForward(a.dim, a.ffn_hidden_dim or 4 * a.dim, a.multiple_of)
         self.attention_norm = make_norm(a.norm, a.dim, a.norm_eps)
         self.ffn_norm = make_norm(a.norm, a.dim, a.norm_eps)
@@ -224,7 +232,7 @@ def gemm_flops_at_model_shapes(model, rows, device, dtype=torch.float32, reps=5)
     return flops / statistics.median(times)
 
 
-def bench_transformer(a, device):
+def bench_transformer(a, device, gemm_flops=True):
     torch.manual_seed(a.seed)
     model = Transformer(a).to(device)  # before AdamW, so its moments are created on the device
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
@@ -255,8 +263,9 @@ def bench_transformer(a, device):
             times.append(elapsed)
     profiler.__exit__(None, None, None)
     out = summarize(times)
-    out["gemm_flops_per_s"] = gemm_flops_at_model_shapes(
-        model, a.batch * a.seq_len, device, torch.bfloat16 if a.autocast == "bf16" else torch.float32)
+    if gemm_flops:
+        out["gemm_flops_per_s"] = gemm_flops_at_model_shapes(
+            model, a.batch * a.seq_len, device, torch.bfloat16 if a.autocast == "bf16" else torch.float32)
     if a.profile:
         out["profile_table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     out["tokens_per_s"] = a.batch * a.seq_len / out["median_s"]
@@ -296,6 +305,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--autocast", choices=("none", "bf16"), default="none",
                    help="bf16: the forward under torch.autocast(dtype=torch.bfloat16); the GEMM timing in bf16")
+    p.add_argument("--attention", choices=("llama", "sdpa", "both"), default="both",
+                   help="the transformer's attention: LLaMA's matmul + mask + softmax (JSON key transformer), "
+                        "F.scaled_dot_product_attention (transformer_sdpa), or both, timed one after the other")
     p.add_argument("--profile", action="store_true",
                    help="run the timed transformer steps under torch.profiler and report key_averages()")
     a = p.parse_args()
@@ -317,7 +329,11 @@ def main():
         result["stability"] = {norm: bench_stability(norm, a.epochs, a.warmup, device)
                                for norm in ("layernorm", "rmsnorm")}
     if not a.skip_transformer:
-        result["transformer"] = bench_transformer(a, device)
+        if a.attention in ("llama", "both"):
+            result["transformer"] = bench_transformer(argparse.Namespace(**vars(a), sdpa=False), device)
+        if a.attention in ("sdpa", "both"):
+            result["transformer_sdpa"] = bench_transformer(argparse.Namespace(**vars(a), sdpa=True), device,
+                                                           gemm_flops="transformer" not in result)
 
     if a.json:
         print(json.dumps(result))
@@ -325,10 +341,11 @@ def main():
     print(f"PyTorch {result['torch_version']} on {result['device']}, {result['threads']} threads")
     for norm, r in result.get("stability", {}).items():
         print(f"  stability {norm:<10} {r['median_s'] * 1e3:8.3f} ms/epoch  [{r['min_s'] * 1e3:.3f}, {r['max_s'] * 1e3:.3f}]")
-    if "transformer" in result:
-        r = result["transformer"]
-        print(f"  transformer  {r['tokens_per_s']:10.0f} tokens/s  ({r['median_s'] * 1e3:.2f} ms/step, "
-              f"{r['parameters']} parameters)")
+    for key, label in (("transformer", "LLaMA's attention"), ("transformer_sdpa", "scaled_dot_product_attention")):
+        if key in result:
+            r = result[key]
+            print(f"  transformer  {r['tokens_per_s']:10.0f} tokens/s  ({r['median_s'] * 1e3:.2f} ms/step, "
+                  f"{r['parameters']} parameters; {label})")
 
 
 if __name__ == "__main__":
