@@ -261,11 +261,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_pairs(const PairO
         const int64_t values = std::min<int64_t>(32, k - 2 * p0);
         const __mmask32 k_mask = values >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << values) - 1u);
         __m512i words[16];
+#pragma GCC unroll 16
         for (int j = 0; j < 16; ++j)
             words[j] = j < lines ? _mm512_maskz_loadu_epi16(k_mask, s.data + (j0 + j) * ld + 2 * p0) : _mm512_setzero_si512();
         cpu_math::transpose_16x16_words(words);  // words[p][j]: pair p0 + p of line j
         const int64_t count = std::min<int64_t>(16, kp - p0);
-        for (int64_t p = 0; p < count; ++p) _mm512_store_si512(panel + (p0 + p) * kTile, words[p]);
+        // Unrolled, so each words[p] is a register: an index known only at run time kept all 16 on
+        // the stack, a store and a load of each.
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; ++p)
+            if (p < count) _mm512_store_si512(panel + (p0 + p) * kTile, words[p]);
     }
 }
 
