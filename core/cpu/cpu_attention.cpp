@@ -242,12 +242,25 @@ inline T soft_cap(T x, T cap, T inv_cap, T& slope) {
     return cap * t;
 }
 
+// p and ds of the keys [Width, kKeyTile) of a tile row, which no row of the block sees: zero. A size
+// known at compile time, so the zeros are a few vector stores; a loop over a run-time count becomes a
+// memset call, around which the backward's live vector registers were all saved and reloaded.
+template <int64_t Width, typename T>
+inline void zero_past_width(T* p, T* ds) {
+    if constexpr (Width < kKeyTile) {
+        std::memset(p + Width, 0, (kKeyTile - Width) * sizeof(T));
+        std::memset(ds + Width, 0, (kKeyTile - Width) * sizeof(T));
+    }
+}
+
 // The backward's p = exp(scale * s - lse) (0 past n) and ds = p * (dp - delta) * scale of one row of
 // a tile: `p` holds the scores s and `ds` the products dp = dout . v on entry. (ds carries the scale
 // that dq and dk take.) With softcap = cap > 0 the score is cap * tanh(scale * s / cap) and ds also
-// carries tanh's derivative; cap = 0 takes the plain loops.
+// carries tanh's derivative; cap = 0 takes the plain loops. p and ds are rows of kKeyTile values:
+// past Width they are zeroed.
 template <int64_t Width, typename T>
 inline void gradient_tile_row_fixed(T* p, T* ds, int64_t n, T scale, T lse, T delta, T softcap) {
+    zero_past_width<Width>(p, ds);
     if (softcap > T(0)) {
         const T inv_cap = T(1) / softcap;
         T slope[Width];  // (Width): d capped / d scaled score, times scale
@@ -643,9 +656,7 @@ inline void probabilities(const Dims& s, const T* q, const T* dout, const T* lse
         const int64_t nr = r < rows ? n[r] : 0;
         const T l = r < rows ? lse[s.stat(b, h, i0 + r)] : T(0), di = r < rows ? delta[s.stat(b, h, i0 + r)] : T(0);
         // The keys past n get -inf, so their probability is exp(-inf) = 0.
-        gradient_tile_row(width, p[r], ds[r], nr, scale, l, di, softcap);
-        zero_values(p[r] + width, stride - width);  // keys no row of the block sees
-        zero_values(ds[r] + width, stride - width);
+        gradient_tile_row(width, p[r], ds[r], nr, scale, l, di, softcap);  // zeros past width
     }
 }
 
@@ -1226,9 +1237,7 @@ void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, cons
             const bool real = r < rows;
             const float l = real ? o.lse[s.stat(t.b, h, c0 + r0 + r)] : 0.0f;
             const float di = real ? o.delta[s.stat(t.b, h, c0 + r0 + r)] : 0.0f;
-            gradient_tile_row(width, p[r], ds[r], n[r], o.scale, l, di, o.softcap);
-            zero_values(p[r] + width, kKeyTile - width);
-            zero_values(ds[r] + width, kKeyTile - width);
+            gradient_tile_row(width, p[r], ds[r], n[r], o.scale, l, di, o.softcap);  // zeros past width
             uint16_t* ds_row = w.ds_bf16.data() + (r0 + r) * kKeyTile;
             for (int64_t c = 0; c < kKeyTile; c += kPanel)
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_row + c),
