@@ -359,6 +359,19 @@ constexpr int64_t kLanes = 16;  // query rows per task, one per vector lane (16 
 // rows_times_packed, bit for bit (the same products in the same order).
 template <typename T>
 inline void keys_times_rows(const T* keys_t, const T* q_t, int64_t hd, T (*st)[kLanes]) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float> && kLanes == 16) {  // the loops below in registers: the same bits
+        __m512 acc[kKeyStep];
+        for (__m512& a : acc) a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < hd; ++d) {
+            const __m512 qd = _mm512_loadu_ps(q_t + d * kLanes);
+            for (int64_t c = 0; c < kKeyStep; ++c) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(keys_t[d * kKeyStep + c]), qd, acc[c]);
+        }
+#pragma GCC unroll 16  // unrolled before GCC can make the stores one memcpy from acc kept on the stack
+        for (int64_t c = 0; c < kKeyStep; ++c) _mm512_storeu_ps(st[c], acc[c]);
+        return;
+    }
+#endif
     T acc[kKeyStep][kLanes] = {};
     for (int64_t d = 0; d < hd; ++d) {
         const T* kd = keys_t + d * kKeyStep;
@@ -391,6 +404,23 @@ inline void exp_lanes(T* x, const T* shift) {
 template <int64_t Chunk, typename T>
 inline void values_times_probabilities_fixed(const T (*p_t)[kLanes], int64_t count, const T* v, int64_t v_stride,
                                              const T* rescale, int64_t d0, T* acc_t) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    // The loops below with the sums in registers and stored to acc_t from them: left to the loops, GCC
+    // kept them in a stack array and copied that to acc_t with a memcpy call. The same bits.
+    if constexpr (std::is_same_v<T, float> && kLanes == 16) {
+        const __m512 scale = _mm512_loadu_ps(rescale);
+        __m512 acc[Chunk];
+        for (int64_t e = 0; e < Chunk; ++e) acc[e] = _mm512_mul_ps(_mm512_loadu_ps(acc_t + (d0 + e) * kLanes), scale);
+        for (int64_t c = 0; c < count; ++c) {
+            const T* vc = v + c * v_stride + d0;
+            const __m512 pc = _mm512_loadu_ps(p_t[c]);
+            for (int64_t e = 0; e < Chunk; ++e) acc[e] = _mm512_fmadd_ps(_mm512_set1_ps(vc[e]), pc, acc[e]);
+        }
+#pragma GCC unroll 16  // as in keys_times_rows
+        for (int64_t e = 0; e < Chunk; ++e) _mm512_storeu_ps(acc_t + (d0 + e) * kLanes, acc[e]);
+        return;
+    }
+#endif
     T acc[Chunk][kLanes];
     for (int64_t e = 0; e < Chunk; ++e) {
 #pragma omp simd
