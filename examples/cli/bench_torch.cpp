@@ -5,9 +5,10 @@
 // configs/toy_transformer.json, AdamW + grad clipping on random tokens; tokens per second), then runs
 // examples/cli/torch_bench.py --json with the same sizes and device and prints both sides and their
 // ratios. PyTorch's transformer is timed with LLaMA's attention (matmul + mask + softmax) and with
-// F.scaled_dot_product_attention (nanoGPT's), and normlab is set beside the faster of the two. Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the
-// model, data and optimizer state live there and every timed epoch/step ends with a device
-// synchronize, so the time is the kernels', not their launches.
+// F.scaled_dot_product_attention (nanoGPT's), and normlab is set beside the faster of the two.
+// Without python3 + torch the PyTorch side is skipped and the reason printed. On a GPU the model,
+// data and optimizer state live there and every timed epoch/step ends with a device synchronize, so
+// the time is the kernels', not their launches.
 // "torch / normlab" above 1 means normlab is the faster of the two.
 #include "examples/cli/commands.h"
 
