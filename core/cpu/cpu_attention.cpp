@@ -1271,7 +1271,7 @@ void chunk_probabilities_bf16(const Dims& s, const Bf16BackwardOperands& o, cons
             uint16_t* ds_row = w.ds_bf16.data() + (r0 + r) * kKeyTile;
             for (int64_t c = 0; c < kKeyTile; c += kPanel)
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_row + c),
-                                    _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(_mm512_loadu_ps(ds[r] + c))));
+                                    cpu_math::f32x16_to_bf16x16(_mm512_loadu_ps(ds[r] + c)));
             ds_rows[r] = ds_row;
             dq_rows[r] = real ? w.dq_acc.data() + ((c0 + r0 + r) * s.group() + hl) * hd : w.spare_row.data();
         }

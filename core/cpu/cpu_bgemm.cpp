@@ -149,10 +149,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void 
     uint16_t* c = static_cast<uint16_t*>(g.c) + i * g.ldc + j;
     __m512 v = scaled;
     if (read_c) {
-        const __m512i old = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c)), 16);
-        v = _mm512_add_ps(scaled, _mm512_mul_ps(beta, _mm512_castsi512_ps(old)));
+        const __m512 old = cpu_math::bf16x16_to_f32(_mm256_maskz_loadu_epi16(mask, c));
+        v = _mm512_add_ps(scaled, _mm512_mul_ps(beta, old));
     }
-    _mm256_mask_storeu_epi16(c, mask, _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(v)));
+    _mm256_mask_storeu_epi16(c, mask, cpu_math::f32x16_to_bf16x16(v));
 }
 
 // The micro-kernel: C[i0:i0+rows, j0:j0+cols] from the (16, 16) sums over kp pairs of A panel (kp, 16)

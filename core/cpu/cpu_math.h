@@ -180,6 +180,16 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i f32x16_to_bf16(
     return _mm512_mask_blend_epi32(nan, rounded, quiet_nan);
 }
 
+// f32x16_to_bf16 narrowed to the 16 bf16 bit patterns as they are stored.
+__attribute__((target("avx512f"), always_inline)) inline __m256i f32x16_to_bf16x16(__m512 v) {
+    return _mm512_cvtepi32_epi16(f32x16_to_bf16(v));
+}
+
+// 16 bf16 bit patterns widened to f32, exactly: a bf16 is an f32's high half.
+__attribute__((target("avx512f"), always_inline)) inline __m512 bf16x16_to_f32(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 // A (16, 16) matrix of 32-bit words in 16 registers, transposed in place: rows[r][c] <- rows[c][r].
 // Unpacks within 128-bit lanes make 4 x 4 transposes, then two rounds of lane shuffles move the blocks.
 __attribute__((target("avx512f"), always_inline)) inline void transpose_16x16_words(__m512i rows[16]) {

@@ -34,6 +34,7 @@
 #include <cblas.h>
 
 #include "core/cpu/cpu_engine_choice.h"
+#include "core/cpu/cpu_math.h"
 #include "core/cpu_runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -90,8 +91,7 @@ struct Engine {
 // 16 values of a row as f32: f32 loaded, bf16 widened (its bits are an f32's high half).
 __attribute__((target("avx512f"))) inline __m512 load_row16(const float* b) { return _mm512_loadu_ps(b); }
 __attribute__((target("avx512f"))) inline __m512 load_row16(const uint16_t* b) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    return cpu_math::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
 }
 
 template <typename BValue>

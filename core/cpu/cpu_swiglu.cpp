@@ -26,11 +26,11 @@ namespace {
 // exp_f32): the same operations in the same order, so the same bits.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    return cpu_math::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store16(uint16_t* p, __m512 v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(cpu_math::f32x16_to_bf16(v)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), cpu_math::f32x16_to_bf16x16(v));
 }
 // cpu_math::stable_sigmoid on 16 lanes: exp(-|x|), the numerator 1 or e by x's sign, one division.
 inline __m512 stable_sigmoid16(__m512 x) {
