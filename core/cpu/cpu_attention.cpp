@@ -17,6 +17,7 @@
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_math.h"
+#include "core/cpu/cpu_prefetch.h"
 #include "core/cpu/cpu_sgemm.h"
 #include "core/error.h"
 
@@ -504,14 +505,47 @@ void pack_key_groups(const Dims& s, const ForwardOperands<T>& o, int64_t b, int6
     }
 }
 
+// The rows the head's next query tile packs first: its kLanes query rows, and the group of kKeyStep
+// keys and values after the ones this tile packs, asked for a share per key group of this tile while
+// it computes (cpu_prefetch::RowLines). A thread takes a head's tiles in order, so its next task is
+// mostly that tile; otherwise the requests cost a few instructions and nothing else.
+struct NextTaskRows {
+    cpu_prefetch::RowLines q, k, v;
+    void share() {
+        q.share();
+        k.share();
+        v.share();
+    }
+};
+
+// For the query tile of head h (kv head g) that starts at next_row, after one that sees `keys` keys;
+// q, k, v as the forward's operands (E: their element, f32 or bf16 bits).
+template <typename E>
+NextTaskRows next_task_rows(const Dims& s, const E* q, const E* k, const E* v, int64_t b, int64_t h, int64_t g,
+                            int64_t next_row, int64_t keys) {
+    NextTaskRows next;
+    const int64_t row_bytes = s.head_dim * static_cast<int64_t>(sizeof(E)), shares = (keys + kKeyStep - 1) / kKeyStep;
+    if (next_row < s.q_len)
+        next.q = cpu_prefetch::RowLines(q + s.q_row(b, next_row, h), s.heads * row_bytes,
+                                        std::min(kLanes, s.q_len - next_row), row_bytes, shares);
+    const int64_t next_key = (keys + kKeyStep - 1) / kKeyStep * kKeyStep;  // the first group not packed yet
+    if (next_key < s.kv_len) {
+        const int64_t count = std::min(kKeyStep, s.kv_len - next_key);
+        next.k = cpu_prefetch::RowLines(k + s.kv_row(b, next_key, g), s.kv_heads * row_bytes, count, row_bytes, shares);
+        next.v = cpu_prefetch::RowLines(v + s.kv_row(b, next_key, g), s.kv_heads * row_bytes, count, row_bytes, shares);
+    }
+    return next;
+}
+
 // S^T of the task's query rows (q_t) and keys [j0, j0 + count) of kv head g into st, for the tile's
 // groups of kKeyStep keys (a group past count is not computed), packing groups as they are needed.
 template <typename T>
 void tile_scores(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t g, int64_t j0, int64_t count,
-                 ForwardBuffers<T>& f) {
+                 ForwardBuffers<T>& f, NextTaskRows& next) {
     const int64_t hd = s.head_dim, group_floats = hd * kKeyStep;
     for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
         const int64_t group = (j0 + c0) / kKeyStep;
+        next.share();
         pack_key_groups(s, o, b, g, group, f);
         keys_times_rows(f.head_keys_t.data() + group * group_floats, f.q_t.data(), hd, f.st + c0);
     }
@@ -664,9 +698,10 @@ void forward_task(const Dims& s, const ForwardOperands<T>& o, int64_t task, int6
         f.packed_head = b * s.kv_heads + g;
         f.packed_groups = 0;
     }
+    NextTaskRows next = next_task_rows(s, o.q, o.k, o.v, b, h, g, i0 + rows, keys);
     for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
         const int64_t count = std::min(kKeyTile, keys - j0);  // keys of the tile some row sees
-        tile_scores(s, o, b, g, j0, count, f);
+        tile_scores(s, o, b, g, j0, count, f, next);
         online_softmax_tile(f, j0, count, o.scale, o.softcap);
         // acc = acc * rescale + P V over the tile's keys.
         values_times_probabilities(f.st, count, f.head_values.data() + j0 * hd, hd, f.rescale, hd, f.acc_t.data());
@@ -1164,10 +1199,12 @@ void forward_task_bf16(const Dims& s, const Bf16ForwardOperands& o, int64_t task
         f.packed_head = b * s.kv_heads + g;
         f.packed_groups = 0;
     }
+    NextTaskRows next = next_task_rows(s, o.q, o.k, o.v, b, h, g, i0 + rows, keys);
     for (int64_t j0 = 0; j0 < keys; j0 += kKeyTile) {
         const int64_t count = std::min(kKeyTile, keys - j0);
         for (int64_t c0 = 0; c0 < count; c0 += kKeyStep) {
             const int64_t group = (j0 + c0) / kKeyStep;
+            next.share();
             pack_key_groups_bf16(s, o, b, g, group, w);
             keys_times_rows_bf16(w.key_words.data() + group * (words * kKeyStep), w.q_words.data(), words, f.st + c0);
         }

@@ -14,6 +14,7 @@
 // kernel that does not pack). The sum over k for any element of C runs in the same KC blocks and
 // the same order whatever the thread count or kernel: the bits do not change with either.
 #include "core/cpu/cpu_sgemm.h"
+#include "core/cpu/cpu_prefetch.h"
 
 #include <omp.h>
 
@@ -705,33 +706,6 @@ struct TaskPanels {
     float* b_edge;
 };
 
-// Prefetches of an A panel's source in `shares` equal shares: the rows of op(A) [i0, i0 + rows) over k
-// [p0, p0 + kc), at `first` (A's element (i0, p0), or (p0, i0) stored transposed). A stored (m, k):
-// `rows` rows of kc values, kc * 4 / 64 lines each. Stored (k, m) (trans_a): kc rows of A with the
-// panel's values in one line, or two where they straddle one. The line walk keeps a row and a
-// column, no division.
-class NextPanelPrefetch {
-public:
-    NextPanelPrefetch() = default;
-    NextPanelPrefetch(bool trans_a, const float* first, int64_t lda, int64_t rows, int64_t kc, int64_t shares)
-        : trans_a_(trans_a), row_(first), lda_(lda), last_value_(trans_a ? rows - 1 : 0),
-          lines_per_row_(trans_a ? 1 : (kc * static_cast<int64_t>(sizeof(float)) + 63) / 64),
-          lines_left_(trans_a ? kc : rows * lines_per_row_), per_share_((lines_left_ + shares - 1) / shares) {}
-    void share() {
-        for (int64_t n = std::min(per_share_, lines_left_); n > 0; --n, --lines_left_) {
-            __builtin_prefetch(row_ + column_ * 16);
-            if (trans_a_) __builtin_prefetch(row_ + last_value_);
-            if (++column_ == lines_per_row_) column_ = 0, row_ += lda_;
-        }
-    }
-
-private:
-    bool trans_a_ = false;
-    const float* row_ = nullptr;  // the row of A being walked
-    int64_t lda_ = 0, last_value_ = 0, column_ = 0, lines_per_row_ = 1;
-    int64_t lines_left_ = 0, per_share_ = 0;  // 0 lines: nothing to ask for
-};
-
 // One task over the k block [pc, pc + kc): each A panel of its row block against the task's B
 // panels in turn (the A panel stays in L1 while the B panels stream from L2), C row tile by row
 // tile. The task's sum goes to out (row stride ld_out); first: pc is the first k block of that sum,
@@ -774,10 +748,14 @@ void run_task(const Engine& e, const GemmArgs& g, const GemmPlan& plan, const Co
         // at a time while this panel runs against the task's B panels: its pack then finds it in
         // cache instead of waiting on every row. Packed from f32 A only (a bf16 A is the widened
         // engine's).
-        NextPanelPrefetch next;
-        if (a != nullptr && ir + e.mr < mc)
-            next = NextPanelPrefetch(trans_a, trans_a ? a + pc * lda + ic + ir + e.mr : a + (ic + ir + e.mr) * lda + pc, lda,
-                                     std::min<int64_t>(e.mr, mc - ir - e.mr), kc, jp_end - jp_begin);
+        cpu_prefetch::RowLines next;
+        if (a != nullptr && ir + e.mr < mc) {
+            const int64_t next_rows = std::min<int64_t>(e.mr, mc - ir - e.mr), shares = jp_end - jp_begin;
+            const int64_t ld_bytes = lda * static_cast<int64_t>(sizeof(float));
+            // Stored (m, k): the next rows' kc values each; stored (k, m): kc rows, the next rows' values of each.
+            next = trans_a ? cpu_prefetch::RowLines(a + pc * lda + ic + ir + e.mr, ld_bytes, kc, next_rows * 4, shares)
+                           : cpu_prefetch::RowLines(a + (ic + ir + e.mr) * lda + pc, ld_bytes, next_rows, kc * 4, shares);
+        }
         for (int64_t jp = jp_begin; jp < jp_end; ++jp) {
             next.share();
             const int64_t jr = jp * e.nr;
