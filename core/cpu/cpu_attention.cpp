@@ -1288,10 +1288,12 @@ struct Bf16BackwardBuffers {
 
 // out[r][c] = sum over words p of (word p of a[r]) . (word p of key c) for kRowBlock rows and the
 // first Width keys of a tile packed as words (kKeyTile / 16 panels of (words, 16)): the scores (a =
-// q rows, the keys' words) and dP (a = dout rows, the values' words).
+// q rows, the keys' words) and dP (a = dout rows, the values' words). Not inlined: inside
+// chunk_probabilities_bf16, next to the exp constants the compiler keeps in vector registers there,
+// two of the 16 accumulators went to the stack and back on every step of the loop.
 template <int64_t Width>
-inline void rows_times_words_fixed(const uint16_t* const a[kRowBlock], const uint32_t* key_words, int64_t words,
-                                   float (*out)[kKeyTile]) {
+__attribute__((noinline)) void rows_times_words_fixed(const uint16_t* const a[kRowBlock], const uint32_t* key_words,
+                                                      int64_t words, float (*out)[kKeyTile]) {
     constexpr int V = static_cast<int>(Width / 16);
     __m512 acc[kRowBlock][V];
     for (auto& row : acc)
@@ -1412,9 +1414,22 @@ inline float row_delta_bf16(const uint16_t* dout, const uint16_t* out, int64_t h
 void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t task, Bf16BackwardBuffers& w) {
     const int64_t hd = s.head_dim, group = s.group(), words = hd / 2;
     const int64_t g = task % s.kv_heads, b = task / s.kv_heads, h_begin = g * group;
+    // The rows come cold from memory, a stride apart that the hardware's prefetchers follow too
+    // slowly for a loop this short: each row's lines are asked for kDeltaAhead rows ahead.
+    constexpr int64_t kDeltaAhead = 8;
+    const int64_t row_bytes = hd * 2;
     for (int64_t h = h_begin; h < h_begin + group; ++h)
-        for (int64_t i = 0; i < s.q_len; ++i)
+        for (int64_t i = 0; i < s.q_len; ++i) {
+            if (i + kDeltaAhead < s.q_len) {
+                const char* dout_ahead = reinterpret_cast<const char*>(o.dout + s.q_row(b, i + kDeltaAhead, h));
+                const char* out_ahead = reinterpret_cast<const char*>(o.out + s.q_row(b, i + kDeltaAhead, h));
+                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+                    __builtin_prefetch(dout_ahead + byte);
+                    __builtin_prefetch(out_ahead + byte);
+                }
+            }
             o.delta[s.stat(b, h, i)] = row_delta_bf16(o.dout + s.q_row(b, i, h), o.out + s.q_row(b, i, h), hd);
+        }
     std::fill(w.dq_acc.begin(), w.dq_acc.end(), 0.0f);
     std::fill(w.dk_acc.begin(), w.dk_acc.end(), 0.0f);
     std::fill(w.dv_acc.begin(), w.dv_acc.end(), 0.0f);
