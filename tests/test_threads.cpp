@@ -137,6 +137,32 @@ TEST_CASE("normlab info: the BLAS kernel is not the Prescott fallback on a CPU w
 #endif
 }
 
+// "OpenMP     N max threads" in `normlab info`'s output: N, or -1.
+static int openmp_max_threads_in(const std::string& info) {
+    const std::string key = "OpenMP ";
+    const size_t at = info.find(key);
+    if (at == std::string::npos) return -1;
+    return std::atoi(info.c_str() + info.find_first_not_of(' ', at + key.size()));
+}
+
+TEST_CASE("normlab info: with OMP_PROC_BIND set, the restarted program keeps every CPU it started with",
+          "[threads][cli]") {
+    // The restart for GOMP_SPINCOUNT follows OpenMP's binding of the first thread to one place; the
+    // new process must not see that one place as all the CPUs it has.
+    const std::string dir = nl_test::make_temp_dir("bind");
+    const std::string restart = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OMP_NUM_THREADS -u OMP_PLACES ";
+    const nl_test::CliRun free_run = nl_test::run_normlab_env(dir, restart + "-u OMP_PROC_BIND ", "info");
+    const nl_test::CliRun bound = nl_test::run_normlab_env(dir, restart + "OMP_PROC_BIND=true ", "info");
+    INFO(free_run.output);
+    INFO(bound.output);
+    REQUIRE(free_run.status == 0);
+    REQUIRE(bound.status == 0);
+    CHECK_THAT(bound.output, Catch::Contains("set by normlab"));  // it did restart
+    const int threads = openmp_max_threads_in(free_run.output);
+    REQUIRE(threads >= 1);
+    CHECK(openmp_max_threads_in(bound.output) == threads);
+}
+
 TEST_CASE("train: train.threads fixes the thread count, and the summary has the peak memory per step",
           "[threads][cli]") {
     const std::string dir = nl_test::make_temp_dir("threads");

@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include <cblas.h>
+#include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -48,6 +51,26 @@ int fail_alone(const std::exception& e, int exit_code) {
 //   runs thousands of short parallel regions with serial work between them; threads spinning through
 //   those gaps take the core from whatever must run next (another process, or the thread they wait
 //   for when two virtual CPUs share a core); docs/benchmarks.md has it measured.
+// With OMP_PROC_BIND set, the OpenMP runtime binds this thread to its first place when it loads, and
+// a restarted process inherits that one place: its runtime would count the CPUs of one place, start
+// one thread, and put every thread there. So before the restart the process may again run on every
+// CPU of the places the runtime made from the mask it started with (their union is that mask's).
+void widen_affinity_to_openmp_places() {
+#if defined(__linux__)
+    const int places = omp_get_num_places();
+    if (places <= 0) return;
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    for (int place = 0; place < places; ++place) {
+        std::vector<int> ids(static_cast<size_t>(omp_get_place_num_procs(place)));
+        omp_get_place_proc_ids(place, ids.data());
+        for (const int id : ids)
+            if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, &mask);
+    }
+    if (CPU_COUNT(&mask) > 0) sched_setaffinity(0, sizeof(mask), &mask);
+#endif
+}
+
 // The new process finds the variables set and does not restart again; if the restart fails, carry on.
 void restart_with_better_runtime_settings(char** argv) {
     // Not under an MPI launcher: OpenMPI's process setup does not survive an exec before MPI_Init
@@ -65,7 +88,10 @@ void restart_with_better_runtime_settings(char** argv) {
         setenv("NORMLAB_SET_SPINCOUNT", "1", 1);  // for `normlab info`
         restart = true;
     }
-    if (restart) execv("/proc/self/exe", argv);
+    if (restart) {
+        widen_affinity_to_openmp_places();
+        execv("/proc/self/exe", argv);
+    }
 }
 
 int run_program(int argc, char** argv) {
