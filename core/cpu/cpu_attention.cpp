@@ -639,21 +639,19 @@ void online_softmax_tile(ForwardBuffers<T>& f, int64_t j0, int64_t count, T scal
     }
 }
 
-// One task: query tile `tile` (kLanes rows from i0) of head h of batch b, over the keys its rows see
-// a key tile at a time; then its output rows and their logsumexps.
 // out[r] = acc[r] / row_sum[r] and lse[r] = row_max[r] + log(row_sum[r]) for the task's rows: the
 // output rows from acc_t (hd, kLanes), transposed back.
 template <typename T>
 void write_output_rows(const Dims& s, const ForwardOperands<T>& o, int64_t b, int64_t h, int64_t i0, int64_t rows,
                        const ForwardBuffers<T>& f) {
     const int64_t hd = s.head_dim;
+    int64_t d0 = 0;  // columns [0, d0) written by the vector blocks
 #if defined(__AVX512F__) && defined(__FMA__)
     // 16 columns of every lane's row at a time, scaled in their lanes and transposed to rows in
     // registers (the loop below reads acc_t down its columns, one scalar at a time): the same
     // product per value, so the same bits.
     if constexpr (std::is_same_v<T, float> && kLanes == 16) {
         const __m512 inv16 = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(f.row_sum));
-        int64_t d0 = 0;
         for (; d0 + 16 <= hd; d0 += 16) {
             __m512i columns[16];  // columns[e]: lane r holds out[r][d0 + e]; then rows[r]: out[r][d0, d0 + 16)
             for (int64_t e = 0; e < 16; ++e)
@@ -662,23 +660,18 @@ void write_output_rows(const Dims& s, const ForwardOperands<T>& o, int64_t b, in
             for (int64_t r = 0; r < rows; ++r)
                 _mm512_storeu_ps(o.out + s.q_row(b, i0 + r, h) + d0, _mm512_castsi512_ps(columns[r]));
         }
-        for (int64_t r = 0; r < rows; ++r) {
-            const T inv = T(1) / f.row_sum[r];
-            T* out = o.out + s.q_row(b, i0 + r, h);
-            for (int64_t d = d0; d < hd; ++d) out[d] = f.acc_t[d * kLanes + r] * inv;
-            o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
-        }
-        return;
     }
 #endif
     for (int64_t r = 0; r < rows; ++r) {
         const T inv = T(1) / f.row_sum[r];
         T* out = o.out + s.q_row(b, i0 + r, h);
-        for (int64_t d = 0; d < hd; ++d) out[d] = f.acc_t[d * kLanes + r] * inv;
+        for (int64_t d = d0; d < hd; ++d) out[d] = f.acc_t[d * kLanes + r] * inv;
         o.lse[s.stat(b, h, i0 + r)] = f.row_max[r] + std::log(f.row_sum[r]);
     }
 }
 
+// One task: query tile `tile` (kLanes rows from i0) of head h of batch b, over the keys its rows see
+// a key tile at a time; then its output rows and their logsumexps.
 template <typename T>
 void forward_task(const Dims& s, const ForwardOperands<T>& o, int64_t task, int64_t tiles, ForwardBuffers<T>& f) {
     constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -1415,21 +1408,22 @@ void backward_task_bf16(const Dims& s, const Bf16BackwardOperands& o, int64_t ta
     const int64_t hd = s.head_dim, group = s.group(), words = hd / 2;
     const int64_t g = task % s.kv_heads, b = task / s.kv_heads, h_begin = g * group;
     // The rows come cold from memory, a stride apart that the hardware's prefetchers follow too
-    // slowly for a loop this short: each row's lines are asked for kDeltaAhead rows ahead.
+    // slowly for a loop this short: each row's lines are asked for kDeltaAhead rows ahead, a row a
+    // step (cpu_prefetch::RowLines).
     constexpr int64_t kDeltaAhead = 8;
-    const int64_t row_bytes = hd * 2;
-    for (int64_t h = h_begin; h < h_begin + group; ++h)
+    const int64_t row_bytes = hd * 2, ld_bytes = s.heads * row_bytes, ahead_rows = std::max<int64_t>(0, s.q_len - kDeltaAhead);
+    for (int64_t h = h_begin; h < h_begin + group; ++h) {
+        cpu_prefetch::RowLines dout_ahead, out_ahead;
+        if (ahead_rows > 0) {
+            dout_ahead = cpu_prefetch::RowLines(o.dout + s.q_row(b, kDeltaAhead, h), ld_bytes, ahead_rows, row_bytes, ahead_rows);
+            out_ahead = cpu_prefetch::RowLines(o.out + s.q_row(b, kDeltaAhead, h), ld_bytes, ahead_rows, row_bytes, ahead_rows);
+        }
         for (int64_t i = 0; i < s.q_len; ++i) {
-            if (i + kDeltaAhead < s.q_len) {
-                const char* dout_ahead = reinterpret_cast<const char*>(o.dout + s.q_row(b, i + kDeltaAhead, h));
-                const char* out_ahead = reinterpret_cast<const char*>(o.out + s.q_row(b, i + kDeltaAhead, h));
-                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-                    __builtin_prefetch(dout_ahead + byte);
-                    __builtin_prefetch(out_ahead + byte);
-                }
-            }
+            dout_ahead.share();
+            out_ahead.share();
             o.delta[s.stat(b, h, i)] = row_delta_bf16(o.dout + s.q_row(b, i, h), o.out + s.q_row(b, i, h), hd);
         }
+    }
     std::fill(w.dq_acc.begin(), w.dq_acc.end(), 0.0f);
     std::fill(w.dk_acc.begin(), w.dk_acc.end(), 0.0f);
     std::fill(w.dv_acc.begin(), w.dv_acc.end(), 0.0f);
