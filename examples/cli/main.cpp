@@ -12,7 +12,6 @@
 #include <vector>
 
 #include <cblas.h>
-#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -51,23 +50,29 @@ int fail_alone(const std::exception& e, int exit_code) {
 //   runs thousands of short parallel regions with serial work between them; threads spinning through
 //   those gaps take the core from whatever must run next (another process, or the thread they wait
 //   for when two virtual CPUs share a core); docs/benchmarks.md has it measured.
-// With OMP_PROC_BIND set, the OpenMP runtime binds this thread to its first place when it loads, and
-// a restarted process inherits that one place: its runtime would count the CPUs of one place, start
-// one thread, and put every thread there. So before the restart the process may again run on every
-// CPU of the places the runtime made from the mask it started with (their union is that mask's).
-void widen_affinity_to_openmp_places() {
+// With OMP_PROC_BIND set, an OpenMP runtime binds this thread to its first place when it loads or
+// first runs, and a restarted process inherits that one place: its runtime would count the CPUs of one
+// place, start one thread, and put every thread there. The runtime's own places cannot undo that: a
+// program holding two runtimes (clang's libomp, and libgomp through OpenBLAS) has libgomp bind the
+// thread before libomp makes its places from the narrowed mask. So the mask the process started with
+// is read before any library's initializer runs (.preinit_array: the executable's own, run first by
+// the dynamic loader), and the restart runs on it again.
+cpu_set_t g_starting_cpus;
+bool g_starting_cpus_known = false;
+
+void record_starting_cpus(int, char**, char**) {
 #if defined(__linux__)
-    const int places = omp_get_num_places();
-    if (places <= 0) return;
-    cpu_set_t mask;
-    CPU_ZERO(&mask);
-    for (int place = 0; place < places; ++place) {
-        std::vector<int> ids(static_cast<size_t>(omp_get_place_num_procs(place)));
-        omp_get_place_proc_ids(place, ids.data());
-        for (const int id : ids)
-            if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, &mask);
-    }
-    if (CPU_COUNT(&mask) > 0) sched_setaffinity(0, sizeof(mask), &mask);
+    CPU_ZERO(&g_starting_cpus);
+    g_starting_cpus_known = sched_getaffinity(0, sizeof(g_starting_cpus), &g_starting_cpus) == 0;
+#endif
+}
+[[gnu::used, gnu::section(".preinit_array")]] void (*const g_record_starting_cpus)(int, char**, char**) =
+    &record_starting_cpus;
+
+void restore_starting_cpus() {
+#if defined(__linux__)
+    if (g_starting_cpus_known && CPU_COUNT(&g_starting_cpus) > 0)
+        sched_setaffinity(0, sizeof(g_starting_cpus), &g_starting_cpus);
 #endif
 }
 
@@ -89,7 +94,7 @@ void restart_with_better_runtime_settings(char** argv) {
         restart = true;
     }
     if (restart) {
-        widen_affinity_to_openmp_places();
+        restore_starting_cpus();
         execv("/proc/self/exe", argv);
     }
 }
