@@ -112,13 +112,13 @@ TEST_CASE("bench torch --quick --skip-torch times normlab and says why PyTorch w
 
 namespace {
 // A stand-in for python3 with torch, written into dir: `-c 'import torch'` succeeds, and running the
-// script prints `json` as torch_bench.py --json would. Returns its path.
-std::string fake_python(const std::filesystem::path& dir, const std::string& json) {
+// script runs the shell lines `first`, then prints `json` as torch_bench.py --json would. Returns its path.
+std::string fake_python(const std::filesystem::path& dir, const std::string& json, const std::string& first = "") {
     std::filesystem::create_directories(dir);
     const std::filesystem::path path = dir / "python";
     {
         std::ofstream out(path);
-        out << "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then exit 0; fi\necho '" << json << "'\n";
+        out << "#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then exit 0; fi\n" << first << "echo '" << json << "'\n";
     }
     std::filesystem::permissions(path, std::filesystem::perms::owner_all);
     return path.string();
@@ -173,6 +173,27 @@ TEST_CASE("bench torch sets normlab beside the faster of PyTorch's two attention
     CHECK(run.status == 2);
     CHECK_THAT(run.output, Catch::Contains("reported no transformer timing (expected JSON key transformer or "
                                            "transformer_sdpa)"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("bench torch runs PyTorch with the user's environment, not the settings normlab made for itself",
+          "[bench_cli]") {
+    // normlab restarts itself with GOMP_SPINCOUNT=10000 where the user set no wait policy
+    // (examples/cli/main.cpp); PyTorch's libgomp must see what the user gave, as PyTorch's users get.
+    const auto dir = fresh_dir("normlab-bench-torch-env");
+    const std::string seen = (dir / "seen.txt").string();
+    const std::string python = fake_python(
+        dir, torch_json(R"(, "transformer": {"median_s": 0.4})"),
+        "echo \"GOMP_SPINCOUNT=${GOMP_SPINCOUNT-unset} NORMLAB_SET_SPINCOUNT=${NORMLAB_SET_SPINCOUNT-unset}\" > '" +
+            seen + "'\n");
+    const std::string bench = "bench torch --quick --python '" + python + "'";
+    nl_test::CliRun run = nl_test::run_normlab_env(NORMLAB_SOURCE_DIR, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ", bench);
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK(nl_test::read_text(seen) == "GOMP_SPINCOUNT=unset NORMLAB_SET_SPINCOUNT=unset\n");
+    run = nl_test::run_normlab_env(NORMLAB_SOURCE_DIR, "env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=123 ", bench);
+    REQUIRE(run.status == 0);
+    CHECK(nl_test::read_text(seen) == "GOMP_SPINCOUNT=123 NORMLAB_SET_SPINCOUNT=unset\n");
     std::filesystem::remove_all(dir);
 }
 

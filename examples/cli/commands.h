@@ -3,12 +3,22 @@
 // the command line through one register function declared here, which main.cpp calls.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace nl::cli {
 
 // `normlab info`: version, build, BLAS, threads, devices, dtypes, memory (examples/cli/info_cmd.cpp).
 void register_info(CLI::App& app);
+
+// What the program's restart at start set for its libraries (examples/cli/main.cpp), empty where it
+// set nothing: kept for `normlab info`, and out of the environment of the programs normlab starts.
+struct RestartSettings {
+    std::string gomp_spincount;  // GOMP_SPINCOUNT, where normlab chose it
+    std::string blas_fallback;   // the kernel OpenBLAS fell back to, where normlab chose another
+};
+const RestartSettings& restart_settings();
 
 // `normlab bench ...`: benchmarks are subcommands of `bench`, which main.cpp creates.
 // `normlab bench core`: matmul vs direct cblas, elementwise vs memcpy (examples/cli/bench_core.cpp).

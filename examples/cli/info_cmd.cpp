@@ -105,10 +105,12 @@ void run_info() {
 
     fmt::print("Libraries\n");
     // openblas_get_config() names the version and build options, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ...".
-    // NORMLAB_BLAS_FALLBACK: examples/cli/main.cpp restarted the program to correct OpenBLAS's choice.
-    const char* fallback = std::getenv("NORMLAB_BLAS_FALLBACK");
+    // A fallback: examples/cli/main.cpp restarted the program to correct OpenBLAS's choice.
+    const RestartSettings& restart = restart_settings();
     const std::string chosen =
-        fallback ? fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", fallback) : "";
+        restart.blas_fallback.empty()
+            ? ""
+            : fmt::format(", chosen by normlab: OpenBLAS's own detection fell back to {}", restart.blas_fallback);
     print_row("BLAS", fmt::format("{} (kernel: {}{}, {} threads)", trim(openblas_get_config()),
                                   openblas_get_corename(), chosen, openblas_get_num_threads()));
     print_row("f32 gemm", fmt::format("{} ({}; f64 runs on OpenBLAS)", nl::sgemm_engine_name(), nl::sgemm_engine_reason()));
@@ -119,10 +121,11 @@ void run_info() {
                   : "bf16 widened to f32 per (batch, kv head), the f32 kernels, each result rounded once");
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* wait = std::getenv("OMP_WAIT_POLICY");
-    const std::string waiting = wait  ? fmt::format("OMP_WAIT_POLICY={}", wait)
-                                : spin ? fmt::format("GOMP_SPINCOUNT={}{}", spin,
-                                                     std::getenv("NORMLAB_SET_SPINCOUNT") ? ", set by normlab" : "")
-                                       : std::string("the runtime's default wait policy");
+    const std::string waiting = wait   ? fmt::format("OMP_WAIT_POLICY={}", wait)
+                                : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
+                                : !restart.gomp_spincount.empty()
+                                    ? fmt::format("GOMP_SPINCOUNT={}, set by normlab", restart.gomp_spincount)
+                                    : std::string("the runtime's default wait policy");
     print_row("OpenMP", fmt::format("{} max threads (spec {}), idle threads: {}", omp_get_max_threads(), _OPENMP,
                                     waiting));
 #if defined(__clang__)

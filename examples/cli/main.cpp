@@ -82,25 +82,52 @@ void restart_with_better_runtime_settings(char** argv) {
     // (orte_init fails). There, pass the variables with the launcher (docs/distributed.md).
     for (const char* launcher_variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
         if (std::getenv(launcher_variable) != nullptr) return;
-    bool restart = false;
+    bool set_blas = false, set_spin = false;
     if (const char* core = nl::blas_kernel_override()) {
         setenv("NORMLAB_BLAS_FALLBACK", nl::blas_kernel_name(), 1);  // for `normlab info`
         setenv("OPENBLAS_CORETYPE", core, 1);
-        restart = true;
+        set_blas = true;
     }
     if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
         setenv("GOMP_SPINCOUNT", "10000", 1);
         setenv("NORMLAB_SET_SPINCOUNT", "1", 1);  // for `normlab info`
-        restart = true;
+        set_spin = true;
     }
-    if (restart) {
-        restore_starting_cpus();
-        execv("/proc/self/exe", argv);
+    if (!set_blas && !set_spin) return;
+    restore_starting_cpus();
+    execv("/proc/self/exe", argv);
+    // Still here: the libraries never read the variables, so this process runs without them.
+    if (set_blas) {
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("NORMLAB_BLAS_FALLBACK");
+    }
+    if (set_spin) {
+        unsetenv("GOMP_SPINCOUNT");
+        unsetenv("NORMLAB_SET_SPINCOUNT");
+    }
+}
+
+nl::cli::RestartSettings g_restart_settings;
+
+// The restart's variables did their work as the libraries loaded. They are kept for `normlab info`
+// and taken out of the environment, so that a program normlab starts (PyTorch under `bench torch`,
+// gnuplot, dot) runs with the environment the user gave normlab, not with normlab's own settings.
+void take_restart_settings_from_environment() {
+    if (std::getenv("NORMLAB_SET_SPINCOUNT") != nullptr) {
+        if (const char* spin = std::getenv("GOMP_SPINCOUNT")) g_restart_settings.gomp_spincount = spin;
+        unsetenv("GOMP_SPINCOUNT");
+        unsetenv("NORMLAB_SET_SPINCOUNT");
+    }
+    if (const char* fallback = std::getenv("NORMLAB_BLAS_FALLBACK")) {
+        g_restart_settings.blas_fallback = fallback;
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("NORMLAB_BLAS_FALLBACK");
     }
 }
 
 int run_program(int argc, char** argv) {
     restart_with_better_runtime_settings(argv);
+    take_restart_settings_from_environment();
     // With OpenBLAS's OpenMP build (what CMake links when libopenblas-openmp-dev is installed) the
     // gemms share normlab's OpenMP thread pool and follow OMP_NUM_THREADS. With the pthreads build,
     // OpenBLAS's own pool and the OpenMP pool would both claim every core, and OpenBLAS's idle workers
@@ -161,6 +188,8 @@ int run_program(int argc, char** argv) {
 }
 
 }  // namespace
+
+const nl::cli::RestartSettings& nl::cli::restart_settings() { return g_restart_settings; }
 
 int main(int argc, char** argv) {
     nl::dist::init(&argc, &argv);
