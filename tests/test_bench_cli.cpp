@@ -191,9 +191,13 @@ TEST_CASE("bench torch runs PyTorch with the user's environment, not the setting
     INFO(run.output);
     REQUIRE(run.status == 0);
     CHECK(nl_test::read_text(seen) == "GOMP_SPINCOUNT=unset NORMLAB_SET_SPINCOUNT=unset\n");
+    CHECK_THAT(run.output, Catch::Contains("idle OpenMP threads: normlab GOMP_SPINCOUNT=10000, set by normlab; "
+                                           "PyTorch the runtime's default wait policy"));
     run = nl_test::run_normlab_env(NORMLAB_SOURCE_DIR, "env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=123 ", bench);
+    INFO(run.output);
     REQUIRE(run.status == 0);
     CHECK(nl_test::read_text(seen) == "GOMP_SPINCOUNT=123 NORMLAB_SET_SPINCOUNT=unset\n");
+    CHECK_THAT(run.output, Catch::Contains("idle OpenMP threads: normlab GOMP_SPINCOUNT=123; PyTorch GOMP_SPINCOUNT=123"));
     std::filesystem::remove_all(dir);
 }
 

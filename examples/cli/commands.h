@@ -19,6 +19,10 @@ struct RestartSettings {
     std::string blas_fallback;   // the kernel OpenBLAS fell back to, where normlab chose another
 };
 const RestartSettings& restart_settings();
+// How idle OpenMP threads wait: OMP_WAIT_POLICY or GOMP_SPINCOUNT as the user set them, else (in this
+// process) normlab's own GOMP_SPINCOUNT, else the runtime's default. in_this_process false: what a
+// program normlab starts gets (examples/cli/info_cmd.cpp).
+std::string idle_threads_setting(bool in_this_process);
 
 // `normlab bench ...`: benchmarks are subcommands of `bench`, which main.cpp creates.
 // `normlab bench core`: matmul vs direct cblas, elementwise vs memcpy (examples/cli/bench_core.cpp).

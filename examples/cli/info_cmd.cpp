@@ -28,6 +28,14 @@
 
 namespace nl::cli {
 
+std::string idle_threads_setting(bool in_this_process) {
+    if (const char* wait = std::getenv("OMP_WAIT_POLICY")) return fmt::format("OMP_WAIT_POLICY={}", wait);
+    if (const char* spin = std::getenv("GOMP_SPINCOUNT")) return fmt::format("GOMP_SPINCOUNT={}", spin);
+    if (in_this_process && !restart_settings().gomp_spincount.empty())
+        return fmt::format("GOMP_SPINCOUNT={}, set by normlab", restart_settings().gomp_spincount);
+    return "the runtime's default wait policy";
+}
+
 namespace {
 
 std::string trim(const std::string& s) {
@@ -119,15 +127,8 @@ void run_info() {
               std::string(nl::attention_bf16_kernel()) == "vdpbf16ps"
                   ? "bf16 on vdpbf16ps: bf16 products with f32 sums, P and dS rounded to bf16 (head sizes a multiple of 16)"
                   : "bf16 widened to f32 per (batch, kv head), the f32 kernels, each result rounded once");
-    const char* spin = std::getenv("GOMP_SPINCOUNT");
-    const char* wait = std::getenv("OMP_WAIT_POLICY");
-    const std::string waiting = wait   ? fmt::format("OMP_WAIT_POLICY={}", wait)
-                                : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
-                                : !restart.gomp_spincount.empty()
-                                    ? fmt::format("GOMP_SPINCOUNT={}, set by normlab", restart.gomp_spincount)
-                                    : std::string("the runtime's default wait policy");
     print_row("OpenMP", fmt::format("{} max threads (spec {}), idle threads: {}", omp_get_max_threads(), _OPENMP,
-                                    waiting));
+                                    idle_threads_setting(true)));
 #if defined(__clang__)
     print_row("Compiler", "clang " __clang_version__);
 #elif defined(__GNUC__)
