@@ -543,13 +543,13 @@ void print_table(const TorchCommand& cmd, const ToySpec& spec, const Rounds& r) 
     }
     fmt::print("torch/ours = PyTorch time / normlab time, per round (for tokens/s: ours / theirs); >= 1 means normlab "
                "is at least as fast (the target).\n");
-    if (r.have_torch)
+    if (r.have_torch) {
         fmt::print("idle OpenMP threads: normlab {}; PyTorch {} (the environment normlab was given)\n",
                    idle_threads_setting(true), idle_threads_setting(false));
-    if (r.have_torch)
         fmt::print("PyTorch's transformer row: per round, the faster of its two attentions, LLaMA's matmul + mask + "
                    "softmax and F.scaled_dot_product_attention(is_causal=True) (nanoGPT's; a flash attention on the CPU); "
                    "normlab runs its fused attention.\n");
+    }
     fmt::print("each cell: the median over {} rounds of a round's median over its timed epochs/steps, [min, max] over "
                "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
                cmd.rounds);

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <new>
 #include <stdexcept>
-#include <vector>
 
 #include <cblas.h>
 #include <sched.h>
