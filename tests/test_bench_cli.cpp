@@ -176,6 +176,60 @@ TEST_CASE("bench torch sets normlab beside the faster of PyTorch's two attention
     std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("bench torch holds a distribution-free 95% interval of the rounds' median ratio against --target",
+          "[bench_cli]") {
+    // PyTorch's stand-in takes a fixed time a step; normlab's own steps vary from round to round, so
+    // the ratios differ, and the interval is read back from the sorted ratios the bench prints.
+    const auto dir = fresh_dir("normlab-bench-torch-interval");
+    const std::string args = " --epochs 2 --steps 2 --warmup 1";
+    auto sorted_ratios = [](const std::string& output) {
+        const std::string prefix = "transformer ours/theirs per round, sorted:";
+        const std::string line = line_starting(output, prefix);
+        std::vector<std::string> values;
+        for (const std::string& v : split(line.substr(std::min(line.size(), prefix.size())), ' '))
+            if (!v.empty()) values.push_back(v);
+        return values;
+    };
+    // 9 rounds: the 2nd and 8th of the sorted ratios, 1 - 2 (1 + 9) / 2^9 = 96.1% (Binomial(9, 1/2)).
+    // PyTorch a microsecond a step: normlab is slower, the interval below --target 1.
+    const std::string fast = fake_python(dir / "fast", torch_json(R"(, "transformer": {"median_s": 0.000001})"));
+    BenchRun run = run_bench("bench torch --rounds 9 --target 1 --python '" + fast + "'" + args);
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    std::vector<std::string> v = sorted_ratios(run.output);
+    REQUIRE(v.size() == 9);
+    CHECK_THAT(run.output, Catch::Contains("95% interval for the median [" + v[1] + ", " + v[7] +
+                                           "]: rounds 2 and 8 of 9 sorted (96.1%, distribution-free"));
+    CHECK_THAT(run.output, Catch::Contains("against --target 1.00: below it, the whole interval"));
+
+    // 6 rounds: [min, max] at 1 - 2 / 2^6 = 96.9%; PyTorch 1,000 s a step: above --target 2.5.
+    const std::string slow = fake_python(dir / "slow", torch_json(R"(, "transformer": {"median_s": 1000})"));
+    run = run_bench("bench torch --rounds 6 --target 2.5 --python '" + slow + "'" + args);
+    REQUIRE(run.status == 0);
+    v = sorted_ratios(run.output);
+    REQUIRE(v.size() == 6);
+    CHECK_THAT(run.output, Catch::Contains("[" + v[0] + ", " + v[5] + "]: rounds 1 and 6 of 6 sorted (96.9%"));
+    CHECK_THAT(run.output, Catch::Contains("against --target 2.50: above it, the whole interval"));
+
+    // 5 rounds cannot reach 95% (1 - 2 / 2^5 = 93.8%): no verdict, however far the ratios are from it.
+    run = run_bench("bench torch --rounds 5 --python '" + slow + "'" + args);
+    REQUIRE(run.status == 0);
+    v = sorted_ratios(run.output);
+    REQUIRE(v.size() == 5);
+    CHECK_THAT(run.output, Catch::Contains("[min, max] = [" + v[0] + ", " + v[4] + "] holds the true median with "
+                                           "93.8% only: 6 rounds or more give a 95% interval; against --target "
+                                           "1.00: not decided"));
+
+    // --skip-torch has no ratios to summarize; a target of 0 is refused before any work.
+    run = run_bench("bench torch --quick --skip-torch");
+    CHECK_THAT(run.output, !Catch::Contains("per round, sorted"));
+    run = run_bench("bench torch --skip-torch --target 0");
+    CHECK(run.status == 2);
+    CHECK_THAT(run.output, Catch::Contains("--target must be a ratio above 0, found 0"));
+    CHECK_THAT(run.output, !Catch::Contains("timing normlab"));
+    std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("bench torch runs PyTorch with the user's environment, not the settings normlab made for itself",
           "[bench_cli]") {
     // normlab restarts itself with GOMP_SPINCOUNT=10000 where the user set no wait policy

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,7 @@ struct TorchCommand {
     int64_t steps = 30;    // timed transformer steps
     int64_t warmup = 3;    // untimed epochs/steps first, on both sides
     int64_t rounds = 3;    // normlab then PyTorch, this many times: a ratio per round, then their median
+    double target = 1.0;   // the transformer's ratio (ours / theirs) that the confidence interval is held against
     bool quick = false;
     bool skip_torch = false;
     bool profile = false;  // after the rounds, one more profiled pass of normlab's transformer steps
@@ -506,6 +508,31 @@ std::string ratio_cell(const std::vector<double>& per_round) {
     return fmt::format("{:.2f} [{:.2f}, {:.2f}]", s.median, s.min, s.max);
 }
 
+// The transformer's per-round ratios, sorted, and a 95% interval for their median held against
+// --target: whether this many rounds decide the ratio on a machine whose speed moves from round to round.
+void print_ratio_interval(const TorchCommand& cmd, const std::vector<double>& per_round) {
+    std::vector<double> sorted = per_round;
+    std::sort(sorted.begin(), sorted.end());
+    std::string values;
+    for (double v : sorted) values += fmt::format(" {:.2f}", v);
+    fmt::print("transformer ours/theirs per round, sorted:{}\n", values);
+    const MedianInterval ci = median_interval(per_round);
+    const double median = summarize(per_round).median;
+    if (ci.coverage < 0.95) {
+        fmt::print("  median {:.2f}; [min, max] = [{:.2f}, {:.2f}] holds the true median with {:.1f}% only: 6 rounds "
+                   "or more give a 95% interval; against --target {:.2f}: not decided\n",
+                   median, ci.lo, ci.hi, 100.0 * ci.coverage, cmd.target);
+        return;
+    }
+    fmt::print("  median {:.2f}; 95% interval for the median [{:.2f}, {:.2f}]: rounds {} and {} of {} sorted ({:.1f}%, "
+               "distribution-free, the rounds taken as independent)\n",
+               median, ci.lo, ci.hi, ci.rank, ci.samples + 1 - ci.rank, ci.samples, 100.0 * ci.coverage);
+    const char* verdict = ci.lo > cmd.target   ? "above it, the whole interval"
+                          : ci.hi < cmd.target ? "below it, the whole interval"
+                                               : "not decided, the interval holds it (more rounds narrow it)";
+    fmt::print("  against --target {:.2f}: {}\n", cmd.target, verdict);
+}
+
 void print_table(const TorchCommand& cmd, const ToySpec& spec, const Rounds& r) {
     // A cell: the median over rounds of each round's median, with the rounds' [min, max].
     auto cell = [](const std::vector<double>& per_round, double scale, const char* unit) {
@@ -554,6 +581,7 @@ void print_table(const TorchCommand& cmd, const ToySpec& spec, const Rounds& r) 
                "the rounds; normlab's stability rows use its fused norms, PyTorch's nn.LayerNorm / nn.RMSNorm.\n",
                cmd.rounds);
     if (!r.have_torch) fmt::print("PyTorch side skipped: {}\n", r.why);
+    else print_ratio_interval(cmd, r.ratios[kBenchNorms.size()]);
 }
 
 // Model FLOP/s against OpenBLAS's sgemm at the model's own GEMM shapes, measured now.
@@ -718,6 +746,8 @@ void run_bench_torch(TorchCommand cmd) {
     NL_REQUIRE(cmd.epochs >= 1 && cmd.steps >= 1 && cmd.rounds >= 1 && cmd.warmup >= 0,
                "bench torch: --epochs, --steps and --rounds must be at least 1 and --warmup at least 0, found ",
                cmd.epochs, ", ", cmd.steps, ", ", cmd.rounds, ", ", cmd.warmup);
+    NL_REQUIRE(cmd.target > 0.0 && std::isfinite(cmd.target), "bench torch: --target must be a ratio above 0, found ",
+               cmd.target);
     if (cmd.threads > 0) {
         omp_set_num_threads(static_cast<int>(cmd.threads));
         openblas_set_num_threads(static_cast<int>(cmd.threads));
@@ -758,6 +788,10 @@ void register_bench_torch(CLI::App& bench) {
     sub->add_option("--steps", cmd->steps, "timed transformer steps")->capture_default_str();
     sub->add_option("--warmup", cmd->warmup, "untimed epochs/steps first")->capture_default_str();
     sub->add_option("--rounds", cmd->rounds, "alternate normlab and PyTorch this many times")->capture_default_str();
+    sub->add_option("--target", cmd->target,
+                    "the transformer's tokens/s ratio (normlab / PyTorch) to hold the 95% interval of the rounds' "
+                    "median against: above, below or not decided")
+        ->capture_default_str();
     sub->add_flag("--quick", cmd->quick, "5 epochs, 3 steps: a smoke run, not a measurement");
     sub->add_flag("--skip-torch", cmd->skip_torch, "time normlab only");
     sub->add_flag("--profile", cmd->profile,

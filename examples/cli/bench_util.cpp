@@ -42,6 +42,32 @@ Stats summarize(std::vector<double> samples) {
     return s;
 }
 
+MedianInterval median_interval(std::vector<double> samples, double confidence) {
+    MedianInterval out;
+    if (samples.empty()) return out;
+    std::sort(samples.begin(), samples.end());
+    const int64_t n = static_cast<int64_t>(samples.size());
+    out.samples = n;
+    // P(Binomial(n, 1/2) = i), summed from i = 0: the chance that fewer than rank samples fall below
+    // the median. In logs, so a long run's 0.5^n does not underflow.
+    auto binomial_half = [n](int64_t i) {
+        return std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+    };
+    double below = 0;  // P(Binomial < rank)
+    out.rank = 1;
+    out.coverage = 1.0 - 2.0 * binomial_half(0);
+    for (int64_t rank = 1; 2 * rank <= n; ++rank) {
+        below += binomial_half(rank - 1);
+        const double coverage = 1.0 - 2.0 * below;
+        if (coverage < confidence) break;
+        out.rank = rank;
+        out.coverage = coverage;
+    }
+    out.lo = samples[static_cast<size_t>(out.rank - 1)];
+    out.hi = samples[static_cast<size_t>(n - out.rank)];
+    return out;
+}
+
 namespace {
 
 double now_seconds(Clock clock) {

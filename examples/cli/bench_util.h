@@ -24,6 +24,18 @@ struct Stats {
 // Median, quartiles (linear interpolation) and extremes of `samples` (seconds per call).
 Stats summarize(std::vector<double> samples);
 
+// A distribution-free confidence interval for the median of independent samples (Conover, "Practical
+// Nonparametric Statistics", 3rd ed., section 3.2): the rank-th smallest and rank-th largest sample,
+// rank the largest whose coverage 1 - 2 P(Binomial(n, 1/2) < rank) is at least `confidence`. Fewer
+// than 6 samples cannot reach 95%: then rank is 1 ([min, max]) and coverage says what it reaches.
+struct MedianInterval {
+    double lo = 0, hi = 0;
+    int64_t rank = 0;     // 1-based, from each end of the sorted samples; 0 when there are none
+    int64_t samples = 0;
+    double coverage = 0;  // the probability that [lo, hi] holds the true median
+};
+MedianInterval median_interval(std::vector<double> samples, double confidence = 0.95);
+
 // Wall: elapsed time (what a user waits). Cpu: the process's CPU time (all its threads), which leaves
 // out the time other processes hold the cores: the steadier measure on a shared, overloaded machine
 // when running one thread (with more threads it also counts OpenMP's spin-waiting).
