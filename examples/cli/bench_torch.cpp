@@ -516,9 +516,10 @@ void print_ratio_interval(const TorchCommand& cmd, const std::vector<double>& pe
     std::string values;
     for (double v : sorted) values += fmt::format(" {:.2f}", v);
     fmt::print("transformer ours/theirs per round, sorted:{}\n", values);
-    const MedianInterval ci = median_interval(per_round);
+    constexpr double kConfidence = 0.95;  // the "95%" and "6 rounds" of the lines below
+    const MedianInterval ci = median_interval(per_round, kConfidence);
     const double median = summarize(per_round).median;
-    if (ci.coverage < 0.95) {
+    if (ci.coverage < kConfidence) {
         fmt::print("  median {:.2f}; [min, max] = [{:.2f}, {:.2f}] holds the true median with {:.1f}% only: 6 rounds "
                    "or more give a 95% interval; against --target {:.2f}: not decided\n",
                    median, ci.lo, ci.hi, 100.0 * ci.coverage, cmd.target);
