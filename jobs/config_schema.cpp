@@ -187,7 +187,7 @@ ConfigSchema make_train_schema() {
                  .min = 0, .constraint = "< `train.steps`",
                  .meaning = "linear warmup: step i (from 0) uses `lr * (i + 1) / warmup_steps`"});
     k.push_back({.path = "optim.weight_decay", .type = ConfigType::Number, .default_value = optim.weight_decay,
-                 .min = 0.0, .meaning = "AdamW's decoupled weight decay (all parameters)"});
+                 .min = 0.0, .meaning = "AdamW's decoupled weight decay (which parameters: `optim.decay`; how it scales: `optim.weight_decay_mode`)"});
     k.push_back({.path = "optim.beta1", .type = ConfigType::Number, .default_value = optim.beta1, .min = 0.0,
                  .max = 1.0, .max_exclusive = true, .meaning = "AdamW first-moment decay"});
     k.push_back({.path = "optim.beta2", .type = ConfigType::Number, .default_value = optim.beta2, .min = 0.0,
@@ -196,6 +196,16 @@ ConfigSchema make_train_schema() {
                  .meaning = "AdamW epsilon (outside the square root, as PyTorch)"});
     k.push_back({.path = "optim.grad_clip", .type = ConfigType::Number, .default_value = optim.grad_clip, .min = 0.0,
                  .meaning = "clip the global gradient L2 norm to this; 0 turns clipping off"});
+    k.push_back({.path = "optim.decay", .type = ConfigType::String, .default_value = optim.decay,
+                 .choices = {"all", "matrices"},
+                 .meaning = "which parameters `weight_decay` decays: all, or those with two or more dimensions (the "
+                            "Linear weights and the embedding; not norm gains, biases, QK-norm weights or DyT's "
+                            "alpha: nanoGPT's grouping)"});
+    k.push_back({.path = "optim.weight_decay_mode", .type = ConfigType::String,
+                 .default_value = optim.weight_decay_mode, .choices = {"lr", "independent"},
+                 .meaning = "`lr`: torch.optim.AdamW, `p *= 1 - lr_t * weight_decay`; `independent`: `p *= 1 - "
+                            "weight_decay * lr_t / lr`, the schedule's multiplier only (Loshchilov & Hutter 2019; "
+                            "Wortsman et al. 2023), so the decay does not grow with a sweep's peak lr"});
 
     k.push_back({.path = "train.steps", .type = ConfigType::Integer, .default_value = loop.steps, .min = 1,
                  .max = double(kMaxSteps), .meaning = "optimizer steps (the cosine schedule's length)"});
@@ -234,6 +244,17 @@ ConfigSchema make_train_schema() {
     k.push_back({.path = "train.autocast", .type = ConfigType::String, .default_value = loop.autocast,
                  .choices = {"none", "bf16"},
                  .meaning = "run the forward under bf16 autocast ([cuda.md](cuda.md#bf16-autocast))"});
+    k.push_back({.path = "train.dtype", .type = ConfigType::String, .default_value = loop.dtype,
+                 .choices = {"f32", "f64"},
+                 .meaning = "the weights', activations', gradients', AdamW state's and loss's dtype; f64 runs on the "
+                            "CPU on one process, without autocast, and replays in PyTorch step for step "
+                            "([replay.md](replay.md))"});
+    k.push_back({.path = "train.save_initial", .type = ConfigType::Boolean, .default_value = loop.save_initial,
+                 .meaning = "write the initial weights as checkpoints/step_00000000.safetensors before the first "
+                            "update"});
+    k.push_back({.path = "train.save_batches", .type = ConfigType::Boolean, .default_value = loop.save_batches,
+                 .meaning = "write every step's batch to batches.safetensors: int64 `inputs` and `targets` [steps, "
+                            "batch, T], `targets` -100 where the loss ignores a position (at most 1 GiB)"});
     return {"train", "normlab train config", std::move(k)};
 }
 

@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/profiler.h"
+#include "core/safetensors.h"
 #include "core/thread_governor.h"
 #include "jobs/config.h"
 #include "jobs/distributed.h"
@@ -287,6 +288,8 @@ void prepare(State& s) {
                        memory_keys);
         s.plan = plan_shards(config.train.batch_size, config.train.grad_shards, dist::world_size(), dist::rank(),
                              config.file + ": /train");
+        NL_REQUIRE(config.model.dtype != DType::F64 || dist::world_size() == 1, config.file,
+                   ": /train/dtype: \"f64\" runs on one process, found ", dist::world_size(), " MPI ranks");
         if (dist::world_size() > 1 && config.device.is_cuda()) {
             // Rank r of a machine uses its r-th GPU; the gradients are summed by NCCL.
             NL_REQUIRE(dist::built_with_nccl(), config.file, ": /device: \"", config.device.str(), "\" over ",
@@ -330,7 +333,16 @@ void build_model(State& s) {
     for (Batch& batch : s.eval_set) batch = batch_on(batch, config.device);
     s.autocast = config.train.autocast == "bf16";
     s.model = std::make_unique<Transformer>(config.model);
-    if (s.pretrained) {
+    if (config.model.dtype == DType::F64) {
+        // The f32 run's initial weights (the same draws, or the pretrained ones), widened exactly: an
+        // f64 run starts where the f32 run of its seed starts, so the two can be compared.
+        TransformerOptions drawn = config.model;
+        drawn.dtype = DType::F32;
+        NamedTensors weights = s.pretrained ? s.pretrained->weights : Transformer(drawn).state_dict();
+        for (auto& [name, t] : weights) t = t.to(DType::F64);
+        s.model->load_state_dict(weights);
+        s.pretrained.reset();
+    } else if (s.pretrained) {
         s.model->load_state_dict(s.pretrained->weights);
         s.pretrained.reset();  // the model holds the weights now
     }
@@ -347,7 +359,13 @@ void build_model(State& s) {
     adam.beta1 = config.optim.beta1;
     adam.beta2 = config.optim.beta2;
     adam.eps = config.optim.eps;
-    adam.weight_decay = config.optim.weight_decay;
+    // optim.decay and optim.weight_decay_mode as one coefficient per parameter (parameter_weight_decay):
+    // the matrices' value for all, and the others' where it differs.
+    adam.weight_decay = parameter_weight_decay(config.optim, 2);
+    for (const auto& [name, p] : s.params) {
+        const double decay = parameter_weight_decay(config.optim, p.dim());
+        if (decay != adam.weight_decay) adam.weight_decay_of[name] = decay;
+    }
     s.optimizer = std::make_unique<AdamW>(s.params, adam);
     s.schedule = LrSchedule::warmup_cosine(config.optim.lr, config.optim.warmup_steps, config.train.steps,
                                            config.optim.min_lr);
@@ -400,6 +418,29 @@ void save_checkpoint_at(State& s, int64_t step) {
     if (s.root_rank)
         save_checkpoint(checkpoint_path(s.run_dir, step), *s.model, s.optimizer.get(), &*s.data_gen, step, s.metadata);
     s.saved_step = step;
+}
+
+// train.save_initial: the weights before the first update, as checkpoint step 0 (a fresh run only: a
+// resumed one has it already).
+void save_initial(State& s) {
+    if (!s.config.train.save_initial || s.job.resume) return;
+    save_checkpoint_at(s, 0);
+}
+
+// train.save_batches: every step's global batch, drawn up front from a copy of the data generator in
+// the order the steps draw them, so the file exists before the first update and a run stopped early
+// has it whole. inputs and targets (steps, B, T) i64, targets kIgnoreIndex where the loss skips.
+void save_batches(State& s) {
+    if (!s.config.train.save_batches || s.job.resume || !s.root_rank) return;
+    Generator gen = *s.data_gen;
+    std::vector<Tensor> inputs, targets;  // (steps,) of (1, B, T)
+    for (int64_t step = 0; step < s.config.train.steps; ++step) {
+        const Batch batch = s.data->train_batch(s.config.train.batch_size, gen);
+        inputs.push_back(batch.inputs.unsqueeze(0));
+        targets.push_back(batch.targets.unsqueeze(0));
+    }
+    save_safetensors(s.run->path(kSavedBatchesFile), {{"inputs", cat(inputs, 0)}, {"targets", cat(targets, 0)}},
+                     {{"format", "normlab batches"}, {"ignore_index", std::to_string(kIgnoreIndex)}});
 }
 
 // The forward and backward of every shard this rank computes of the step's global batch, leaving
@@ -502,6 +543,7 @@ nlohmann::json summary_of(const State& s) {
         {"resumed_from_step", s.start_step},
         {"device", config.device.str()},
         {"autocast", config.train.autocast},
+        {"dtype", config.train.dtype},
         {"parameters", count_parameters(*s.model)},
         {"final_train_loss", s.train_loss},
         {"val_loss", s.last_eval.loss},
@@ -537,6 +579,8 @@ TrainSession::TrainSession(const TrainJob& job) : state_(std::make_unique<State>
         start_threads(s);
         build_model(s);
         open_run(s);
+        save_initial(s);
+        save_batches(s);
         open_probes(s);
     });
     model().train();

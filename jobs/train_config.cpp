@@ -140,6 +140,8 @@ static OptimConfig read_optim(ConfigReader reader) {
     optim.beta2 = reader.get_double("beta2");
     optim.eps = reader.get_double("eps");
     optim.grad_clip = reader.get_double("grad_clip");
+    optim.decay = reader.get_string("decay");
+    optim.weight_decay_mode = reader.get_string("weight_decay_mode");
     reader.finish();
     return optim;
 }
@@ -152,12 +154,21 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.checkpoint_every = reader.get_int("checkpoint_every");
     loop.log_every = reader.get_int("log_every");
     loop.autocast = reader.get_string("autocast");
+    loop.dtype = reader.get_string("dtype");
+    if (loop.dtype == "f64" && loop.autocast != "none")
+        reader.fail("dtype", fmt::format("\"f64\" trains without autocast, found /train/autocast \"{}\" (autocast "
+                                         "casts an f32 model's matmuls; drop one of the two)", loop.autocast));
+    loop.save_initial = reader.get_bool("save_initial");
+    loop.save_batches = reader.get_bool("save_batches");
     loop.z_loss = reader.get_double("z_loss");
     loop.probe_every = reader.get_int("probe_every");
     loop.grad_shards = reader.get_int("grad_shards");
     loop.bucket_kb = reader.get_int("bucket_kb");
     loop.overlap_comm = reader.get_bool("overlap_comm");
     loop.threads = reader.get_int("threads");
+    if (loop.dtype == "f64" && loop.grad_shards > 1)
+        reader.fail("dtype", fmt::format("\"f64\" runs on one process with one gradient shard, found "
+                                         "/train/grad_shards {}", loop.grad_shards));
     reader.finish();
     return loop;
 }
@@ -173,6 +184,20 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     config.optim = read_optim(reader.child("optim"));
     config.train = read_loop(reader.child("train"));
     reader.finish();
+    config.model.dtype = config.train.dtype == "f64" ? DType::F64 : DType::F32;
+    if (config.model.dtype == DType::F64 && !config.device.is_cpu())
+        throw Error(fmt::format("{}: /train/dtype: \"f64\" trains on the CPU, found /device \"{}\"", file,
+                                config.device.str()));
+    if (config.train.save_batches) {
+        const double bytes = 2.0 * 8.0 * double(config.train.steps) * double(config.train.batch_size) *
+                             double(data_seq_len(config.data));
+        if (bytes > kMaxSavedBatchesBytes)
+            throw Error(fmt::format("{}: /train/save_batches: the batches of {} steps x {} x {} tokens take {:.1f} MiB "
+                                    "(int64 inputs and targets), above the {:.0f} MiB a run may save; lower "
+                                    "/train/steps or /train/batch_size",
+                                    file, config.train.steps, config.train.batch_size, data_seq_len(config.data),
+                                    bytes / (1024.0 * 1024.0), kMaxSavedBatchesBytes / (1024.0 * 1024.0)));
+    }
 
     if (config.optim.warmup_steps >= config.train.steps)
         throw Error(fmt::format("{}: /optim/warmup_steps: expected fewer than /train/steps = {}, got {}", file,
@@ -188,6 +213,12 @@ TrainConfig read_train_config(const nlohmann::json& root, const std::string& fil
     return config;
 }
 
+double parameter_weight_decay(const OptimConfig& optim, int64_t dims) {
+    if (optim.decay == "matrices" && dims < 2) return 0.0;
+    if (optim.weight_decay_mode == "independent") return optim.lr > 0.0 ? optim.weight_decay / optim.lr : 0.0;
+    return optim.weight_decay;
+}
+
 int64_t model_vocab_size(const TrainConfig& config, int64_t data_vocab) {
     if (config.model_vocab_size == 0) return data_vocab;
     NL_REQUIRE(config.model_vocab_size >= data_vocab, config.file, ": /model/vocab_size: expected at least the data's vocab size ",
@@ -197,8 +228,9 @@ int64_t model_vocab_size(const TrainConfig& config, int64_t data_vocab) {
 
 double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {
     // In double: the sizes are bounded, but their products need not fit an int64. A lower bound of
-    // what a step holds (f32 = 4 bytes), so a config that fits is never refused.
+    // what a step holds (4 bytes an element, 8 in f64), so a config that fits is never refused.
     const TransformerOptions& m = config.model;
+    const double e = config.model.dtype == DType::F64 ? 8.0 : 4.0;  // bytes per element
     const double D = double(m.dim), L = double(m.n_layers), V = double(vocab_size), H = double(m.n_heads);
     const double kv_dim = D / H * double(m.n_kv_heads);
     const double ffn_in = m.ffn_hidden_dim > 0 ? double(m.ffn_hidden_dim) : 4.0 * D;
@@ -207,9 +239,9 @@ double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {
     const double B = double(config.train.batch_size), T = double(data_seq_len(config.data));
     const double evals = double(config.data.eval_sequences) * (T + 1.0);
     const double tokens = 8.0 * 2.0 * evals;                       // held-out ids and targets, i64
-    const double weights = 4.0 * 4.0 * params;                     // weights, grads, AdamW's two moments
-    const double saved = 4.0 * B * T * (L * (8.0 * D + 3.0 * ffn) + 3.0 * V) +  // activations for backward
-                         4.0 * 2.0 * B * H * T * T * L;                          // attention scores, softmax
+    const double weights = 4.0 * e * params;                       // weights, grads, AdamW's two moments
+    const double saved = e * B * T * (L * (8.0 * D + 3.0 * ffn) + 3.0 * V) +  // activations for backward
+                         e * 2.0 * B * H * T * T * L;                          // attention scores, softmax
     return tokens + weights + saved;
 }
 
@@ -245,9 +277,12 @@ void check_checkpoint_matches(const std::string& path, const TrainConfig& config
     // A step past the end would resume a run that is already complete, and write its summary again.
     NL_REQUIRE(info.step <= config.train.steps, path, ": checkpoint is at step ", info.step,
                ", beyond /train/steps = ", config.train.steps, " in ", config.file);
-    for (const char* section : {"/seed", "/model", "/data"}) {
+    for (const char* section : {"/seed", "/model", "/data", "/train/dtype"}) {
         nlohmann::json::json_pointer pointer(section);
-        nlohmann::json a = saved.contains(pointer) ? saved[pointer] : nlohmann::json();
+        // A checkpoint written before /train/dtype existed trained in f32.
+        nlohmann::json a = saved.contains(pointer)                ? saved[pointer]
+                           : std::string(section) == "/train/dtype" ? nlohmann::json("f32")
+                                                                    : nlohmann::json();
         const nlohmann::json& b = config.resolved[pointer];
         if (a == b) continue;
         // Name the first differing key.

@@ -20,6 +20,9 @@ inline constexpr int64_t kMaxModelDim = 65536;        // /model/dim, n_heads, mu
 inline constexpr int64_t kMaxLayers = 1024;           // /model/n_layers
 inline constexpr int64_t kMaxBatchSize = 1 << 20;     // /train/batch_size
 inline constexpr int64_t kMaxSteps = 1'000'000'000'000;  // /train/steps
+// train.save_batches: the largest batches.safetensors a run may write (its inputs and targets, int64).
+inline constexpr double kMaxSavedBatchesBytes = 1024.0 * 1024.0 * 1024.0;
+inline constexpr const char* kSavedBatchesFile = "batches.safetensors";
 
 struct OptimConfig {
     double lr = 3e-3;           // peak learning rate (after warmup)
@@ -30,6 +33,13 @@ struct OptimConfig {
     double beta2 = 0.98;
     double eps = 1e-8;
     double grad_clip = 1.0;     // global grad-norm clip; 0 turns clipping off
+    // Which parameters AdamW decays: "all", or "matrices" (those with two or more dimensions: the Linear
+    // weights and the embedding; not norm gains, biases or DyT's alpha), nanoGPT's grouping.
+    std::string decay = "all";
+    // "lr": torch.optim.AdamW's p *= 1 - lr_t * wd; "independent": p *= 1 - wd * lr_t / lr (the schedule's
+    // multiplier only; Loshchilov & Hutter 2019, Wortsman et al. 2023), so the decay does not grow
+    // with the peak learning rate of a sweep.
+    std::string weight_decay_mode = "lr";
 };
 
 struct LoopConfig {
@@ -39,6 +49,11 @@ struct LoopConfig {
     int64_t checkpoint_every = 0;   // 0: only at the end
     int64_t log_every = 50;         // progress lines when stderr is not a terminal
     std::string autocast = "none";  // "bf16": bf16 matmuls, f32 weights, norms and loss (layers/autocast.h)
+    // "f32" or "f64": the dtype of the weights, activations, gradients, AdamW's moments and the loss
+    // (RoPE tables and softmax included). f64 runs on the CPU, on one process with one gradient shard.
+    std::string dtype = "f32";
+    bool save_initial = false;  // checkpoints/step_00000000.safetensors: the weights before the first update
+    bool save_batches = false;  // batches.safetensors: every step's inputs and targets (kSavedBatchesFile)
     double z_loss = 0.0;            // the loss adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
     int64_t probe_every = 0;        // probes.csv every N steps (jobs/probes.h); 0: off
     // Data parallel over MPI ranks (jobs/distributed.h, docs/distributed.md):
@@ -87,6 +102,11 @@ inline constexpr const char* kTrainedSeqLenKey = "trained_seq_len";
 // A train checkpoint's JSON metadata entry ("config" or "vocab"), parsed with the depth limit; an
 // nl::Error naming `path` and the key when it is absent or not JSON.
 nlohmann::json checkpoint_metadata_json(const CheckpointInfo& info, const std::string& path, const std::string& key);
+
+// The weight decay AdamW applies to the parameter `name` of shape `shape` under `optim`: 0 where
+// optim.decay leaves it out; weight_decay / lr for weight_decay_mode "independent" (so that torch's
+// p *= 1 - lr_t * decay is p *= 1 - weight_decay * lr_t / lr; 0 when lr is 0).
+double parameter_weight_decay(const OptimConfig& optim, int64_t dims);
 
 // "<run dir>/checkpoints/step_00001500.safetensors".
 std::string checkpoint_path(const std::string& run_dir, int64_t step);

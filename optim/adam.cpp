@@ -18,6 +18,8 @@ Adam::Adam(const NamedVars& params, const AdamOptions& options, bool decoupled)
     NL_REQUIRE(options.beta2 >= 0.0 && options.beta2 < 1.0, op, ": invalid beta2 ", options.beta2,
                " (expected in [0, 1))");
     NL_REQUIRE(options.weight_decay >= 0.0, op, ": invalid weight_decay ", options.weight_decay, " (expected >= 0)");
+    for (const auto& [name, decay] : options.weight_decay_of)
+        NL_REQUIRE(decay >= 0.0, op, ": invalid weight_decay ", decay, " for ", name, " (expected >= 0)");
 }
 
 void Adam::update(const std::string& name, Var& param, const Tensor& grad, std::map<std::string, Tensor>& state) {
@@ -34,7 +36,8 @@ void Adam::update(const std::string& name, Var& param, const Tensor& grad, std::
     p.beta1 = options_.beta1;
     p.beta2 = options_.beta2;
     p.eps = options_.eps;
-    p.weight_decay = options_.weight_decay;
+    const auto own = options_.weight_decay_of.find(name);
+    p.weight_decay = own == options_.weight_decay_of.end() ? options_.weight_decay : own->second;
     p.decoupled = decoupled_;
     p.amsgrad = options_.amsgrad;
     adam_step(param.data(), grad, state["exp_avg"], state["exp_avg_sq"], p, *step,

@@ -6,6 +6,9 @@
 // t is the parameter's own step count (1 on its first update), as PyTorch keeps per parameter.
 #pragma once
 
+#include <map>
+#include <string>
+
 #include "optim/optimizer.h"
 
 namespace nl {
@@ -16,6 +19,9 @@ struct AdamOptions {
     double beta2 = 0.999;
     double eps = 1e-8;
     double weight_decay = 0.0;  // Adam: L2 coefficient; AdamW: decoupled decay
+    // Per parameter name, a weight_decay of its own (torch's param_groups with their own weight_decay,
+    // e.g. nanoGPT's no decay for gains and biases); parameters not named take weight_decay.
+    std::map<std::string, double> weight_decay_of = {};
     bool amsgrad = false;
 };
 

@@ -66,14 +66,80 @@ def normlab_losses(sweep_dir):
         return {int(r["index"]): (float(r["init_loss"]), float(r["final_val_loss"] or "nan")) for r in csv.DictReader(f)}
 
 
+def betainc(a, b, x):
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method;
+    Press et al., Numerical Recipes, 3rd ed., section 6.4)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def t_two_sided_p(t, df):
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: I_{df / (df + t^2)}(df / 2, 1 / 2)."""
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_quantile_975(df):
+    """The 97.5% quantile of Student's t with df degrees of freedom (bisection on t_two_sided_p = 0.05)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 0.05 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def mean_ci95(values):
+    """(mean, lo, hi): the mean and its Student-t 95% interval (nan interval for fewer than 2 values)."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = t_quantile_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def welch(a, b):
+    """Welch's two-sample t-test (unequal variances): (t, Welch-Satterthwaite df, two-sided p)."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0.0:
+        return 0.0, math.inf, 1.0
+    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    return t, df, t_two_sided_p(t, df)
+
+
 def print_losses(normlab_dir, torch_json):
+    """Per run, both sides' held-out losses; then per grid point (the runs that differ only by seed) the
+    mean held-out loss at initialization and at the end with Student-t 95% intervals, and Welch's test of
+    the final losses (normlab against PyTorch). Diverged runs (no final loss) are counted and left out."""
     ours = normlab_losses(normlab_dir)
     print("the same runs, trained by both (held-out loss before and after training; different initial weights):")
     print(f"  {'run':<44} {'init normlab':>12} {'init torch':>11} {'final normlab':>14} {'final torch':>12}")
+    points = {}  # grid point label -> {"normlab": [(init, final)], "torch": [...]}
     for r in torch_json["runs"]:
         init, final = ours[r["index"]]
         print(f"  {r['index']:>2} {r['label']:<41} {init:12.4f} {r['init_loss']:11.4f} {final:14.4f} "
               f"{r['final_val_loss']:12.4f}")
+        point = points.setdefault(r["label"].rsplit(" seed=", 1)[0], {"normlab": [], "torch": []})
+        point["normlab"].append((init, final))
+        point["torch"].append((r["init_loss"], r["final_val_loss"]))
     finals = [(ours[r["index"]][1], r["final_val_loss"]) for r in torch_json["runs"]]
     finals = [(a, b) for a, b in finals if math.isfinite(a) and math.isfinite(b)]
     if finals:
@@ -81,6 +147,28 @@ def print_losses(normlab_dir, torch_json):
         mean_torch = statistics.mean(b for _, b in finals)
         print(f"  mean final held-out loss over the {len(finals)} runs that finished on both sides: normlab "
               f"{mean_ours:.4f}, PyTorch {mean_torch:.4f}")
+    print("per grid point: mean held-out loss [95% interval, Student t over the seeds]; Welch's t-test of the final "
+          "losses, normlab against PyTorch (p < 0.05: the two differ at the 5% level)")
+    print(f"  {'grid point':<32} {'side':<8} {'seeds':>5} {'init':>26} {'final':>26} {'diverged':>8}")
+
+    def interval(values):
+        mean, lo, hi = mean_ci95(values)
+        return f"{mean:.4f} [{lo:.4f}, {hi:.4f}]"
+
+    for label, sides in points.items():
+        finished = {}
+        for side in ("normlab", "torch"):
+            runs = sides[side]
+            inits = [i for i, _ in runs]
+            finished[side] = [f for _, f in runs if math.isfinite(f)]
+            print(f"  {label:<32} {side:<8} {len(runs):>5} {interval(inits):>26} "
+                  f"{interval(finished[side]) if len(finished[side]) > 1 else 'n/a':>26} "
+                  f"{len(runs) - len(finished[side]):>8}")
+        if min(len(finished["normlab"]), len(finished["torch"])) > 1:
+            t, df, p = welch(finished["normlab"], finished["torch"])
+            diff = statistics.mean(finished["normlab"]) - statistics.mean(finished["torch"])
+            print(f"  {label:<32} normlab - PyTorch final: {diff:+.4f}; Welch t = {t:.2f}, df = {df:.1f}, p = {p:.3f}"
+                  f" ({'differ' if p < 0.05 else 'no difference'} at the 5% level)")
 
 
 def main():
@@ -92,11 +180,23 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--torch-jobs1", action="store_true", help="also time PyTorch with --jobs 1 each round")
     p.add_argument("--skip-torch", action="store_true", help="time normlab only (--jobs N against --jobs 1)")
+    p.add_argument("--seeds", type=int, default=0,
+                   help="train seeds 0..N-1 instead of the config's (per grid point statistics need several)")
     a = p.parse_args()
     if a.rounds < 1 or a.jobs < 2:
         raise SystemExit(f"bench_sweep.py: --rounds must be at least 1 and --jobs at least 2, found {a.rounds}, {a.jobs}")
 
     work = tempfile.mkdtemp(prefix="normlab-bench-sweep-")
+    if a.seeds > 0:  # the config with its seeds replaced, beside the original so a relative /base still resolves
+        with open(a.config, encoding="utf-8") as f:
+            sweep = json.load(f)
+        if isinstance(sweep.get("base"), str):
+            sweep["base"] = os.path.abspath(os.path.join(os.path.dirname(a.config), sweep["base"]))
+        sweep["seeds"] = list(range(a.seeds))
+        sweep.pop("$schema", None)
+        a.config = os.path.join(work, "sweep.json")
+        with open(a.config, "w", encoding="utf-8") as f:
+            json.dump(sweep, f)
     defaults = os.path.join(work, "defaults.json")
     with open(defaults, "w", encoding="utf-8") as f:
         f.write(run([a.normlab, "config", "--defaults", "train"])[1])

@@ -21,8 +21,9 @@ TransformerBlock (pre-norm); DyT is the module of Zhu et al. 2025 (Transformers 
 Normalization). Attention, TransformerBlock and Transformer take options beyond LLaMA, written from
 the papers (their docstrings cite them), off by default: the norm placements post, peri, output,
 deepnorm and none, Mix-LN, LayerNorm Scaling, QK-norm, any norm type, and attention and logit
-soft-capping (the transformer_variants fixture). They are written out here so the fixtures do not
-depend on any model library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
+soft-capping (the transformer_variants fixture). They live in examples/python/torch_model.py (shared with
+the training replay, examples/python/torch_replay.py) so the fixtures do not depend on any model
+library. The article's own modules (its RMSNorm, RMSNormWithBias, AdaptiveRMSNorm,
 HybridNorm, StableRMSNorm, DebuggableRMSNorm, LLaMAFeedForward, migrate_layernorm_to_rmsnorm and
 the stability experiment's SimpleModel) are in article.py, copied from the article's code; the
 article_* and stability_* fixtures are made with them.
@@ -43,282 +44,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import article  # noqa: E402  (the article's modules, copied from its code)
 
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "python"))
+from torch_model import (  # noqa: E402  (the LLaMA-style PyTorch model, shared with the replay)
+    Attention, DyT, FeedForward, RMSNorm, Transformer, TransformerBlock, causal_mask,
+    norm_factory, precompute_freqs_cis, precompute_freqs_cis_f64, repeat_kv, swiglu_hidden_dim)
+
 FIXTURES = os.path.join(HERE, "fixtures")
 README = os.path.join(HERE, "README.md")
 MARKER = "<!-- GENERATED BELOW BY make_fixtures.py: do not edit by hand -->"
 
-
-# ---------------------------------------------------------------------------------------------
-# LLaMA-style modules
-# ---------------------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """LLaMA's RMSNorm: x * rsqrt(mean(x^2, -1) + eps), computed in f32, cast back, times weight.
-
-    LLaMA writes x.float(); here f64 inputs stay f64 (computed in at least f32, f64 stays f64).
-    For f32/bf16/f16 inputs this is exactly LLaMA's computation.
-    """
-
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def _norm(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-    def forward(self, x):
-        compute = torch.promote_types(x.dtype, torch.float32)
-        output = self._norm(x.to(compute)).type_as(x)
-        return output * self.weight
-
-
-def swiglu_hidden_dim(hidden_dim, multiple_of):
-    """LLaMA FeedForward's hidden size: multiple_of * ceil(int(2 * hidden_dim / 3) / multiple_of)."""
-    hidden_dim = int(2 * hidden_dim / 3)
-    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
-
-    def __init__(self, dim, hidden_dim, multiple_of):
-        super().__init__()
-        hidden = swiglu_hidden_dim(hidden_dim, multiple_of)
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-def precompute_freqs_cis(head_dim, seq_len, theta=10000.0):
-    """(seq_len, head_dim/2) complex64: e^{i * t * theta^(-2k/head_dim)} for position t, pair k."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: (head_dim // 2)].float() / head_dim))
-    t = torch.arange(seq_len, device=freqs.device)
-    freqs = torch.outer(t, freqs).float()
-    return torch.polar(torch.ones_like(freqs), freqs)
-
-
-def apply_rotary_emb(xq, xk, freqs_cis):
-    """Rotates interleaved pairs (x[..., 2k], x[..., 2k+1]) as complex numbers by freqs_cis[t, k]."""
-    compute = torch.promote_types(xq.dtype, torch.float32)  # LLaMA's .float(); f64 stays f64
-    xq_ = torch.view_as_complex(xq.to(compute).reshape(*xq.shape[:-1], -1, 2))
-    xk_ = torch.view_as_complex(xk.to(compute).reshape(*xk.shape[:-1], -1, 2))
-    freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])  # (1, T, 1, head_dim/2)
-    xq_out = torch.view_as_real(xq_ * freqs).flatten(3)
-    xk_out = torch.view_as_real(xk_ * freqs).flatten(3)
-    return xq_out.type_as(xq), xk_out.type_as(xk)
-
-
-def repeat_kv(x, n_rep):
-    """(B, T, n_kv_heads, hd) -> (B, T, n_kv_heads * n_rep, hd): query head h uses kv head h // n_rep."""
-    bs, slen, n_kv_heads, head_dim = x.shape
-    if n_rep == 1:
-        return x
-    return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(
-        bs, slen, n_kv_heads * n_rep, head_dim)
-
-
-def causal_mask(seq_len):
-    return torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
-
-
-class DyT(nn.Module):
-    """Dynamic Tanh (Zhu, Chen, He, LeCun & Liu 2025, Transformers without Normalization), the paper's
-    module: a learnable scalar alpha (alpha_init_value, 0.5 by default), then weight and bias."""
-
-    def __init__(self, normalized_shape, alpha_init_value=0.5):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1) * alpha_init_value)
-        self.weight = nn.Parameter(torch.ones(normalized_shape))
-        self.bias = nn.Parameter(torch.zeros(normalized_shape))
-
-    def forward(self, x):
-        x = torch.tanh(self.alpha * x)
-        return x * self.weight + self.bias
-
-
-class Attention(nn.Module):
-    """LLaMA's Attention. Options beyond LLaMA (off by default):
-    - qk_norm "head" | "full" with make_norm(dim) a norm factory: QK-norm (Dehghani et al. 2023,
-      ViT-22B; Wortsman et al. 2023) on the projected q and k before RoPE: "head" normalizes each
-      head's head_dim vector (Qwen3, Gemma 3), "full" the whole projection (OLMo 2);
-    - softcap > 0: Gemma 2's attention-logit soft-capping, scores = cap * tanh(scores / cap) after
-      the 1/sqrt(head_dim) scaling and before the mask and the softmax.
-    """
-
-    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", make_norm=None, softcap=0.0):
-        super().__init__()
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads
-        self.n_rep = n_heads // n_kv_heads
-        self.head_dim = dim // n_heads
-        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
-        self.qk_norm = qk_norm
-        self.softcap = softcap
-        if qk_norm == "head":
-            self.q_norm = make_norm(self.head_dim)
-            self.k_norm = make_norm(self.head_dim)
-        elif qk_norm == "full":
-            self.q_norm = make_norm(n_heads * self.head_dim)
-            self.k_norm = make_norm(n_kv_heads * self.head_dim)
-        self.debug = {}  # intermediates kept for the fixture files
-
-    def forward(self, x, freqs_cis, mask):
-        bsz, seqlen, _ = x.shape
-        xq, xk = self.wq(x), self.wk(x)
-        if self.qk_norm == "full":
-            xq, xk = self.q_norm(xq), self.k_norm(xk)
-        xq = xq.view(bsz, seqlen, self.n_heads, self.head_dim)
-        xk = xk.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
-            xq, xk = self.q_norm(xq), self.k_norm(xk)
-        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
-        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
-        self.debug["q_rope"] = xq
-        self.debug["k_rope"] = xk
-        keys = repeat_kv(xk, self.n_rep).transpose(1, 2)      # (B, H, T, hd)
-        values = repeat_kv(xv, self.n_rep).transpose(1, 2)    # (B, H, T, hd)
-        xq = xq.transpose(1, 2)                               # (B, H, T, hd)
-        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
-        if self.softcap > 0:
-            scores = self.softcap * torch.tanh(scores / self.softcap)
-        scores = scores + mask
-        compute = torch.promote_types(scores.dtype, torch.float32)  # LLaMA's .float(); f64 stays f64
-        probs = F.softmax(scores.to(compute), dim=-1).type_as(xq)  # (B, H, T, T)
-        self.debug["probs"] = probs
-        output = torch.matmul(probs, values).transpose(1, 2).contiguous().view(bsz, seqlen, -1)
-        return self.wo(output)
-
-
-def norm_factory(norm_type="rmsnorm", eps=1e-6, alpha_init=0.5):
-    """make_norm(dim) for a norm type: LLaMA's RMSNorm, nn.LayerNorm (with bias) or the DyT paper's module.
-    make_norm(dim, alpha_init=a) overrides DyT's alpha_init (the norms before attention)."""
-    def make_norm(dim, alpha_init=alpha_init):
-        if norm_type == "rmsnorm":
-            return RMSNorm(dim, eps=eps)
-        if norm_type == "layernorm":
-            return nn.LayerNorm(dim, eps=eps)
-        if norm_type == "dyt":
-            return DyT(dim, alpha_init_value=alpha_init)
-        raise ValueError(norm_type)
-    return make_norm
-
-
-# Where a block's norms sit (N a norm, f the sublayer, x the residual stream; one line per sublayer):
-#   pre (LLaMA; Xiong et al. 2020):         h = x + f(N(x))
-#   post (Vaswani et al. 2017):             h = N(x + f(x))
-#   peri (Kim et al. 2025, Peri-LN):        h = x + N_out(f(N_in(x)))
-#   output (OLMo 2's reordered norm):       h = x + N_out(f(x))
-#   deepnorm (Wang et al. 2022, DeepNet):   h = N(alpha * x + f(x))
-#   none:                                   h = x + f(x)
-# Mix-LN (Li et al. 2024) is the model's choice of post or pre per block.
-BLOCK_PLACEMENTS = ("pre", "post", "peri", "output", "deepnorm", "none")
-
-
-class TransformerBlock(nn.Module):
-    """LLaMA's block, pre-norm by default: h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).
-
-    Options (the defaults are LLaMA's): `placement` one of BLOCK_PLACEMENTS (input norms are
-    attention_norm / ffn_norm, as are the norms after the sum of post and deepnorm; the output norms
-    attention_out_norm / ffn_out_norm); `make_norm` a norm factory (norm_factory; default RMSNorm with
-    norm_eps); `pre_norm_scale` multiplies each input norm's output of pre and peri (LayerNorm Scaling,
-    Sun et al. 2025: 1 / sqrt(l) in the l-th block); `deepnorm_alpha` the residual's multiplier of
-    deepnorm; `alpha_init_attention` DyT's alpha_init for the norm before attention (pre, peri; Zhu
-    et al. 2025); `qk_norm`, `attn_softcap` the Attention's.
-    """
-
-    def __init__(self, dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps, placement="pre",
-                 make_norm=None, pre_norm_scale=1.0, deepnorm_alpha=1.0, alpha_init_attention=None,
-                 qk_norm="none", attn_softcap=0.0):
-        super().__init__()
-        assert placement in BLOCK_PLACEMENTS, placement
-        make_norm = make_norm or (lambda d, **_: RMSNorm(d, eps=norm_eps))
-        self.placement = placement
-        self.pre_norm_scale = pre_norm_scale
-        self.deepnorm_alpha = deepnorm_alpha
-        self.attention = Attention(dim, n_heads, n_kv_heads, qk_norm=qk_norm, make_norm=make_norm,
-                                   softcap=attn_softcap)
-        self.feed_forward = FeedForward(dim, ffn_hidden_dim, multiple_of)
-        if placement not in ("output", "none"):
-            before_attention = placement in ("pre", "peri") and alpha_init_attention is not None
-            self.attention_norm = make_norm(dim, alpha_init=alpha_init_attention) if before_attention else make_norm(dim)
-            self.ffn_norm = make_norm(dim)
-        if placement in ("peri", "output"):
-            self.attention_out_norm = make_norm(dim)
-            self.ffn_out_norm = make_norm(dim)
-
-    def forward(self, x, freqs_cis, mask):
-        attend = lambda t: self.attention(t, freqs_cis, mask)  # noqa: E731
-        p, s, a = self.placement, self.pre_norm_scale, self.deepnorm_alpha
-        if p == "pre":
-            h = x + attend(self.attention_norm(x) * s)
-            return h + self.feed_forward(self.ffn_norm(h) * s)
-        if p == "post":
-            h = self.attention_norm(x + attend(x))
-            return self.ffn_norm(h + self.feed_forward(h))
-        if p == "peri":
-            h = x + self.attention_out_norm(attend(self.attention_norm(x) * s))
-            return h + self.ffn_out_norm(self.feed_forward(self.ffn_norm(h) * s))
-        if p == "output":
-            h = x + self.attention_out_norm(attend(x))
-            return h + self.ffn_out_norm(self.feed_forward(h))
-        if p == "deepnorm":
-            h = self.attention_norm(a * x + attend(x))
-            return self.ffn_norm(a * h + self.feed_forward(h))
-        h = x + attend(x)
-        return h + self.feed_forward(h)
-
-
-class Transformer(nn.Module):
-    """LLaMA's Transformer: tok_embeddings, the pre-norm blocks, a final RMSNorm and the output head.
-
-    Options (the defaults are LLaMA's): `placements` one BLOCK_PLACEMENTS entry per block (Mix-LN is
-    a list of post then pre); the final norm exists unless every block is "none"; `make_norm`,
-    `pre_norm_scales` (one per block), `deepnorm_alpha`, `alpha_init_attention`, `qk_norm`,
-    `attn_softcap` go to the blocks; `logit_softcap` > 0 caps the logits, cap * tanh(logits / cap)
-    (Gemma 2).
-    """
-
-    def __init__(self, vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps,
-                 placements=None, make_norm=None, pre_norm_scales=None, deepnorm_alpha=1.0,
-                 alpha_init_attention=None, qk_norm="none", attn_softcap=0.0, logit_softcap=0.0):
-        super().__init__()
-        placements = placements or ["pre"] * n_layers
-        pre_norm_scales = pre_norm_scales or [1.0] * n_layers
-        make_norm = make_norm or (lambda d, **_: RMSNorm(d, eps=norm_eps))
-        self.logit_softcap = logit_softcap
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps,
-                                                      placement=placements[i], make_norm=make_norm,
-                                                      pre_norm_scale=pre_norm_scales[i], deepnorm_alpha=deepnorm_alpha,
-                                                      alpha_init_attention=alpha_init_attention, qk_norm=qk_norm,
-                                                      attn_softcap=attn_softcap)
-                                     for i in range(n_layers)])
-        self.norm = make_norm(dim) if any(p != "none" for p in placements) else None
-        self.output = nn.Linear(dim, vocab_size, bias=False)
-
-    def forward(self, ids, freqs_cis, mask):
-        h = self.tok_embeddings(ids)
-        for layer in self.layers:
-            h = layer(h, freqs_cis, mask)
-        logits = self.output(self.norm(h) if self.norm is not None else h)
-        if self.logit_softcap > 0:
-            logits = self.logit_softcap * torch.tanh(logits / self.logit_softcap)
-        return logits
-
-
-def precompute_freqs_cis_f64(head_dim, seq_len, theta=10000.0):
-    """precompute_freqs_cis in float64 throughout (complex128), as normlab's f64 RoPE tables are."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64)[: (head_dim // 2)] / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), freqs)
-    return torch.polar(torch.ones_like(angles), angles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1257,10 +991,117 @@ def write_readme_tables(fixtures):
         f.write(head + MARKER + "\n\n" + "\n".join(body))
 
 
+# ---------------------------------------------------------------------------------------------
+# Training replays: normlab's f64 train job against the same run in PyTorch
+# ---------------------------------------------------------------------------------------------
+
+# Short f64 runs of the train job, one per case: together every norm type, every placement, QK-norm
+# head and full, DyT with its own alpha_init_attention, both soft-caps, the z-loss, GQA, LayerNorm
+# Scaling, clipping on and off, and both optim.decay and weight_decay_mode choices. Each case's keys
+# are written over REPLAY_BASE.
+REPLAY_BASE = {
+    "seed": 0,
+    "data": {"source": "synthetic", "task": "reverse", "length": 4, "symbols": 6, "eval_sequences": 8},
+    "model": {"dim": 16, "n_layers": 2, "n_heads": 4, "multiple_of": 8, "max_seq_len": 16},
+    "optim": {"lr": 0.02, "min_lr": 0.002, "warmup_steps": 3, "weight_decay": 0.1},
+    "train": {"steps": 10, "batch_size": 4, "eval_every": 0, "log_every": 100, "threads": 1, "dtype": "f64",
+              "save_initial": True, "save_batches": True},
+}
+REPLAY_CASES = [
+    ("pre_rmsnorm_gqa_z_loss", {"model": {"n_kv_heads": 2, "norm": {"type": "rmsnorm"}},
+                                "optim": {"decay": "matrices"}, "train": {"z_loss": 1e-3}}),
+    ("post_layernorm_independent", {"seed": 1, "model": {"norm": {"type": "layernorm"}, "norm_placement": "post"},
+                                    "optim": {"weight_decay_mode": "independent"}}),
+    ("peri_qk_head_softcaps", {"model": {"norm": {"type": "rmsnorm"}, "norm_placement": "peri", "qk_norm": "head",
+                                         "attn_softcap": 2.0, "logit_softcap": 3.0}}),
+    ("deepnorm_qk_full", {"data": {"task": "sort"}, "model": {"norm": {"type": "layernorm"},
+                                                            "norm_placement": "deepnorm", "qk_norm": "full"}}),
+    ("output_rmsnorm_bias_no_clip", {"model": {"norm": {"type": "rmsnorm_bias"}, "norm_placement": "output"},
+                                     "optim": {"grad_clip": 0.0}}),
+    ("mix_hybridnorm_depth", {"model": {"n_layers": 3, "norm": {"type": "hybridnorm", "alpha": 0.3},
+                                        "norm_placement": "mix", "mix_fraction": 0.34, "norm_scaling": "depth"}}),
+    ("pre_dyt", {"model": {"norm": {"type": "dyt", "alpha_init": 0.6, "alpha_init_attention": 0.9}},
+                 "optim": {"decay": "matrices", "weight_decay_mode": "independent"}}),
+    ("pre_prmsnorm", {"model": {"norm": {"type": "prmsnorm", "p": 0.25}}}),
+    ("peri_adaptive_rmsnorm", {"model": {"norm": {"type": "adaptive_rmsnorm"}, "norm_placement": "peri"}}),
+    ("post_scalenorm", {"model": {"norm": {"type": "scalenorm"}, "norm_placement": "post"}}),
+    ("none", {"model": {"norm_placement": "none"}, "optim": {"lr": 0.005}}),
+]
+
+
+def replay_case_config(keys):
+    """REPLAY_BASE with a case's keys written over it, object by object."""
+    def merged(base, over):
+        out = copy.deepcopy(base)
+        for key, value in over.items():
+            out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        return out
+    return merged(REPLAY_BASE, keys)
+
+
+def fixture_train_replay(normlab):
+    """Trains each case with the normlab program, replays it with examples/python/torch_replay.py
+    and keeps PyTorch's per-step losses and grad norms (the replay asserts 1e-9 on the way)."""
+    import subprocess
+    import tempfile
+
+    import torch_replay
+
+    cases = [name for name, _ in REPLAY_CASES]
+    configs = {f"config.{name}": json.dumps(replay_case_config(keys), sort_keys=True, separators=(",", ":"))
+               for name, keys in REPLAY_CASES}
+    fx = Fixture("train_replay_f64.safetensors",
+                 "normlab's f64 train job replayed in PyTorch float64 (examples/python/torch_replay.py): each case "
+                 "`<case>` is the normlab config in the metadata's `config.<case>`, trained by `normlab train` "
+                 "with train.save_initial and train.save_batches, then rebuilt by the replay (torch_model.py's "
+                 "modules, torch.optim.AdamW, torch.nn.utils.clip_grad_norm_, the warmup-cosine schedule) from "
+                 "the run's initial checkpoint and batches. The cases cover every norm type and placement, QK-norm "
+                 "head and full, DyT, both soft-caps, the z-loss, GQA, LayerNorm Scaling, clipping on and off, "
+                 "optim.decay matrices and weight_decay_mode independent.",
+                 cases=",".join(cases))
+    fx.metadata.update(configs)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, keys in REPLAY_CASES:
+            config_path = os.path.join(scratch, name + ".json")
+            with open(config_path, "w") as f:
+                json.dump(replay_case_config(keys), f)
+            run_dir = os.path.join(scratch, name)
+            subprocess.run([normlab, "train", config_path, "--out", run_dir, "--quiet"], check=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+            result = torch_replay.replay(run_dir, out=lambda line: None)
+            assert result["ok"], f"{name}: the replay differs by {result['worst_loss_rel']:.3e}"
+            print(f"train_replay_f64 {name}: worst relative loss difference {result['worst_loss_rel']:.2e}, "
+                  f"grad norm {result['worst_grad_norm_rel']:.2e}, final weights {result['final_weights_rel']:.2e}")
+            records = result["records"]
+            fx.add(f"{name}.loss", torch.tensor([r["torch_loss"] for r in records], dtype=torch.float64),
+                   "PyTorch's train loss per step")
+            fx.add(f"{name}.grad_norm", torch.tensor([r["torch_grad_norm"] for r in records], dtype=torch.float64),
+                   "PyTorch's global gradient norm per step, before clipping")
+    fx.table = [("<case>.loss", "`[10]`", "F64", "PyTorch's train loss (the cross-entropy, without the z-loss term) "
+                 "of steps 1..10"),
+                ("<case>.grad_norm", "`[10]`", "F64", "PyTorch's global gradient L2 norm of steps 1..10, before "
+                 "clipping")]
+    fx.readme_extra = ["| case | keys over the base config |", "|---|---|"]
+    fx.readme_extra += [f"| `{name}` | `{json.dumps(keys, separators=(',', ':'))}` |" for name, keys in REPLAY_CASES]
+    fx.readme_extra.append("")
+    return fx
+
+
 def main():
+    import argparse
+    parser = argparse.ArgumentParser(description="Writes the PyTorch reference fixtures (see the module docstring).")
+    parser.add_argument("--normlab", default=os.path.join(HERE, "..", "..", "build", "normlab"),
+                        help="the normlab program, for the training replays (default build/normlab)")
+    parser.add_argument("--only", nargs="+", metavar="FILE",
+                        help="write only these fixture files (e.g. train_replay_f64.safetensors); the README's "
+                             "tables are written for all")
+    args = parser.parse_args()
+    if not os.access(args.normlab, os.X_OK):
+        sys.exit(f"{args.normlab}: no normlab program there (build it: ./setup.sh run, or pass --normlab)")
     torch.set_num_threads(1)  # reductions and GEMMs give the same bits on every run
     os.makedirs(FIXTURES, exist_ok=True)
-    write_python_sample()
+    if not args.only:
+        write_python_sample()
     fixtures = [fixture_linear(), fixture_layernorm(), fixture_rmsnorm(), fixture_rmsnorm_bf16(), fixture_dyt(),
                 fixture_swiglu(),
                 fixture_attention(), fixture_attention_softcap_f64(), fixture_llama_block(),
@@ -1272,7 +1113,13 @@ def main():
                 fixture_optimizer("adamw_mlp.safetensors", "AdamW", 0.1)]
     fixtures += fixtures_article()
     fixtures += fixtures_stability()
+    fixtures.append(fixture_train_replay(os.path.abspath(args.normlab)))
+    unknown = set(args.only or []) - {fx.filename for fx in fixtures}
+    if unknown:
+        sys.exit(f"--only: no fixture named {', '.join(sorted(unknown))}")
     for fx in fixtures:
+        if args.only and fx.filename not in args.only:
+            continue
         fx.write(FIXTURES)
         print(f"wrote fixtures/{fx.filename}: {len(fx.entries)} tensors")
     write_readme_tables(fixtures)
