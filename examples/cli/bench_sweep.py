@@ -147,8 +147,8 @@ def print_losses(normlab_dir, torch_json):
         mean_torch = statistics.mean(b for _, b in finals)
         print(f"  mean final held-out loss over the {len(finals)} runs that finished on both sides: normlab "
               f"{mean_ours:.4f}, PyTorch {mean_torch:.4f}")
-    print("per grid point: mean held-out loss [95% interval, Student t over the seeds]; Welch's t-test of the final "
-          "losses, normlab against PyTorch (p < 0.05: the two differ at the 5% level)")
+    print("per grid point: mean held-out loss [95% interval, Student t over the seeds]; Welch's t-test of the "
+          "initial and final losses, normlab against PyTorch (p < 0.05: the two differ at the 5% level)")
     print(f"  {'grid point':<32} {'side':<8} {'seeds':>5} {'init':>26} {'final':>26} {'diverged':>8}")
 
     def interval(values):
@@ -164,11 +164,15 @@ def print_losses(normlab_dir, torch_json):
             print(f"  {label:<32} {side:<8} {len(runs):>5} {interval(inits):>26} "
                   f"{interval(finished[side]) if len(finished[side]) > 1 else 'n/a':>26} "
                   f"{len(runs) - len(finished[side]):>8}")
-        if min(len(finished["normlab"]), len(finished["torch"])) > 1:
-            t, df, p = welch(finished["normlab"], finished["torch"])
-            diff = statistics.mean(finished["normlab"]) - statistics.mean(finished["torch"])
-            print(f"  {label:<32} normlab - PyTorch final: {diff:+.4f}; Welch t = {t:.2f}, df = {df:.1f}, p = {p:.3f}"
-                  f" ({'differ' if p < 0.05 else 'no difference'} at the 5% level)")
+        tests = [("init", [i for i, _ in sides["normlab"]], [i for i, _ in sides["torch"]]),
+                 ("final", finished["normlab"], finished["torch"])]
+        for name, ours_side, torch_side in tests:
+            if min(len(ours_side), len(torch_side)) < 2:
+                continue
+            t, df, p = welch(ours_side, torch_side)
+            diff = statistics.mean(ours_side) - statistics.mean(torch_side)
+            print(f"  {label:<32} normlab - PyTorch {name}: {diff:+.4f}; Welch t = {t:.2f}, df = {df:.1f}, "
+                  f"p = {p:.3f} ({'differ' if p < 0.05 else 'no difference'} at the 5% level)")
 
 
 def main():

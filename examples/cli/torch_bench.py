@@ -27,9 +27,14 @@ import statistics
 import sys
 import time
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from torch_model import FeedForward  # noqa: E402  (LLaMA's SwiGLU, shared with the replay)
 
 
 def summarize(samples):
@@ -97,11 +102,6 @@ def bench_stability(norm, epochs, warmup, device):
 
 # ---- 2. the toy transformer (LLaMA's model.py, as normlab's layers/transformer.h) ----
 
-def swiglu_hidden_dim(hidden, multiple_of):
-    hidden = int(2 * hidden / 3)
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
-
-
 def rope_tables(head_dim, seq_len, theta):
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
     angles = torch.outer(torch.arange(seq_len).float(), freqs)  # (T, hd/2)
@@ -154,18 +154,6 @@ class Attention(nn.Module):
         probs = F.softmax(scores.float(), dim=-1).type_as(q)
         out = (probs @ v).transpose(1, 2).reshape(B, T, -1)
         return self.wo(out)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim, hidden, multiple_of):
-        super().__init__()
-        hidden = swiglu_hidden_dim(hidden, multiple_of)
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):

@@ -79,3 +79,28 @@ def test_torch_sweep_trains_normlabs_runs_in_normlabs_order(torch, normlab, tiny
         assert abs(run["init_loss"] - math.log(7)) < 0.5, run
         assert abs(float(row["init_loss"]) - math.log(7)) < 0.5, row
         assert math.isfinite(run["final_val_loss"]) and not run["diverged"]
+
+
+def test_bench_sweep_statistics_match_the_tables():
+    """The Student-t quantile, the two-sided p-value and Welch's test against published values
+    (t_{0.975, 10} = 2.228, t_{0.975, 1} = 12.706; scipy.stats.ttest_ind(..., equal_var=False))."""
+    sys.path.insert(0, CLI)
+    import bench_sweep
+    assert abs(bench_sweep.t_quantile_975(10) - 2.2281) < 1e-4
+    assert abs(bench_sweep.t_quantile_975(1) - 12.7062) < 1e-4
+    assert abs(bench_sweep.t_two_sided_p(2.0, 5) - 0.10194) < 1e-5
+    t, df, p = bench_sweep.welch([1, 2, 3, 4], [2, 3, 4, 5, 6])
+    assert abs(t + 1.5667) < 1e-4 and abs(df - 6.9808) < 1e-4 and abs(p - 0.16129) < 1e-4
+    mean, lo, hi = bench_sweep.mean_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and abs(hi - (2.0 + 4.3027 * 1.0 / math.sqrt(3))) < 1e-3 and abs(lo + hi - 4.0) < 1e-12
+
+
+def test_bench_sweep_seeds_gives_per_point_intervals_and_tests(torch, normlab, tiny_config):
+    result = subprocess.run([sys.executable, os.path.join(CLI, "bench_sweep.py"), "--normlab", normlab, "--config",
+                             tiny_config, "--python", sys.executable, "--rounds", "1", "--seeds", "3"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for point in ("model.qk_norm=none optim.lr=0.001", "model.qk_norm=head optim.lr=0.01"):
+        assert f"{point} normlab - PyTorch init:" in out and f"{point} normlab - PyTorch final:" in out, out
+    assert " seed=2 " in out  # the seeds 0..2 replaced the config's one seed

@@ -3,7 +3,9 @@
 
 Run from anywhere (needs `pip install torch safetensors`; takes about a minute on 2 cores):
 
-    python3 tests/reference/make_fixtures.py
+    python3 tests/reference/make_fixtures.py [--normlab build/normlab] [--only FILE ...]
+
+The training replays (train_replay_f64) run the normlab program (default build/normlab).
 
 Outputs (all overwritten):
     tests/reference/python_sample.safetensors   a tiny file for the safetensors reader test
