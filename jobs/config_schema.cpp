@@ -173,6 +173,20 @@ ConfigSchema make_train_schema() {
     k.push_back({.path = "model.fused_swiglu", .type = ConfigType::Boolean, .default_value = model.fused_swiglu,
                  .meaning = "SwiGLU's gate silu(w1 x) * w3 x as one fused kernel pair, or silu and mul in autograd "
                             "ops (twice differentiable)"});
+    k.push_back({.path = "model.init", .type = ConfigType::String, .default_value = model.init,
+                 .choices = init_choices(),
+                 .meaning = "the embedding's and the Linear weights' initial values: `pytorch` (Embedding N(0, 1), "
+                            "Linear kaiming-uniform, PyTorch's defaults), `normal` (all N(0, `init_std`^2): GPT-2, "
+                            "OLMo) or `xavier` (Linear U(-b, b), b = sqrt(6 / (fan_in + fan_out)), as Xiong et al. "
+                            "2020; the embedding keeps N(0, 1)); norm parameters keep their own init "
+                            "([configs.md](configs.md#initialization))"});
+    k.push_back({.path = "model.init_std", .type = ConfigType::Number, .default_value = model.init_std, .min = 0.0,
+                 .min_exclusive = true, .meaning = "the standard deviation of `init` \"normal\""});
+    k.push_back({.path = "model.init_scaled_residual", .type = ConfigType::Boolean,
+                 .default_value = model.init_scaled_residual,
+                 .meaning = "draw attention.wo and feed_forward.w2 (the projections into the residual stream) with "
+                            "the std (normal) or bound (xavier) divided by sqrt(2 n_layers), GPT-2's rule; not with "
+                            "`init` \"pytorch\""});
     k.push_back({.path = "model.fused_attention", .type = ConfigType::Boolean,
                  .default_value = model.fused_attention,
                  .meaning = "fused causal attention (FlashAttention's tiles and online softmax: no T x T matrix "

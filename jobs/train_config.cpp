@@ -123,6 +123,12 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainCo
     model.max_seq_len = reader.get_int("max_seq_len");
     model.fused_attention = reader.get_bool("fused_attention");
     model.fused_swiglu = reader.get_bool("fused_swiglu");
+    model.init = reader.get_string("init");
+    model.init_std = reader.get_double("init_std");
+    model.init_scaled_residual = reader.get_bool("init_scaled_residual");
+    if (model.init_scaled_residual && model.init == "pytorch")
+        reader.fail("init_scaled_residual", "scales the draws of /model/init \"normal\" or \"xavier\", found init "
+                                            "\"pytorch\" (PyTorch's default init has no such rule)");
     model.seed = seed;
     reader.finish();
     return model;
@@ -277,25 +283,31 @@ void check_checkpoint_matches(const std::string& path, const TrainConfig& config
     // A step past the end would resume a run that is already complete, and write its summary again.
     NL_REQUIRE(info.step <= config.train.steps, path, ": checkpoint is at step ", info.step,
                ", beyond /train/steps = ", config.train.steps, " in ", config.file);
+    // A key the checkpoint's config lacks and this config holds at its default is a key added to
+    // normlab after the checkpoint was written (model.init, train.dtype, ...): the run used that default.
+    const ConfigSchema& schema = config_schema("train");
+    auto added_at_default = [&](const std::string& pointer, const nlohmann::json& value) {
+        std::string dotted = pointer.substr(1);
+        std::replace(dotted.begin(), dotted.end(), '/', '.');
+        const ConfigKey* key = schema.find(dotted);
+        return key != nullptr && !key->default_value.is_null() && key->default_value == value;
+    };
     for (const char* section : {"/seed", "/model", "/data", "/train/dtype"}) {
         nlohmann::json::json_pointer pointer(section);
-        // A checkpoint written before /train/dtype existed trained in f32.
-        nlohmann::json a = saved.contains(pointer)                ? saved[pointer]
-                           : std::string(section) == "/train/dtype" ? nlohmann::json("f32")
-                                                                    : nlohmann::json();
+        const bool absent = !saved.contains(pointer);
+        nlohmann::json a = absent ? nlohmann::json() : saved[pointer];
         const nlohmann::json& b = config.resolved[pointer];
-        if (a == b) continue;
-        // Name the first differing key.
-        std::string key = section, was = brief_json(a), now = brief_json(b);
+        if (a == b || (absent && added_at_default(section, b))) continue;
         for (const auto& change : nlohmann::json::diff(a, b)) {
-            key = std::string(section) + change["path"].get<std::string>();
+            const std::string key = std::string(section) + change["path"].get<std::string>();
             nlohmann::json::json_pointer p(change["path"].get<std::string>());
-            was = a.contains(p) ? brief_json(a[p]) : "absent";
-            now = b.contains(p) ? brief_json(b[p]) : "absent";
-            break;
+            if (change["op"] == "add" && added_at_default(key, b[p])) continue;
+            // Name the first differing key.
+            const std::string was = a.contains(p) ? brief_json(a[p]) : "absent";
+            const std::string now = b.contains(p) ? brief_json(b[p]) : "absent";
+            throw Error(fmt::format("{}: checkpoint does not match the config: {} is {} in the checkpoint, {} in {}",
+                                    path, key, was, now, config.file));
         }
-        throw Error(fmt::format("{}: checkpoint does not match the config: {} is {} in the checkpoint, {} in {}",
-                                path, key, was, now, config.file));
     }
 }
 

@@ -554,6 +554,49 @@ Var TransformerBlock::run(const Var& x, const KVSlot* slot) {
 
 // ---------------------------------------------------------------- the language model
 
+const std::vector<std::string>& init_choices() {
+    static const std::vector<std::string> choices = {"pytorch", "normal", "xavier"};
+    return choices;
+}
+
+// TransformerOptions::init other than "pytorch": every matrix drawn again from Generator(seed), in
+// parameter order (the embedding, then each block's projections, then the output head). A name
+// ending in attention.wo.weight or feed_forward.w2.weight writes into the residual stream.
+static void reinitialize(Transformer& model, const TransformerOptions& options) {
+    Generator gen(options.seed);
+    NoGradGuard no_grad;
+    const double residual_scale =
+        options.init_scaled_residual ? 1.0 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(options.n_layers, 1)))
+                                     : 1.0;
+    auto ends_with = [](const std::string& s, const std::string& tail) {
+        return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    for (auto& [name, p] : model.named_parameters()) {
+        if (p.dim() != 2) continue;  // norm gains, biases and alphas keep their registry init
+        const bool embedding = name == "tok_embeddings.weight";
+        const bool residual = ends_with(name, "attention.wo.weight") || ends_with(name, "feed_forward.w2.weight");
+        const double scale = residual ? residual_scale : 1.0;
+        Tensor drawn;
+        if (options.init == "normal") {
+            drawn = normal(p.shape(), 0.0, options.init_std * scale, gen, p.dtype());
+        } else if (embedding) {
+            drawn = normal(p.shape(), 0.0, 1.0, gen, p.dtype());  // xavier: PyTorch's Embedding init
+        } else {
+            const double fan_out = static_cast<double>(p.size(0)), fan_in = static_cast<double>(p.size(1));
+            const double bound = std::sqrt(6.0 / (fan_in + fan_out)) * scale;
+            drawn = uniform(p.shape(), -bound, bound, gen, p.dtype());
+        }
+        p.data().copy_(drawn);
+    }
+    // DeepNet's beta on the value, output and feed-forward projections, as the blocks apply it to PyTorch's init.
+    if (options.norm_placement != "deepnorm") return;
+    const double beta = std::pow(8.0 * static_cast<double>(options.n_layers), -0.25);
+    for (auto& [name, p] : model.named_parameters())
+        for (const char* tail : {"attention.wv.weight", "attention.wo.weight", "feed_forward.w1.weight",
+                                 "feed_forward.w2.weight", "feed_forward.w3.weight"})
+            if (ends_with(name, tail)) p.data().copy_(mul(p.data(), beta));
+}
+
 void TransformerOptions::validate() const {
     NL_REQUIRE(vocab_size > 0, "TransformerOptions: vocab_size must be > 0, found ", vocab_size);
     NL_REQUIRE(dim > 0, "TransformerOptions: dim must be > 0, found ", dim);
@@ -583,6 +626,12 @@ void TransformerOptions::validate() const {
                "TransformerOptions: norm_scaling \"depth\" scales pre-norms, which norm_placement \"", norm_placement,
                "\" does not have (pre, peri or mix do)");
     check_qk_norm(qk_norm, norm.type, "TransformerOptions");
+    NL_REQUIRE(contains(init_choices(), init), "TransformerOptions: init must be one of ", joined(init_choices()),
+               ", found \"", init, "\"");
+    NL_REQUIRE(!init_scaled_residual || init != "pytorch",
+               "TransformerOptions: init_scaled_residual needs init normal or xavier, found \"pytorch\"");
+    NL_REQUIRE(std::isfinite(init_std) && init_std > 0.0, "TransformerOptions: init_std must be finite and > 0, found ",
+               init_std);
     NL_REQUIRE(!alpha_init_attention || std::isfinite(*alpha_init_attention),
                "TransformerOptions: alpha_init_attention must be finite, found ", alpha_init_attention.value_or(0.0));
     NL_REQUIRE(std::isfinite(logit_softcap) && logit_softcap >= 0.0,
@@ -647,6 +696,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
     lo.dtype = options.dtype;
     lo.generator = &gen;
     register_module("output", std::make_shared<Linear>(lo));
+    if (options.init != "pytorch") reinitialize(*this, options);
 }
 
 std::string Transformer::extra_repr() const {

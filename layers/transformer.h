@@ -289,6 +289,16 @@ struct TransformerOptions {
     bool fused_attention = true;  // AttentionOptions::fused
     bool fused_swiglu = true;     // FeedForwardOptions::fused
     uint64_t seed = 0;           // initial weights are drawn from Generator(seed)
+    // The initial weights of the embedding and every Linear (init_choices()): "pytorch" (Embedding
+    // N(0, 1), Linear kaiming-uniform with bound 1 / sqrt(fan_in): PyTorch's defaults), "normal" (all
+    // N(0, init_std^2): GPT-2, OLMo) or "xavier" (Linear U(-b, b), b = sqrt(6 / (fan_in + fan_out)),
+    // Glorot & Bengio 2010, as Xiong et al. 2020; the embedding keeps PyTorch's N(0, 1)).
+    // init_scaled_residual: attention.wo and feed_forward.w2, whose outputs join the residual stream,
+    // drawn with std (or bound) / sqrt(2 n_layers) (GPT-2's rule). Norm parameters keep their
+    // registry init; deepnorm's beta applies on top.
+    std::string init = "pytorch";
+    double init_std = 0.02;
+    bool init_scaled_residual = false;
     DType dtype = DType::F32;
 
     // nl::Error naming the field when sizes do not fit (dim % n_heads, n_heads % n_kv_heads, odd head
@@ -298,6 +308,9 @@ struct TransformerOptions {
     // The l-th block's (0-based) placement: norm_placement, or for mix post or pre.
     std::string block_placement(int64_t layer) const;
 };
+
+// TransformerOptions::init's choices: pytorch, normal, xavier.
+const std::vector<std::string>& init_choices();
 
 // Parameters (LLaMA names): tok_embeddings.weight (vocab, dim), layers.<i>.attention.w{q,k,v,o}.weight,
 // layers.<i>.attention.{q,k}_norm.* (QK-norm), layers.<i>.feed_forward.w{1,2,3}.weight, the block

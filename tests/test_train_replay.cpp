@@ -144,7 +144,7 @@ TEST_CASE("save_initial writes step 0's weights and save_batches every step's ba
     CHECK(steps.size() == static_cast<size_t>(S));
 }
 
-TEST_CASE("optim.decay matrices leaves vectors undecayed; weight_decay_mode independent divides by the peak lr",
+TEST_CASE("optim.decay matrices leaves vectors undecayed, and weight_decay_mode independent divides by the peak lr",
           "[train][replay]") {
     OptimConfig optim;
     optim.lr = 0.01;

@@ -17,8 +17,8 @@ over the scored positions; optim.decay "matrices" puts the parameters of fewer t
 in a group with weight_decay 0, and weight_decay_mode "independent" gives the decayed group
 weight_decay / lr (so torch's p *= 1 - lr_t * wd is p *= 1 - wd * lr_t / lr).
 
-It prints, per step, normlab's and PyTorch's train loss, grad norm and lr and their relative
-differences, then the worst relative difference of each, and the final weights' largest difference
+It prints, per step, normlab's and PyTorch's lr, train loss and grad norm, with the relative
+differences of the last two, then the worst relative difference of each, and the final weights' largest difference
 (against the run's last checkpoint, relative to each tensor's largest |value|). It exits 1 when the
 worst relative loss difference exceeds --tol (default 1e-9 for an f64 run, where both sides compute
 in float64; an f32 run replayed in float64 shows the f32 run's drift, so give it a --tol of your
@@ -131,8 +131,8 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
     clip = optim["grad_clip"]
     params = list(model.parameters())
     records = []
-    out(f"{'step':>5} {'lr':>12} {'normlab loss':>22} {'torch loss':>22} {'rel diff':>9} {'normlab |g|':>14} "
-        f"{'torch |g|':>14} {'rel diff':>9}")
+    out(f"{'step':>5} {'normlab lr':>12} {'torch lr':>12} {'normlab loss':>22} {'torch loss':>22} {'rel diff':>9} "
+        f"{'normlab |g|':>14} {'torch |g|':>14} {'rel diff':>9}")
     for step in range(1, steps + 1):
         lr = lr_at(optim, train["steps"], step - 1)
         for group in optimizer.param_groups:
@@ -157,7 +157,7 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
         record["lr_rel"] = relative(record["normlab_lr"], lr)
         records.append(record)
         if step % every == 0 or step == steps or step == 1:
-            out(f"{step:>5} {lr:>12.6g} {record['normlab_loss']:>22.17g} {record['torch_loss']:>22.17g} "
+            out(f"{step:>5} {record['normlab_lr']:>12.6g} {lr:>12.6g} {record['normlab_loss']:>22.17g} {record['torch_loss']:>22.17g} "
                 f"{record['loss_rel']:>9.2e} {record['normlab_grad_norm']:>14.8g} {grad_norm:>14.8g} "
                 f"{record['grad_norm_rel']:>9.2e}")
     result = {"run_dir": run_dir, "dtype": train.get("dtype", "f32"), "steps": steps, "records": records,
