@@ -897,7 +897,9 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     const int64_t max_seq_len = given.contains("max_seq_len") ? m.max_seq_len : p.max_seq_len;
     const bool fused_attention = m.fused_attention, fused_swiglu = m.fused_swiglu, fused_norm = m.norm.fused;
     const uint64_t seed = m.seed;
+    const DType dtype = m.dtype;  // /train/dtype: the file's weights are widened to it
     m = p;
+    m.dtype = dtype;
     m.max_seq_len = max_seq_len;
     m.fused_attention = fused_attention;
     m.fused_swiglu = fused_swiglu;

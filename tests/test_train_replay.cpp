@@ -200,3 +200,24 @@ TEST_CASE("train.dtype, save_batches, optim.decay and weight_decay_mode refuse b
     check_error(run("--set train.save_batches=true --set train.steps=100000000 --set train.batch_size=64"),
                 {"/train/save_batches", "MiB", "/train/steps"});
 }
+
+TEST_CASE("train.dtype f64 holds for a model started from a transformers checkpoint", "[train][replay]") {
+    // /model/init_from takes the file's architecture; the dtype stays the config's, the weights widened.
+    nl_test::TempDir dir("train_replay_init_from");
+    nlohmann::json config = case_config(replay_cases().front());
+    config["model"] = {{"init_from", std::string(NORMLAB_SOURCE_DIR) + "/tests/reference/interop/hf_tiny"}};
+    config["train"]["steps"] = 3;
+    config["optim"]["warmup_steps"] = 1;
+    const std::vector<TrainStep> steps = train(config, dir, "run");
+    const SafeTensorsFile initial = load_safetensors(checkpoint_path(dir / "run", 0));
+    const Tensor& wq = initial.at("layers.0.attention.wq.weight");
+    REQUIRE(wq.dtype() == DType::F64);
+    // Widened from the file's f32 values: each is a float exactly.
+    for (int64_t i = 0; i < wq.numel(); ++i)
+        REQUIRE(static_cast<double>(static_cast<float>(wq.data<double>()[i])) == wq.data<double>()[i]);
+    // The losses are f64 computations: not all of them are floats.
+    bool any_not_float = false;
+    for (const TrainStep& t : steps)
+        any_not_float = any_not_float || static_cast<double>(static_cast<float>(t.train_loss)) != t.train_loss;
+    CHECK(any_not_float);
+}
