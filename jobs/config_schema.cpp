@@ -253,8 +253,10 @@ ConfigSchema make_train_schema() {
     k.push_back({.path = "train.probe_every", .type = ConfigType::Integer, .default_value = loop.probe_every,
                  .min = 0,
                  .meaning = "every N steps, write the stability probes to probes.csv: per block the largest "
-                            "attention score and the residual RMS, the output logsumexp, each parameter's gradient "
-                            "RMS and update/weight ratio, each DyT alpha ([norms.md](norms.md#probes)); 0 is off"});
+                            "attention score, the attention's entropy and first-token weight, the residual stream's "
+                            "RMS, max and channel kurtosis; the output logsumexp, each parameter's gradient RMS and "
+                            "update/weight ratio, each DyT alpha, each norm's input RMS "
+                            "([norms.md](norms.md#probes)); 0 is off"});
     k.push_back({.path = "train.autocast", .type = ConfigType::String, .default_value = loop.autocast,
                  .choices = {"none", "bf16"},
                  .meaning = "run the forward under bf16 autocast ([cuda.md](cuda.md#bf16-autocast))"});

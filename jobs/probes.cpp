@@ -21,6 +21,19 @@ std::vector<std::pair<std::string, Var>> dyt_alphas(Transformer& model) {
     return out;
 }
 
+// Every norm the probes read, with its dotted name: the outermost ones (a HybridNorm's or a monitor's
+// own forward reads the input, not its parts'), in named_modules order (a module before its children).
+std::vector<std::pair<std::string, Norm*>> probed_norms(Transformer& model) {
+    std::vector<std::pair<std::string, Norm*>> out;
+    for (const auto& [name, module] : model.named_modules()) {
+        auto* norm = dynamic_cast<Norm*>(module);
+        if (norm == nullptr) continue;
+        const bool inside_a_norm = !out.empty() && name.rfind(out.back().first + ".", 0) == 0;
+        if (!inside_a_norm) out.emplace_back(name, norm);
+    }
+    return out;
+}
+
 double l2_norm(const Tensor& x) { return std::sqrt(sum_of_squares(x.to(DType::F64)).item()); }
 
 }  // namespace
@@ -35,6 +48,10 @@ std::vector<std::string> probe_columns(Transformer& model) {
     for (int64_t i = 0; i < model.n_layers(); ++i) {
         columns.push_back("attn_score_max.block" + std::to_string(i));
         columns.push_back("residual_rms.block" + std::to_string(i));
+        columns.push_back("act_max.block" + std::to_string(i));
+        columns.push_back("act_kurtosis.block" + std::to_string(i));
+        columns.push_back("attn_entropy.block" + std::to_string(i));
+        columns.push_back("attn_sink.block" + std::to_string(i));
     }
     columns.push_back("logsumexp_mean");
     columns.push_back("logsumexp_max");
@@ -43,16 +60,25 @@ std::vector<std::string> probe_columns(Transformer& model) {
         columns.push_back("update_ratio." + name);
     }
     for (const auto& [name, alpha] : dyt_alphas(model)) columns.push_back("dyt_alpha." + name);
+    for (const auto& [name, norm] : probed_norms(model)) columns.push_back("norm_input_rms." + name);
     return columns;
 }
 
 StepProbe::StepProbe(Transformer& model) : model_(&model) {}
 
-void StepProbe::begin() { model_->set_probing(true); }
+void StepProbe::begin() {
+    model_->set_probing(true);
+    for (const auto& [name, norm] : probed_norms(*model_)) norm->set_probing(true);
+}
 
 void StepProbe::end_forward() {
     activations_ = model_->last_probes();
     model_->set_probing(false);
+    norm_input_rms_.clear();
+    for (const auto& [name, norm] : probed_norms(*model_)) {
+        norm_input_rms_.push_back(norm->last_input_rms());
+        norm->set_probing(false);
+    }
 }
 
 void StepProbe::gradients() {
@@ -62,15 +88,22 @@ void StepProbe::gradients() {
 
 void StepProbe::before_update() {
     before_.clear();
-    for (const Var& p : model_->parameters()) before_.push_back(p.data().to(DType::F64));  // a copy (f64)
+    // A copy in f64: to() returns the tensor itself when it is f64 already, and the update is in place.
+    for (const Var& p : model_->parameters()) before_.push_back(p.data().to(DType::F64).clone());
 }
 
 ProbeValues StepProbe::values() {
     ProbeValues row;
     for (int64_t i = 0; i < model_->n_layers(); ++i) {
         const std::string block = ".block" + std::to_string(i);
-        row.emplace_back("attn_score_max" + block, activations_.max_attention_score[static_cast<size_t>(i)]);
-        row.emplace_back("residual_rms" + block, activations_.residual_rms[static_cast<size_t>(i)]);
+        const AttentionProbe& attention = activations_.attention[static_cast<size_t>(i)];
+        const ResidualProbe& residual = activations_.residual[static_cast<size_t>(i)];
+        row.emplace_back("attn_score_max" + block, attention.max_score);
+        row.emplace_back("residual_rms" + block, residual.rms);
+        row.emplace_back("act_max" + block, residual.max_abs);
+        row.emplace_back("act_kurtosis" + block, residual.kurtosis);
+        row.emplace_back("attn_entropy" + block, attention.entropy);
+        row.emplace_back("attn_sink" + block, attention.sink);
     }
     row.emplace_back("logsumexp_mean", activations_.logsumexp_mean);
     row.emplace_back("logsumexp_max", activations_.logsumexp_max);
@@ -84,6 +117,8 @@ ProbeValues StepProbe::values() {
         ++index;
     }
     for (const auto& [name, alpha] : dyt_alphas(*model_)) row.emplace_back("dyt_alpha." + name, alpha.data().item());
+    index = 0;
+    for (const auto& [name, norm] : probed_norms(*model_)) row.emplace_back("norm_input_rms." + name, norm_input_rms_[index++]);
     return row;
 }
 

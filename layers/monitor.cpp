@@ -60,6 +60,7 @@ Var NormMonitor::forward(const Var& x) {
         Tensor running = buffer("running_rms");  // shares the buffer's storage: updated in place
         running.fill_(updated);
     }
+    probe_input(x);
     return inner()->forward(x);
 }
 

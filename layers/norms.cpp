@@ -274,7 +274,13 @@ Var Norm::forward(const Var& x) {
     if (x.defined() && x.dim() >= 1)
         NL_REQUIRE(x.size(-1) == options_.dim, type_name(), ": expected input (..., ", options_.dim, "), found ",
                    shape_str(x.shape()));
+    probe_input(x);
     return type_->forward(x, norm_parameters(), options_, fused());
+}
+
+void Norm::probe_input(const Var& x) {
+    if (!probing_ || !x.defined() || x.numel() == 0) return;
+    last_input_rms_ = std::sqrt(mean(square(x.data().to(Device::cpu()).to(DType::F64))).item());
 }
 
 std::vector<Var> Norm::norm_parameters() const {

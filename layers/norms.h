@@ -110,14 +110,21 @@ public:
     Var forward(const Var& x) override;
     // The parameters in the registry entry's order, an absent one as an undefined Var.
     std::vector<Var> norm_parameters() const;
+    // Probing (the train job's norm_input_rms probe, which DyT's alpha is compared with: Zhu et al.
+    // 2025, Fig. 8): while on, every forward records the RMS of its whole input, in f64.
+    void set_probing(bool on) { probing_ = on; }
+    double last_input_rms() const { return last_input_rms_; }
 
 protected:
+    void probe_input(const Var& x);  // records x's RMS while probing
     // Registers the entry's own parameters (not its children's) present under options(), at their init.
     void register_norm_parameters();
     NormOptions options_;
 
 private:
     const NormType* type_;
+    bool probing_ = false;
+    double last_input_rms_ = 0.0;
 };
 
 // Builds the norm named by options.type through the registry; an unknown type is an nl::Error

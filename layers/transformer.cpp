@@ -164,19 +164,50 @@ void check_qk_norm(const std::string& qk_norm, const std::string& norm_type, con
 }
 }  // namespace
 
-double max_attention_score(const Tensor& q, const Tensor& k) {
+AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap) {
     NL_REQUIRE(q.defined() && k.defined() && q.dim() == 4 && k.dim() == 4 && k.size(3) == q.size(3) &&
                    k.size(2) > 0 && q.size(2) % k.size(2) == 0 && k.size(1) >= q.size(1),
-               "max_attention_score: expected q (B, T, H, hd) and k (B, L, KV, hd), found q ",
+               "attention_probe: expected q (B, T, H, hd) and k (B, L, KV, hd), found q ",
                q.defined() ? shape_str(q.shape()) : "undefined", ", k ", k.defined() ? shape_str(k.shape()) : "undefined");
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3), L = k.size(1), KV = k.size(2);
-    const DType compute = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
-    const Tensor qh = q.to(compute).transpose(1, 2);                                       // (B, H, T, hd)
-    const Tensor kh = k.to(compute).unsqueeze(3).expand({B, L, KV, H / KV, hd}).reshape({B, L, H, hd});
-    const Tensor scores = matmul(qh, kh.transpose(1, 2).transpose(2, 3));                 // (B, H, T, L)
-    // Row i sees keys 0..L - T + i: tril keeps those and zeroes the rest, which cannot exceed the
-    // maximum |score| (every row sees at least one key).
-    return max(abs(tril(scores, L - T))).item() / std::sqrt(static_cast<double>(hd));
+    const Tensor qh = q.to(Device::cpu()).to(DType::F64).transpose(1, 2);                     // (B, H, T, hd)
+    const Tensor kh = k.to(Device::cpu()).to(DType::F64).unsqueeze(3).expand({B, L, KV, H / KV, hd}).reshape({B, L, H, hd});
+    const Tensor scores = matmul(qh, kh.transpose(1, 2).transpose(2, 3)).contiguous();    // (B, H, T, L)
+    const double* s = scores.data<double>();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    const int64_t rows = B * H * T;
+    double max_score = 0.0, entropy = 0.0, sink = 0.0;
+    int64_t sink_rows = 0;
+#pragma omp parallel for reduction(max : max_score) reduction(+ : entropy, sink, sink_rows)
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t position = L - T + r % T;  // the query's position; it sees keys 0..position
+        const double* row = s + r * L;
+        std::vector<double> z(static_cast<size_t>(position + 1));  // (position + 1,) the row's logits
+        double top = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= position; ++j) {
+            const double score = row[j] * scale;
+            max_score = std::max(max_score, std::abs(score));
+            z[j] = softcap > 0.0 ? softcap * std::tanh(score / softcap) : score;
+            top = std::max(top, z[j]);
+        }
+        // H(p) = log Z - sum_j p_j (z_j - top), with Z = sum_j exp(z_j - top).
+        double partition = 0.0, weighted = 0.0;
+        for (int64_t j = 0; j <= position; ++j) {
+            const double e = std::exp(z[j] - top);
+            partition += e;
+            weighted += e * (z[j] - top);
+        }
+        entropy += std::log(partition) - weighted / partition;
+        if (position >= 1) {
+            sink += std::exp(z[0] - top) / partition;
+            ++sink_rows;
+        }
+    }
+    AttentionProbe probe;
+    probe.max_score = max_score;
+    probe.entropy = entropy / static_cast<double>(rows);
+    probe.sink = sink_rows > 0 ? sink / static_cast<double>(sink_rows) : std::numeric_limits<double>::quiet_NaN();
+    return probe;
 }
 
 Attention::Attention(const AttentionOptions& options) : options_(options) {
@@ -276,7 +307,7 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
         k = Var(slot->keys.narrow(1, 0, L));
         v = Var(slot->values.narrow(1, 0, L));
     }
-    if (probing_) last_max_score_ = max_attention_score(q.data(), k.data());
+    if (probing_) last_probe_ = attention_probe(q.data(), k.data(), options_.softcap);
     const Var out = causal_attention(q, k, v, options_.fused, options_.softcap);  // (B, T, H, hd)
     return wo_->forward(reshape(out, {B, T, H * hd}));
 }
@@ -501,6 +532,26 @@ Var residual_add(const Var& x, const Var& branch) {
 }
 }  // namespace
 
+ResidualProbe residual_probe(const Tensor& h) {
+    NL_REQUIRE(h.defined() && h.dim() >= 1 && h.numel() > 0, "residual_probe: expected a non-empty (..., dim) tensor, found ",
+               h.defined() ? shape_str(h.shape()) : "undefined");
+    const int64_t dim = h.size(-1);
+    const Tensor x = h.to(Device::cpu()).to(DType::F64).reshape({h.numel() / dim, dim});  // (rows, dim)
+    const Tensor channel_ms = mean(square(x), {0});                                       // (dim,) s_j^2
+    double ms = 0.0, ms_squared = 0.0;  // sums of s_j^2 and s_j^4
+    for (const double v : channel_ms.to_vector()) {
+        ms += v;
+        ms_squared += v * v;
+    }
+    ms /= static_cast<double>(dim);
+    ms_squared /= static_cast<double>(dim);
+    ResidualProbe probe;
+    probe.rms = std::sqrt(ms);
+    probe.max_abs = max(abs(x)).item();
+    probe.kurtosis = ms > 0.0 ? ms_squared / (ms * ms) : std::numeric_limits<double>::quiet_NaN();
+    return probe;
+}
+
 Var TransformerBlock::forward(const Var& x) { return run(x, nullptr); }
 
 Var TransformerBlock::forward_cached(const Var& x, const KVSlot& slot) { return run(x, &slot); }
@@ -548,7 +599,7 @@ Var TransformerBlock::run(const Var& x, const KVSlot* slot) {
         const Var h = residual_add(x, attend(x));
         out = residual_add(h, ffn(h));
     }
-    if (probing_) last_residual_rms_ = std::sqrt(mean(square(out.data().to(compute_dtype(out.dtype())))).item());
+    if (probing_) last_residual_probe_ = residual_probe(out.data());
     return out;
 }
 
@@ -713,8 +764,8 @@ void Transformer::set_probing(bool on) {
 Transformer::Probes Transformer::last_probes() const {
     Probes probes;
     for (int64_t i = 0; i < options_.n_layers; ++i) {
-        probes.max_attention_score.push_back(layer(i)->attention()->last_max_score());
-        probes.residual_rms.push_back(layer(i)->last_residual_rms());
+        probes.attention.push_back(layer(i)->attention()->last_probe());
+        probes.residual.push_back(layer(i)->last_residual_probe());
     }
     probes.logsumexp_mean = last_lse_mean_;
     probes.logsumexp_max = last_lse_max_;

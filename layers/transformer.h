@@ -118,6 +118,18 @@ struct AttentionOptions {
     Generator* generator = nullptr;  // null: module_init_generator()
 };
 
+// What the attention probe measures of one forward (attention_probe).
+struct AttentionProbe {
+    // The largest |q k^T| / sqrt(hd) over the visible entries, before soft-capping and softmax
+    // (Wortsman et al. 2023's attention-logit growth).
+    double max_score = 0.0;
+    // The entropy of p in nats, -sum_j p_j log p_j, mean over batch, heads and every query row.
+    double entropy = 0.0;
+    // p on key position 0, mean over batch, heads and the query rows at positions >= 1 (position 0
+    // sees only itself); Xiao et al. 2023's attention sink. NaN when no row is at a position >= 1.
+    double sink = 0.0;
+};
+
 // Causal self-attention as LLaMA's Attention: wq (n_heads*hd, dim), wk and wv (n_kv_heads*hd, dim),
 // wo (dim, n_heads*hd), no biases, hd = dim / n_heads. With QK-norm, q_norm and k_norm normalize the
 // projections before RoPE (see qk_norm_choices). RoPE on q and k; query head h reads kv head
@@ -139,12 +151,10 @@ public:
     int64_t n_kv_heads() const { return options_.n_kv_heads; }
     const AttentionOptions& options() const { return options_; }
 
-    // Probing (the train job's probes): while on, every forward records the largest |score| it
-    // computed, q k^T / sqrt(hd) over the causal (unmasked) entries before softmax (Wortsman et al.
-    // 2023's attention-logit growth), recomputed from q and k in one extra product, so it costs
-    // nothing while off.
+    // Probing (the train job's probes): while on, every forward records attention_probe of its q
+    // and k (the scores recomputed in one extra product, so it costs nothing while off).
     void set_probing(bool on) { probing_ = on; }
-    double last_max_score() const { return last_max_score_; }
+    const AttentionProbe& last_probe() const { return last_probe_; }
     // The RoPE tables for positions 0..seq_len-1 in `dtype` (cached, recomputed when a longer
     // sequence or another dtype comes).
     RopeTables rope(int64_t seq_len, DType dtype);
@@ -158,15 +168,27 @@ private:
     std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
     RopeTables rope_cache_;
     bool probing_ = false;
-    double last_max_score_ = 0.0;
+    AttentionProbe last_probe_;
 };
 
-// The largest |q k^T| / sqrt(hd) over the entries causal attention keeps (query row i at position
-// L - T + i sees keys 0..L - T + i), q (B, T, H, hd) and k (B, L, KV, hd) as causal_attention takes
-// them. No gradient. The attention probe's formula, public so a test can recompute it.
-double max_attention_score(const Tensor& q, const Tensor& k);
+// The attention probe's formulas, public so a test can recompute them: of q (B, T, H, hd) and k
+// (B, L, KV, hd) as causal_attention takes them (query row i at position L - T + i sees keys
+// 0..L - T + i; query head h reads kv head h / (H / KV)), with p the attention distribution
+// softmax(softcap(q k^T / sqrt(hd))) over a row's visible keys. No gradient; computed in f64.
+AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap);
 
 // ---- blocks ----
+
+// What the residual-stream probe measures of a block's output h (..., dim), in f64 (residual_probe).
+struct ResidualProbe {
+    double rms = 0.0;      // sqrt(mean(h^2)) over every element (Xiong et al. 2020: growth with depth)
+    double max_abs = 0.0;  // max |h| (Sun et al. 2024's massive activations)
+    // With s_j the RMS of channel j over every row (batch and positions), mean(s^4) / mean(s^2)^2:
+    // 1 when every channel has the same scale, large when a few channels carry it (He et al. 2024's
+    // outlier features; the plain ratio, not the excess).
+    double kurtosis = 0.0;
+};
+ResidualProbe residual_probe(const Tensor& h);
 
 // Where a block's norms sit. N is a norm, f the sublayer (attention, then the feed-forward), x the
 // residual stream; each line is one sublayer's step. The name is the config's model.norm_placement.
@@ -233,10 +255,10 @@ public:
     std::shared_ptr<UnaryModule> ffn_norm() const;
     const TransformerBlockOptions& options() const { return options_; }
 
-    // Probing: while on, every forward records the RMS of its output (the residual stream after the
-    // block, over every element) and its attention's largest score (Attention::set_probing).
+    // Probing: while on, every forward records residual_probe of its output (the residual stream
+    // after the block) and its attention's probe (Attention::set_probing).
     void set_probing(bool on);
-    double last_residual_rms() const { return last_residual_rms_; }
+    const ResidualProbe& last_residual_probe() const { return last_residual_probe_; }
 
 private:
     Var run(const Var& x, const KVSlot* slot);
@@ -247,7 +269,7 @@ private:
     Var output_norm(const char* name, const Var& branch, DType stream_dtype);
 
     bool probing_ = false;
-    double last_residual_rms_ = 0.0;
+    ResidualProbe last_residual_probe_;
 
     TransformerBlockOptions options_;
 };
@@ -343,12 +365,12 @@ public:
     std::shared_ptr<TransformerBlock> layer(int64_t index) const;
     int64_t n_layers() const { return options_.n_layers; }
 
-    // Probing: while on, every forward records each block's residual RMS and largest attention
-    // score (TransformerBlock::set_probing) and the logsumexp of every output row (mean and max).
+    // Probing: while on, every forward records each block's residual and attention probes
+    // (TransformerBlock::set_probing) and the logsumexp of every output row (mean and max).
     void set_probing(bool on);
     struct Probes {
-        std::vector<double> max_attention_score;  // (n_layers,)
-        std::vector<double> residual_rms;         // (n_layers,)
+        std::vector<AttentionProbe> attention;  // (n_layers,)
+        std::vector<ResidualProbe> residual;    // (n_layers,)
         double logsumexp_mean = 0.0;              // over the rows of the last forward's logits
         double logsumexp_max = 0.0;
     };

@@ -239,8 +239,9 @@ TEST_CASE("QK-norm: head and full norms before RoPE, the same through the KV cac
     check_close(first.data(), expected.data().narrow(1, 0, 3).contiguous(), 1e-12, 1e-12, "cached, positions 0..2");
 }
 
-TEST_CASE("probes: the largest attention score and the residual RMS against loops over the model's tensors",
+TEST_CASE("probes: the attention and residual-stream probes against loops over the model's tensors",
           "[transformer][probes]") {
+    const double cap = GENERATE(0.0, 0.7);  // off, and a soft-cap that bends these scores
     TransformerOptions o;
     o.vocab_size = 13;
     o.dim = 8;
@@ -249,6 +250,7 @@ TEST_CASE("probes: the largest attention score and the residual RMS against loop
     o.n_kv_heads = 1;
     o.multiple_of = 4;
     o.qk_norm = "head";
+    o.attn_softcap = cap;
     o.dtype = DType::F64;
     Transformer model(o);
     Generator gen(4);
@@ -258,12 +260,15 @@ TEST_CASE("probes: the largest attention score and the residual RMS against loop
     const Var logits = model.forward(ids);
     const Transformer::Probes probes = model.last_probes();
     model.set_probing(false);
-    REQUIRE(probes.max_attention_score.size() == 2);
+    REQUIRE(probes.attention.size() == 2);
+    REQUIRE(probes.residual.size() == 2);
 
-    // Block by block: the residual stream's RMS, and q, k as the attention builds them, then every
-    // causal score q_i . k_j / sqrt(hd) in a plain loop.
+    // Block by block: q, k as the attention builds them, then every causal score q_i . k_j / sqrt(hd),
+    // the row's softmax of the (capped) scores, its entropy and its weight on key 0, in plain loops;
+    // then the residual stream's RMS, max and channel kurtosis.
     Var h = std::dynamic_pointer_cast<Embedding>(model.child("tok_embeddings"))->forward(ids);
     for (int64_t l = 0; l < 2; ++l) {
+        INFO("block " << l << ", soft-cap " << cap);
         TransformerBlock& block = *model.layer(l);
         Attention& attention = *block.attention();
         const Var in = block.attention_norm()->forward(h);
@@ -274,20 +279,45 @@ TEST_CASE("probes: the largest attention score and the residual RMS against loop
         };
         const Tensor q = apply_rope(norm("q_norm", reshape(lin("wq"), {2, 4, 2, 4})), tables).data();
         const Tensor k = apply_rope(norm("k_norm", reshape(lin("wk"), {2, 4, 1, 4})), tables).data();
-        double largest = 0.0;
+        double largest = 0.0, entropy = 0.0, sink = 0.0;
         for (int64_t b = 0; b < 2; ++b)
             for (int64_t head = 0; head < 2; ++head)
-                for (int64_t i = 0; i < 4; ++i)
+                for (int64_t i = 0; i < 4; ++i) {
+                    std::vector<double> p;
                     for (int64_t j = 0; j <= i; ++j) {
                         double dot = 0.0;
                         for (int64_t d = 0; d < 4; ++d) dot += q.at({b, i, head, d}) * k.at({b, j, 0, d});
                         largest = std::max(largest, std::abs(dot) / 2.0);
+                        p.push_back(std::exp(cap > 0.0 ? cap * std::tanh(dot / 2.0 / cap) : dot / 2.0));
                     }
-        CHECK(probes.max_attention_score[l] == Approx(largest).epsilon(1e-12));
+                    double total = 0.0;
+                    for (double e : p) total += e;
+                    for (double& e : p) e /= total;
+                    for (double e : p) entropy -= e * std::log(e);
+                    if (i >= 1) sink += p[0];
+                }
+        CHECK(probes.attention[l].max_score == Approx(largest).epsilon(1e-12));
+        CHECK(probes.attention[l].entropy == Approx(entropy / 16.0).epsilon(1e-12));  // 2 x 2 heads x 4 rows
+        CHECK(probes.attention[l].sink == Approx(sink / 12.0).epsilon(1e-12));        // rows at positions 1..3
+        CHECK(probes.attention[l].entropy > 0.0);
         h = block.forward(h);
-        double squares = 0.0;
-        for (double v : h.data().to_vector()) squares += v * v;
-        CHECK(probes.residual_rms[l] == Approx(std::sqrt(squares / 64.0)).epsilon(1e-12));
+        const std::vector<double> values = h.data().to_vector();  // (2, 4, 8)
+        double squares = 0.0, largest_abs = 0.0;
+        std::vector<double> channel(8, 0.0);  // sum over the 8 rows of h_j^2
+        for (size_t e = 0; e < values.size(); ++e) {
+            squares += values[e] * values[e];
+            largest_abs = std::max(largest_abs, std::abs(values[e]));
+            channel[e % 8] += values[e] * values[e];
+        }
+        double m2 = 0.0, m4 = 0.0;  // mean over channels of s_j^2 and s_j^4
+        for (double c : channel) {
+            m2 += c / 8.0 / 8.0;
+            m4 += (c / 8.0) * (c / 8.0) / 8.0;
+        }
+        CHECK(probes.residual[l].rms == Approx(std::sqrt(squares / 64.0)).epsilon(1e-12));
+        CHECK(probes.residual[l].max_abs == Approx(largest_abs).epsilon(1e-12));
+        CHECK(probes.residual[l].kurtosis == Approx(m4 / (m2 * m2)).epsilon(1e-12));
+        CHECK(probes.residual[l].kurtosis >= 1.0);  // mean(s^4) >= mean(s^2)^2
     }
     // The output rows' logsumexp.
     double lse_sum = 0.0, lse_max = -1e300;
@@ -352,6 +382,25 @@ TEST_CASE("probes: train writes probes.csv every probe_every steps, and the upda
     CHECK(row["residual_rms.block0"] > 0.0);
     CHECK(std::isfinite(row["logsumexp_mean"]));
     CHECK(row["logsumexp_max"] >= row["logsumexp_mean"]);
+    for (const char* block : {"block0", "block1"}) {
+        INFO(block);
+        const std::string b = block;
+        CHECK(row["act_max." + b] >= row["residual_rms." + b]);
+        CHECK(row["act_kurtosis." + b] >= 1.0);
+        CHECK(row["attn_entropy." + b] > 0.0);
+        CHECK(row["attn_sink." + b] > 0.0);
+        CHECK(row["attn_sink." + b] < 1.0);
+    }
+    // Every norm once, by its module name, in named_modules order: each block's QK-norms (inside its
+    // attention), attention and ffn norms, then the final norm.
+    std::vector<std::string> norms;
+    for (const std::string& c : columns)
+        if (c.rfind("norm_input_rms.", 0) == 0) norms.push_back(c.substr(15));
+    CHECK(norms == std::vector<std::string>{"layers.0.attention.q_norm", "layers.0.attention.k_norm",
+                                            "layers.0.attention_norm", "layers.0.ffn_norm",
+                                            "layers.1.attention.q_norm", "layers.1.attention.k_norm",
+                                            "layers.1.attention_norm", "layers.1.ffn_norm", "norm"});
+    for (const std::string& n : norms) CHECK(row["norm_input_rms." + n] > 0.0);
 
     // probes.csv: a header and the one probed step's row.
     const std::vector<std::string> lines = csv_lines(dir / "run/probes.csv");

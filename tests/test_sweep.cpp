@@ -120,7 +120,8 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     const std::vector<std::string> fixed = {"index", "optim.lr", "model.qk_norm", "model.norm.type", "seed", "init_loss",
                                             "final_train_loss", "final_val_loss", "diverged", "diverged_at_step",
                                             "seconds", "probe_step", "attn_score_max.block0", "residual_rms.block0",
-                                            "logsumexp_mean", "logsumexp_max"};
+                                            "act_max.block0", "act_kurtosis.block0", "attn_entropy.block0",
+                                            "attn_sink.block0", "logsumexp_mean", "logsumexp_max"};
     REQUIRE(csv.header.size() > fixed.size());
     CHECK(std::vector<std::string>(csv.header.begin(), csv.header.begin() + fixed.size()) == fixed);
     REQUIRE(csv.rows.size() == 8);

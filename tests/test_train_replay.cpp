@@ -1,12 +1,15 @@
 // The train job in f64 against PyTorch step for step (tests/reference/fixtures/train_replay_f64.safetensors,
 // made by make_fixtures.py's fixture_train_replay with examples/python/torch_replay.py): every case
-// trains in normlab and every step's loss and grad norm must equal PyTorch's to 1e-9 relative. Also
+// trains in normlab and every step's loss and grad norm, and every probe of the probed steps, must
+// equal PyTorch's to 1e-9 relative. Also
 // the replayable run's files (train.save_initial, train.save_batches), optim.decay and
 // weight_decay_mode, and train.dtype's bad input.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "cli_test_util.h"
 #include "core/safetensors.h"
 #include "jobs/data.h"
+#include "jobs/probes.h"
 #include "jobs/train.h"
 #include "jobs/train_config.h"
 #include "layers/checkpoint.h"
@@ -56,6 +60,51 @@ std::vector<TrainStep> train(const nlohmann::json& config, const nl_test::TempDi
 
 double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
+std::vector<std::string> split(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+    return out;
+}
+
+// The worst relative difference of a normlab probes row against PyTorch's (the fixture's columns),
+// by torch_replay.py's compare_probes rule: a parameter whose PyTorch gradient RMS is below 1e-6 of
+// the step's largest has a gradient of rounding noise (0 in exact arithmetic), so its grad_rms is
+// compared against that floor and its update_ratio not at all. Every column must be on both sides.
+double worst_probe_difference(const ProbeValues& normlab, const std::vector<std::string>& columns,
+                              const double* torch, std::string& where) {
+    std::map<std::string, double> ours(normlab.begin(), normlab.end());
+    REQUIRE(ours.size() == columns.size());
+    double largest_grad = 0.0;
+    for (size_t c = 0; c < columns.size(); ++c)
+        if (columns[c].rfind("grad_rms.", 0) == 0) largest_grad = std::max(largest_grad, torch[c]);
+    const double floor = 1e-6 * largest_grad;
+    std::set<std::string> noise;
+    for (size_t c = 0; c < columns.size(); ++c)
+        if (columns[c].rfind("grad_rms.", 0) == 0 && std::abs(torch[c]) < floor) noise.insert(columns[c].substr(9));
+    double worst = 0.0;
+    for (size_t c = 0; c < columns.size(); ++c) {
+        const std::string& name = columns[c];
+        INFO("probe " << name);
+        REQUIRE(ours.count(name) == 1);
+        const double a = ours[name], b = torch[c];
+        double d = 0.0;
+        if (name.rfind("grad_rms.", 0) == 0 && noise.count(name.substr(9)))
+            d = std::abs(a - b) / floor;
+        else if (name.rfind("update_ratio.", 0) == 0 && noise.count(name.substr(13)))
+            continue;
+        else if (std::isnan(a) || std::isnan(b))
+            d = std::isnan(a) && std::isnan(b) ? 0.0 : INFINITY;
+        else
+            d = b != 0.0 ? relative(a, b) : std::abs(a);
+        if (d >= worst) {
+            worst = d;
+            where = name;
+        }
+    }
+    return worst;
+}
+
 }  // namespace
 
 TEST_CASE("f64 training equals PyTorch's replay of the same run to 1e-9 at every step", "[train][replay]") {
@@ -76,6 +125,21 @@ TEST_CASE("f64 training equals PyTorch's replay of the same run to 1e-9 at every
         INFO("worst relative difference: loss " << worst_loss << ", grad norm " << worst_norm);
         CHECK(worst_loss <= 1e-9);
         CHECK(worst_norm <= 1e-9);
+        // The probes (train.probe_every 3): every column of steps 3, 6 and 9 against PyTorch's.
+        const std::vector<std::string> columns = split(replays().metadata.at("probes." + name));
+        const std::vector<std::string> probe_steps = split(replays().metadata.at("probe_steps." + name));
+        const Tensor& probes = replays().at(name + ".probes");  // (probed steps, columns)
+        REQUIRE(probes.shape() == Shape{static_cast<int64_t>(probe_steps.size()), static_cast<int64_t>(columns.size())});
+        REQUIRE(!probe_steps.empty());
+        for (size_t r = 0; r < probe_steps.size(); ++r) {
+            const int64_t step = std::stoll(probe_steps[r]);
+            INFO("probed step " << step);
+            std::string where;
+            const double worst = worst_probe_difference(steps[static_cast<size_t>(step - 1)].probes, columns,
+                                                        probes.data<double>() + r * columns.size(), where);
+            INFO("worst probe difference " << worst << " (" << where << ")");
+            CHECK(worst <= 1e-9);
+        }
         // The run learned something: the comparison is of a moving trajectory, not of ten equal steps.
         CHECK(loss.data<double>()[loss.numel() - 1] < loss.data<double>()[0]);
     }

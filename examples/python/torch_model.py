@@ -384,3 +384,92 @@ def model_from_config(model, vocab_size):
                       logit_softcap=model["logit_softcap"])
     freqs_cis = precompute_freqs_cis_f64(model["dim"] // model["n_heads"], model["max_seq_len"], model["rope_theta"])
     return net, freqs_cis, placements
+
+
+# ---------------------------------------------------------------------------------------------
+# normlab's training probes (jobs/probes.h), computed on this model: what a replay compares with a
+# run's probes.csv. The formulas are layers/transformer.h's attention_probe and residual_probe.
+# ---------------------------------------------------------------------------------------------
+
+NORM_MODULES = (RMSNorm, DyT, HybridNorm, ScaleNorm, nn.LayerNorm)
+
+
+def probed_norms(model):
+    """The norms normlab probes, (dotted name, module) in named_modules order: every outermost norm
+    (a HybridNorm's input is probed, not its parts')."""
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, NORM_MODULES) and not any(name.startswith(n + ".") for n, _ in out):
+            out.append((name, module))
+    return out
+
+
+def attention_probe(attention):
+    """attn_score_max, attn_entropy and attn_sink of an Attention's last forward (its debug tensors)."""
+    q, k, probs = attention.debug["q_rope"], attention.debug["k_rope"], attention.debug["probs"]
+    keys = repeat_kv(k, attention.n_rep).transpose(1, 2)                                 # (B, H, T, hd)
+    scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) / math.sqrt(attention.head_dim)
+    T = scores.shape[-1]
+    visible = torch.ones(T, T, dtype=torch.bool).tril()
+    return {"attn_score_max": scores.abs().masked_fill(~visible, 0).max().item(),
+            "attn_entropy": -torch.special.xlogy(probs, probs).sum(-1).mean().item(),
+            "attn_sink": probs[:, :, 1:, 0].mean().item() if T > 1 else float("nan")}
+
+
+def residual_probe(h):
+    """residual_rms, act_max and act_kurtosis (channel RMS s_j over every row: mean(s^4) / mean(s^2)^2)."""
+    channel_ms = h.reshape(-1, h.shape[-1]).pow(2).mean(0)  # (dim,) s_j^2
+    return {"residual_rms": h.pow(2).mean().sqrt().item(), "act_max": h.abs().max().item(),
+            "act_kurtosis": (channel_ms.pow(2).mean() / channel_ms.mean() ** 2).item()}
+
+
+class ActivationProbes:
+    """normlab's activation probes of one forward: `with ActivationProbes(model) as p: logits = model(...)`,
+    then p.values(logits) gives {column: value} for every block's attention and residual probes, the
+    logits' logsumexp mean and max, and every norm's input RMS (norm_input_rms.<name>)."""
+
+    def __init__(self, model):
+        self.model, self.blocks, self.norm_rms, self.hooks = model, {}, {}, []
+
+    def __enter__(self):
+        for i, layer in enumerate(self.model.layers):
+            def after_block(module, inputs, output, i=i):
+                self.blocks[i] = {**attention_probe(module.attention), **residual_probe(output.detach())}
+            self.hooks.append(layer.register_forward_hook(after_block))
+        for name, norm in probed_norms(self.model):
+            def before_norm(module, inputs, name=name):
+                self.norm_rms[name] = inputs[0].detach().pow(2).mean().sqrt().item()
+            self.hooks.append(norm.register_forward_pre_hook(before_norm))
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+
+    def values(self, logits):
+        out = {}
+        for i, block in sorted(self.blocks.items()):
+            out.update({f"{key}.block{i}": value for key, value in block.items()})
+        lse = torch.logsumexp(logits.detach(), -1)
+        out["logsumexp_mean"], out["logsumexp_max"] = lse.mean().item(), lse.max().item()
+        out.update({f"norm_input_rms.{name}": rms for name, rms in self.norm_rms.items()})
+        return out
+
+
+def parameter_probes(model, before):
+    """grad_rms.<param> (of .grad as it is: call it before clipping), and, with `before` the weights
+    before the update ({name: tensor}), update_ratio.<param> = ||after - before|| / ||before|| (NaN for a
+    zero weight) and dyt_alpha.<norm> after the update. With before None: the gradient's part only."""
+    out = {}
+    for name, p in model.named_parameters():
+        if before is None:
+            out[f"grad_rms.{name}"] = p.grad.pow(2).mean().sqrt().item() if p.grad is not None else 0.0
+            continue
+        weight = torch.linalg.vector_norm(before[name]).item()
+        update = torch.linalg.vector_norm(p.detach() - before[name]).item()
+        out[f"update_ratio.{name}"] = update / weight if weight > 0 else float("nan")
+    if before is not None:
+        for name, module in probed_norms(model):
+            if isinstance(module, DyT):
+                out[f"dyt_alpha.{name}"] = module.alpha.item()
+    return out

@@ -19,8 +19,11 @@ weight_decay / lr (so torch's p *= 1 - lr_t * wd is p *= 1 - wd * lr_t / lr).
 
 It prints, per step, normlab's and PyTorch's lr, train loss and grad norm, with the relative
 differences of the last two, then the worst relative difference of each, and the final weights' largest difference
-(against the run's last checkpoint, relative to each tensor's largest |value|). It exits 1 when the
-worst relative loss difference exceeds --tol (default 1e-9 for an f64 run, where both sides compute
+(against the run's last checkpoint, relative to each tensor's largest |value|). Where the run wrote
+probes.csv (train.probe_every), every probed step's probes are recomputed in PyTorch (torch_model.py's
+ActivationProbes and parameter_probes: forward hooks, the gradient before clipping, the weights around
+the update) and the worst relative difference of each probe is printed. It exits 1 when the
+worst relative loss or probe difference exceeds --tol (default 1e-9 for an f64 run, where both sides compute
 in float64; an f32 run replayed in float64 shows the f32 run's drift, so give it a --tol of your
 own), 2 for a run directory it cannot replay.
 
@@ -83,8 +86,45 @@ def required_file(run_dir, name, how):
 
 
 def relative(a, b):
-    """|a - b| / |b| (0 when both are 0)."""
+    """|a - b| / |b| (0 when both are 0, or both NaN: a probe normlab writes NaN for, as PyTorch does)."""
+    if math.isnan(a) and math.isnan(b):
+        return 0.0
     return abs(a - b) / abs(b) if b != 0 else abs(a - b)
+
+
+def read_probes(run_dir):
+    """probes.csv's rows by step ({} when the run has no probes: train.probe_every 0)."""
+    path = os.path.join(run_dir, "probes.csv")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, newline="") as f:
+        return {int(row["step"]): {k: float(v) for k, v in row.items() if k != "step"} for row in csv.DictReader(f)}
+
+
+# A parameter whose gradient RMS is below this fraction of the step's largest has a gradient that is
+# rounding noise, 0 in exact arithmetic (a post-norm ScaleNorm's g in front of the final ScaleNorm,
+# whose output does not depend on it), which no two programs round alike: its grad_rms is compared
+# against the floor rather than itself, and its update_ratio (AdamW's weight decay plus that noise
+# divided by eps) is not compared. The replay says which it set aside.
+GRAD_RMS_FLOOR = 1e-6
+
+
+def compare_probes(normlab_row, torch_probes, step):
+    """({column: relative difference} over probes.csv's columns, [noise-gradient parameters]); a
+    column PyTorch has no formula for is an error (the replay would otherwise pass by skipping it)."""
+    missing = sorted(set(normlab_row) - set(torch_probes))
+    if missing:
+        raise ReplayError(f"probes.csv step {step}: no PyTorch formula for the columns {missing[:4]}")
+    floor = GRAD_RMS_FLOOR * max(v for c, v in torch_probes.items() if c.startswith("grad_rms."))
+    noise = [c[len("grad_rms."):] for c, v in torch_probes.items() if c.startswith("grad_rms.") and abs(v) < floor]
+    out = {}
+    for column, value in normlab_row.items():
+        reference = torch_probes[column]
+        if column.startswith("grad_rms.") and abs(reference) < floor:
+            out[column] = abs(value - reference) / floor
+        elif not (column.startswith("update_ratio.") and column[len("update_ratio."):] in noise):
+            out[column] = relative(value, reference)
+    return out, noise
 
 
 def replay(run_dir, steps=None, tol=None, every=1, out=print):
@@ -96,6 +136,7 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
                                  "train the run again with --set train.save_initial=true")
     batches_path = required_file(run_dir, "batches.safetensors", "train the run again with --set train.save_batches=true")
     metrics = read_metrics(required_file(run_dir, "metrics.csv", "the run has not trained a step"))
+    probes = read_probes(run_dir)
     train, optim, model_keys = config["train"], config["optim"], config["model"]
     if train.get("grad_shards", 0) > 1:
         raise ReplayError(f"{config_path}: /train/grad_shards {train['grad_shards']}: the replay computes one "
@@ -138,11 +179,16 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs[step - 1], freqs, mask)  # (B, T, V)
+        probed = step in probes
+        with torch_model.ActivationProbes(model) as activations:
+            logits = model(inputs[step - 1], freqs, mask)  # (B, T, V)
         flat, y = logits.reshape(-1, logits.shape[-1]), targets[step - 1].reshape(-1)
         cross_entropy = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX)
         z_term = z_loss * (torch.logsumexp(flat, -1)[y != IGNORE_INDEX] ** 2).mean() if z_loss > 0 else 0.0
         (cross_entropy + z_term).backward()
+        if probed:  # the probes of normlab's row: activations of this forward, gradients before clipping
+            torch_probes = {**activations.values(logits), **torch_model.parameter_probes(model, None)}
+            before = {name: p.detach().clone() for name, p in model.named_parameters()}
         if clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
         else:
@@ -155,6 +201,10 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
         record["loss_rel"] = relative(record["normlab_loss"], record["torch_loss"])
         record["grad_norm_rel"] = relative(record["normlab_grad_norm"], grad_norm)
         record["lr_rel"] = relative(record["normlab_lr"], lr)
+        if probed:
+            torch_probes.update(torch_model.parameter_probes(model, before))
+            record["probe_rel"], record["probe_noise_params"] = compare_probes(probes[step], torch_probes, step)
+            record["torch_probes"] = torch_probes
         records.append(record)
         if step % every == 0 or step == steps or step == 1:
             out(f"{step:>5} {record['normlab_lr']:>12.6g} {lr:>12.6g} {record['normlab_loss']:>22.17g} {record['torch_loss']:>22.17g} "
@@ -166,6 +216,24 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
               "worst_lr_rel": max(r["lr_rel"] for r in records)}
     out(f"worst relative difference over {steps} steps: loss {result['worst_loss_rel']:.3e}, grad norm "
         f"{result['worst_grad_norm_rel']:.3e}, lr {result['worst_lr_rel']:.3e}")
+    probed = [r for r in records if "probe_rel" in r]
+    if probed:
+        # Per probe (the column's name up to its first dot): the worst relative difference over steps and columns.
+        worst = {}
+        for r in probed:
+            for column, rel in r["probe_rel"].items():
+                family = column.split(".")[0]
+                if rel >= worst.get(family, (-1.0, ""))[0]:
+                    worst[family] = (rel, f"{column} at step {r['step']}")
+        result["worst_probe_rel"] = max(rel for rel, _ in worst.values())
+        result["probe_families"] = {family: rel for family, (rel, _) in worst.items()}
+        out(f"probes.csv, {len(probed)} probed steps, worst relative difference per probe:")
+        for family, (rel, where) in sorted(worst.items()):
+            out(f"  {family:<16} {rel:.3e}  ({where})")
+        noise = sorted({name for r in probed for name in r["probe_noise_params"]})
+        if noise:
+            out(f"  gradients of rounding noise (RMS < {GRAD_RMS_FLOOR:g} of the step's largest; grad_rms against "
+                f"that floor, update_ratio not compared): {', '.join(noise)}")
     final_path = os.path.join(run_dir, "checkpoints", f"step_{steps:08d}.safetensors")
     if os.path.isfile(final_path):
         final = {k: v for k, v in load_file(final_path).items() if not k.startswith(OPTIM_PREFIX)}
@@ -183,8 +251,9 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
     if tol is None:
         tol = 1e-9 if result["dtype"] == "f64" else math.inf
     result["tol"] = tol
-    result["ok"] = result["worst_loss_rel"] <= tol
-    out(f"{'within' if result['ok'] else 'ABOVE'} the tolerance {tol:g} (relative, train loss)")
+    result["ok"] = result["worst_loss_rel"] <= tol and result.get("worst_probe_rel", 0.0) <= tol
+    out(f"{'within' if result['ok'] else 'ABOVE'} the tolerance {tol:g} (relative, train loss"
+        f"{' and probes' if probed else ''})")
     return result
 
 

@@ -239,7 +239,8 @@ class TrainResult:
     grad_norm, val_loss, val_accuracy, val_token_accuracy, tokens_per_s, elapsed_s, z_loss), each a NumPy
     array; the val_* columns are NaN at steps without an evaluation. probes: the probed steps this call
     ran (train.probe_every), by probes.csv's column (step, attn_score_max.block0, residual_rms.block0,
-    ..., logsumexp_mean, logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>),
+    act_max.block0, act_kurtosis.block0, attn_entropy.block0, attn_sink.block0, ..., logsumexp_mean,
+    logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>, norm_input_rms.<norm>),
     each a NumPy array; empty without probes. profile: the kernel table with profile=True (also
     profile.txt), else None.
     """

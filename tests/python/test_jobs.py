@@ -193,6 +193,21 @@ def test_profile_returns_the_table(tmp_path):
     assert result.profile == (tmp_path / "run" / "profile.txt").read_text()
 
 
+def test_probes_are_probes_csv_with_every_instrument(tmp_path):
+    result = normlab.train(TOY, OVERRIDES + ["train.steps=12", "train.eval_every=0", "train.probe_every=4"],
+                           out=tmp_path / "run")
+    table = read_csv(tmp_path / "run" / "probes.csv")
+    assert list(result.probes) == list(table)
+    np.testing.assert_array_equal(result.probes["step"], [4, 8, 12])
+    for name, cells in table.items():
+        np.testing.assert_allclose(result.probes[name], as_floats(cells), rtol=1e-6, err_msg=name)
+    for probe in ("act_max", "act_kurtosis", "attn_entropy", "attn_sink"):
+        assert f"{probe}.block0" in result.probes
+    assert (result.probes["act_max.block0"] >= result.probes["residual_rms.block0"]).all()
+    assert ((result.probes["attn_sink.block0"] > 0) & (result.probes["attn_sink.block0"] < 1)).all()
+    assert "norm_input_rms.norm" in result.probes and "norm_input_rms.layers.0.ffn_norm" in result.probes
+
+
 # ---- checkpoints and sample ----
 
 def test_load_save_and_sample_a_checkpoint(reference, tmp_path):

@@ -1007,7 +1007,7 @@ REPLAY_BASE = {
     "model": {"dim": 16, "n_layers": 2, "n_heads": 4, "multiple_of": 8, "max_seq_len": 16},
     "optim": {"lr": 0.02, "min_lr": 0.002, "warmup_steps": 3, "weight_decay": 0.1},
     "train": {"steps": 10, "batch_size": 4, "eval_every": 0, "log_every": 100, "threads": 1, "dtype": "f64",
-              "save_initial": True, "save_batches": True},
+              "save_initial": True, "save_batches": True, "probe_every": 3},
 }
 REPLAY_CASES = [
     ("pre_rmsnorm_gqa_z_loss", {"model": {"n_kv_heads": 2, "norm": {"type": "rmsnorm"}},
@@ -1043,7 +1043,8 @@ def replay_case_config(keys):
 
 def fixture_train_replay(normlab):
     """Trains each case with the normlab program, replays it with examples/python/torch_replay.py
-    and keeps PyTorch's per-step losses and grad norms (the replay asserts 1e-9 on the way)."""
+    and keeps PyTorch's per-step losses and grad norms and its probes of the probed steps (the replay
+    asserts 1e-9 on the way)."""
     import subprocess
     import tempfile
 
@@ -1073,16 +1074,27 @@ def fixture_train_replay(normlab):
             result = torch_replay.replay(run_dir, out=lambda line: None)
             assert result["ok"], f"{name}: the replay differs by {result['worst_loss_rel']:.3e}"
             print(f"train_replay_f64 {name}: worst relative loss difference {result['worst_loss_rel']:.2e}, "
-                  f"grad norm {result['worst_grad_norm_rel']:.2e}, final weights {result['final_weights_rel']:.2e}")
+                  f"grad norm {result['worst_grad_norm_rel']:.2e}, final weights {result['final_weights_rel']:.2e}, "
+                  f"probes {result['worst_probe_rel']:.2e}")
             records = result["records"]
             fx.add(f"{name}.loss", torch.tensor([r["torch_loss"] for r in records], dtype=torch.float64),
                    "PyTorch's train loss per step")
             fx.add(f"{name}.grad_norm", torch.tensor([r["torch_grad_norm"] for r in records], dtype=torch.float64),
                    "PyTorch's global gradient norm per step, before clipping")
+            probed = [r for r in records if "torch_probes" in r]
+            columns = list(probed[0]["torch_probes"])
+            fx.metadata[f"probes.{name}"] = ",".join(columns)
+            fx.metadata[f"probe_steps.{name}"] = ",".join(str(r["step"]) for r in probed)
+            fx.add(f"{name}.probes", torch.tensor([[r["torch_probes"][c] for c in columns] for r in probed],
+                                                  dtype=torch.float64),
+                   "PyTorch's probes of the probed steps, columns named by the metadata's probes.<case>")
     fx.table = [("<case>.loss", "`[10]`", "F64", "PyTorch's train loss (the cross-entropy, without the z-loss term) "
                  "of steps 1..10"),
                 ("<case>.grad_norm", "`[10]`", "F64", "PyTorch's global gradient L2 norm of steps 1..10, before "
-                 "clipping")]
+                 "clipping"),
+                ("<case>.probes", "`[3, columns]`", "F64", "PyTorch's probes (torch_model.py ActivationProbes and "
+                 "parameter_probes) of steps 3, 6 and 9 (metadata `probe_steps.<case>`), one column per "
+                 "probes.csv column named in the metadata's `probes.<case>`")]
     fx.readme_extra = ["| case | keys over the base config |", "|---|---|"]
     fx.readme_extra += [f"| `{name}` | `{json.dumps(keys, separators=(',', ':'))}` |" for name, keys in REPLAY_CASES]
     fx.readme_extra.append("")
