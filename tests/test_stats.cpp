@@ -1,12 +1,13 @@
 // The statistics behind `normlab sweep`'s summary (jobs/stats.h) against published values: Student-t
 // quantiles from the standard tables, the incomplete beta at points with a closed form, the 95%
-// interval of a mean by hand.
+// interval of a mean by hand; and the sweep's loss-spike count (jobs/sweep.h) on made-up curves.
 #include <cmath>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "jobs/stats.h"
+#include "jobs/sweep.h"
 
 TEST_CASE("stats: Student-t quantiles match the published table", "[sweep][stats]") {
     // t_{0.975, df}: the two-sided 95% critical values (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2).
@@ -54,4 +55,32 @@ TEST_CASE("stats: a mean's 95% interval is mean -+ t * s / sqrt(n), none for one
     CHECK(std::isnan(one.hi));
     CHECK(std::isnan(nl::sample_mean({})));
     CHECK(nl::sample_std({1.0, 3.0}) == Approx(std::sqrt(2.0)));
+}
+
+TEST_CASE("sweep: loss_spikes counts steps above 2x the median of the 20 steps before", "[sweep][stats]") {
+    REQUIRE(nl::kLossSpikeFactor == 2.0);
+    REQUIRE(nl::kLossSpikeWindow == 20);
+    std::vector<double> flat(40, 1.0);
+    CHECK(nl::count_loss_spikes(flat) == 0);
+    std::vector<double> losses = flat;
+    losses[25] = 2.5;   // above 2 x median 1: a spike
+    losses[30] = 2.0;   // exactly 2 x the median: not above it
+    losses[5] = 9.0;    // in the first window: not judged
+    CHECK(nl::count_loss_spikes(losses) == 1);
+    // The median ignores the one spike in the window: step 26 back at 1.0 is no spike, 2.1 is.
+    losses[26] = 2.1;
+    CHECK(nl::count_loss_spikes(losses) == 2);
+    // A falling curve: the median of the window is what it is compared with, not the first loss.
+    std::vector<double> falling;
+    for (int i = 0; i < 60; ++i) falling.push_back(10.0 / (1.0 + i));
+    CHECK(nl::count_loss_spikes(falling) == 0);
+    falling[50] = 0.6;  // the 20 before it have median 0.247
+    CHECK(nl::count_loss_spikes(falling) == 1);
+    // A non-finite loss is a spike; a window holding one is still judged.
+    losses = flat;
+    losses[21] = NAN;
+    losses[22] = INFINITY;
+    CHECK(nl::count_loss_spikes(losses) == 2);
+    CHECK(nl::count_loss_spikes(std::vector<double>(20, 1.0)) == 0);
+    CHECK(nl::count_loss_spikes({}) == 0);
 }
