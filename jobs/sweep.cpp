@@ -4,6 +4,7 @@
 #include "jobs/sweep.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <fmt/core.h>
@@ -635,11 +637,14 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
     return drawn + probes_note;
 }
 
-std::string describe(const SweepConfig& c, int jobs, const std::string& dir) {
+std::string describe(const SweepConfig& c, const GridRunner& grid, const std::string& dir) {
     std::string shape;
     for (size_t k = 0; k < c.keys.size(); ++k) shape += fmt::format("{} {} x ", c.keys[k], c.values[k].size());
-    return fmt::format("{} runs ({}seeds {}), {} at once{} -> {}", run_count(c), shape, c.seeds.size(), jobs,
-                       dist::world_size() > 1 ? fmt::format(" on each of {}", dist::describe()) : "", dir);
+    const std::string shard = grid.shards > 1 ? fmt::format(", shard {}/{}: {} of them", grid.shard, grid.shards,
+                                                            shard_runs(grid).size())
+                                              : "";
+    return fmt::format("{} runs ({}seeds {}){}, {} at once{} -> {}", run_count(c), shape, c.seeds.size(), shard,
+                       grid.jobs, dist::world_size() > 1 ? fmt::format(" on each of {}", dist::describe()) : "", dir);
 }
 
 std::string table_of(const json& variants) {
@@ -652,7 +657,46 @@ std::string table_of(const json& variants) {
     return out;
 }
 
+// A shard's sweep directory, shared with the sweep's other shards, which may be running at the same
+// moment on other machines. So it is not locked (RunDir's lock would shut the other shards out; each
+// run's own directory is still locked by its train job) and nothing in it is removed. The first
+// shard to come writes config.json (atomically, and every shard of the sweep writes the same
+// config); the others check theirs against it, as --resume does.
+void join_shared_sweep_dir(const std::string& out, const json& resolved) {
+    std::error_code ec;
+    const std::string config = out + "/config.json";
+    if (fs::exists(out, ec)) {
+        NL_REQUIRE(fs::is_directory(out, ec), "--shard: ", out, ": exists and is not a directory");
+        if (!fs::exists(config, ec))
+            for (const auto& entry : fs::directory_iterator(out, ec))
+                // Another shard may be writing config.json (its temporary file) right now.
+                NL_REQUIRE(entry.path().filename().string().rfind("config.json", 0) == 0, "--shard: ", out,
+                           " is not empty and holds no sweep (no config.json); the shards of a sweep share a "
+                           "directory that only they write");
+    }
+    fs::create_directories(out, ec);
+    NL_REQUIRE(!ec, "--shard: ", out, ": cannot create the sweep directory: ", ec.message());
+    if (!fs::exists(config, ec)) write_file_atomic(config, resolved.dump(2) + "\n");
+    require_resumable(out, resolved, "sweep", "--shard");
+    fs::create_directories(out + "/runs");
+}
+
 }  // namespace
+
+SweepShard parse_shard(const std::string& text) {
+    SweepShard shard;
+    const size_t slash = text.find('/');
+    auto integer = [](std::string_view digits, int64_t& value) {
+        const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        return !digits.empty() && error == std::errc() && end == digits.data() + digits.size();
+    };
+    const bool ok = slash != std::string::npos && integer(std::string_view(text).substr(0, slash), shard.index) &&
+                    integer(std::string_view(text).substr(slash + 1), shard.count) && shard.count >= 1 &&
+                    shard.index >= 0 && shard.index < shard.count;
+    NL_REQUIRE(ok, "sweep: --shard: expected K/N, integers with N >= 1 and 0 <= K < N (K counts from 0), found \"",
+               text, "\"");
+    return shard;
+}
 
 int64_t count_loss_spikes(const std::vector<double>& losses) {
     int64_t spikes = 0;
@@ -683,11 +727,17 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
     NL_REQUIRE(!job.resume || !job.out.empty(), "sweep: --resume needs --out naming the sweep directory");
     NL_REQUIRE(!(job.resume && job.force), "sweep: --resume and --force cannot be combined");
     NL_REQUIRE(job.jobs >= 0, "sweep: --jobs must be >= 0, found ", job.jobs);
+    const SweepShard shard = job.shard.empty() ? SweepShard{} : parse_shard(job.shard);
+    const bool sharded = !job.shard.empty();
+    NL_REQUIRE(!sharded || !job.out.empty(), "sweep: --shard needs --out naming the sweep directory the shards share");
+    NL_REQUIRE(!sharded || !job.force, "sweep: --shard and --force cannot be combined (a shard would delete the "
+                                       "other shards' runs)");
     SweepConfig c;
-    std::optional<RunDir> run;  // rank 0's
+    std::optional<RunDir> run;  // rank 0's; none for a shard, which writes no tables
     dist::run_on_every_rank([&] {
         c = read_config(job);
         if (!dist::is_root()) return;
+        if (sharded) return join_shared_sweep_dir(job.out, c.resolved);
         if (job.resume) require_resumable(job.out, c.resolved, "sweep");
         run = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force, job.resume);
         if (!job.resume) {
@@ -699,7 +749,7 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         }
         fs::create_directories(run->path("runs"));
     });
-    const std::string dir = dist::broadcast_string(run ? run->dir() : std::string());
+    const std::string dir = dist::broadcast_string(run ? run->dir() : sharded ? job.out : std::string());
     const auto start = std::chrono::steady_clock::now();
     try {
         const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -708,15 +758,19 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         grid.runs = run_count(c);
         grid.jobs = job.jobs > 0 ? job.jobs : std::max(1, cores / std::max(1, dist::world_size()));
         grid.resume = job.resume;
-        int64_t mine = 0, resumed = 0, done = 0;
-        const int64_t resumed_total = job.resume && dist::is_root() ? static_cast<int64_t>(finished_runs(grid).size()) : 0;
-        for (int64_t i = dist::rank(); i < grid.runs; i += dist::world_size()) ++mine;
+        grid.shard = shard.index;
+        grid.shards = shard.count;
+        const std::vector<int64_t> in_shard = shard_runs(grid), on_rank = rank_runs(grid);
+        int64_t mine = static_cast<int64_t>(on_rank.size()), resumed = 0, resumed_total = 0, done = 0;
         if (job.resume) {
-            for (int64_t i : finished_runs(grid)) resumed += i % dist::world_size() == dist::rank();
+            for (int64_t i : finished_runs(grid)) {
+                resumed += std::binary_search(on_rank.begin(), on_rank.end(), i);
+                resumed_total += dist::is_root() && std::binary_search(in_shard.begin(), in_shard.end(), i);
+            }
             mine -= resumed;
         }
         if (callbacks.on_start)
-            callbacks.on_start({dist::is_root() ? describe(c, grid.jobs, dir) : std::string(), grid.runs, resumed, mine});
+            callbacks.on_start({dist::is_root() ? describe(c, grid, dir) : std::string(), grid.runs, resumed, mine});
         grid.run = [&](int64_t index, const std::string& run_dir) { return run_one(c, index, run_dir); };
         const int rank = dist::rank(), world_size = dist::world_size();  // the runs' threads see a world of one
         grid.on_done = [&](int64_t index, const json& r) {
@@ -730,6 +784,8 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
 
         SweepResult out;
         out.run_dir = dir;
+        out.shard_runs = static_cast<int64_t>(in_shard.size());
+        if (sharded) return out;  // the tables need every shard's runs: a --resume afterwards writes them
         make_table(c, records, out);
         CsvWriter csv(run->path("runs.csv"), out.columns);
         for (const auto& row : out.rows) csv.row(row);

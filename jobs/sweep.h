@@ -9,7 +9,10 @@
 // The runs go over `jobs` threads in one process (each run on one OpenMP thread unless the config
 // says otherwise) and, under mpirun, over the ranks (run i to rank i mod N); rank 0 writes the
 // tables. Each finished run leaves runs/<i>/result.json (jobs/grid_runner.h), so `resume` continues
-// an interrupted sweep, and its runs.csv equals an uninterrupted sweep's but for `seconds`.
+// an interrupted sweep, and its runs.csv equals an uninterrupted sweep's but for `seconds`. A `shard`
+// K/N runs only the runs i with i mod N == K and writes no tables: N invocations on machines that
+// share the sweep directory (a Slurm job array) run the whole grid, and a `resume` afterwards
+// finds every run done and writes the tables (docs/distributed.md).
 // Nothing here prints: progress reaches the caller through SweepCallbacks.
 #pragma once
 
@@ -32,8 +35,17 @@ struct SweepJob {
     bool force = false;                  // replace an existing sweep directory
     bool resume = false;                 // continue the sweep in `out`: run the runs without result.json
     int jobs = 0;                        // runs at once on each rank; 0: the cores / the MPI ranks (at least 1)
+    std::string shard;                   // "K/N": only the runs i with i mod N == K, no tables; "": every run
 };
 
+// A shard of a sweep: the runs i with i mod count == index.
+struct SweepShard {
+    int64_t index = 0;
+    int64_t count = 1;
+};
+
+// `text` "K/N" as a shard (0 <= K < N); an nl::Error naming --shard, what it expects and what it found.
+SweepShard parse_shard(const std::string& text);
 
 struct SweepStart {
     std::string description;  // "4 runs (optim.lr 2 x seeds 2), 2 at once -> runs/..."
@@ -68,6 +80,7 @@ struct SweepResult {
     nlohmann::json summary;                       // summary.json (rank 0; null elsewhere)
     std::string table;                            // one line per variant, for the terminal
     std::string plots;                            // which PNGs were drawn, or why none
+    int64_t shard_runs = 0;                       // a shard: the runs in it (no tables then)
 };
 
 SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks = {});

@@ -1,6 +1,6 @@
 // The statistics behind `normlab sweep`'s summary (jobs/stats.h) against published values: Student-t
 // quantiles from the standard tables, the incomplete beta at points with a closed form, the 95%
-// interval of a mean by hand; and the sweep's loss-spike count (jobs/sweep.h) on made-up curves.
+// interval of a mean by hand; and the sweep's loss-spike count and --shard parsing (jobs/sweep.h).
 #include <cmath>
 #include <vector>
 
@@ -83,4 +83,16 @@ TEST_CASE("sweep: loss_spikes counts steps above 2x the median of the 20 steps b
     CHECK(nl::count_loss_spikes(losses) == 2);
     CHECK(nl::count_loss_spikes(std::vector<double>(20, 1.0)) == 0);
     CHECK(nl::count_loss_spikes({}) == 0);
+}
+
+TEST_CASE("sweep: --shard K/N parses and refuses what is not 0 <= K < N", "[sweep]") {
+    const nl::SweepShard s = nl::parse_shard("3/4");
+    CHECK(s.index == 3);
+    CHECK(s.count == 4);
+    CHECK(nl::parse_shard("0/1").count == 1);
+    for (const char* bad : {"4/4", "5/4", "0/0", "1", "a/b", "1/2/3", "-1/2", "1/-2", "/2", "1/", " 1/2", "1/2x", ""}) {
+        INFO(bad);
+        REQUIRE_THROWS_WITH(nl::parse_shard(bad),
+                            Catch::Contains("--shard: expected K/N") && Catch::Contains(std::string("found \"") + bad + "\""));
+    }
 }

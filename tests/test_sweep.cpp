@@ -1,8 +1,9 @@
 // `normlab sweep` (jobs/sweep.h) through the real program on a tiny transformer: runs.csv's columns,
 // a run's files equal to a standalone `normlab train` of its config, the learning-rate sensitivity,
 // the per-lr intervals and the paired differences to a baseline recomputed from runs.csv, a diverging
-// lr recorded (not an error), bad input refused before any run, and a sweep killed with SIGKILL
-// then resumed equal to an uninterrupted one.
+// lr recorded (not an error), bad input refused before any run, a sweep killed with SIGKILL then
+// resumed equal to an uninterrupted one, and a sweep run as two concurrent shards then resumed equal
+// to one run whole.
 #include <signal.h>
 
 #include <chrono>
@@ -286,11 +287,19 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
         CHECK(!fs::exists(dir + "/out" + std::to_string(i)));
     }
-    // Flags: a negative --jobs, and --resume without the directory it continues.
+    // Flags: a negative --jobs, --resume without the directory it continues, a --shard that is not K/N
+    // with 0 <= K < N, or without the shared --out, or with --force.
     write_json(dir + "/good.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    const std::string shard_expected = "sweep: --shard: expected K/N, integers with N >= 1 and 0 <= K < N (K counts from 0), found ";
     const std::vector<std::pair<std::string, std::string>> flags = {
         {"--jobs -1 --out outj", "sweep: --jobs must be >= 0, found -1"},
-        {"--resume", "sweep: --resume needs --out naming the sweep directory"}};
+        {"--resume", "sweep: --resume needs --out naming the sweep directory"},
+        {"--shard 2/2 --out outj", shard_expected + "\"2/2\""},
+        {"--shard 0/0 --out outj", shard_expected + "\"0/0\""},
+        {"--shard 1/x --out outj", shard_expected + "\"1/x\""},
+        {"--shard 3 --out outj", shard_expected + "\"3\""},
+        {"--shard 0/2", "sweep: --shard needs --out naming the sweep directory the shards share"},
+        {"--shard 0/2 --out outj --force", "sweep: --shard and --force cannot be combined"}};
     for (const auto& [args, message] : flags) {
         const CliRun run = run_normlab_in(dir, "sweep good.json " + args);
         INFO(args << ": " << run.output);
@@ -299,6 +308,7 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
     }
     CHECK(!fs::exists(dir + "/outj"));
+    CHECK(!fs::exists(dir + "/runs"));  // nor the default directory
 }
 
 TEST_CASE("sweep: --set base.<key> reaches a base given as a file, its paths still beside it", "[sweep][cli]") {
@@ -386,4 +396,51 @@ TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrup
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
     }
     CHECK(read_csv(dir + "/whole/runs.csv").rows.size() == 6);  // the refused resume left the sweep as it was
+}
+
+TEST_CASE("sweep: two concurrent --shard runs then --resume give an unsharded sweep's runs.csv", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep-shard");
+    write_json(dir + "/base.json", tiny_base(30));
+    // 5 runs: shard 0/2 takes runs 0, 2, 4 and shard 1/2 runs 1, 3.
+    write_json(dir + "/sweep.json", json{{"base", "base.json"},
+                                         {"grid", {{"optim.lr", {0.003, 0.01, 0.03, 0.1, 0.3}}}},
+                                         {"seeds", {0}}});
+    // Both shards at once, as a job array's tasks start, sharing the directory neither has made yet.
+    const std::string normlab = "OMP_WAIT_POLICY=passive " + shell_arg(NORMLAB_BINARY);
+    const CliRun shards = run_shell_in(
+        dir, "{ (" + normlab + " sweep sweep.json --out sharded --jobs 1 --shard 0/2 >s0.log 2>&1; echo $? >s0.rc) & (" +
+                 normlab + " sweep sweep.json --out sharded --jobs 1 --shard 1/2 >s1.log 2>&1; echo $? >s1.rc) & wait; }");
+    REQUIRE(shards.status == 0);
+    for (int k = 0; k < 2; ++k) {
+        const std::string log = read_text(dir + "/s" + std::to_string(k) + ".log");
+        INFO("shard " << k << ": " << log);
+        CHECK(read_text(dir + "/s" + std::to_string(k) + ".rc") == "0\n");
+        CHECK(log.find("shard " + std::to_string(k) + "/2: " + (k == 0 ? "3" : "2") + " of them") != std::string::npos);
+        CHECK(log.find("shard " + std::to_string(k) + "/2 done") != std::string::npos);
+    }
+    for (int i = 0; i < 5; ++i) CHECK(file_exists(dir + "/sharded/runs/" + std::to_string(i) + "/result.json"));
+    // The shards write no tables: those need every shard's runs.
+    CHECK(!fs::exists(dir + "/sharded/runs.csv"));
+    CHECK(!fs::exists(dir + "/sharded/summary.json"));
+
+    // A shard with another config is refused before it runs anything.
+    write_json(dir + "/other.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    const CliRun other = run_normlab_in(dir, "sweep other.json --out sharded --shard 0/2");
+    INFO(other.output);
+    CHECK(other.status == 2);
+    CHECK(other.output.find("--shard: this config differs from sharded/config.json's") != std::string::npos);
+    CHECK(std::count(other.output.begin(), other.output.end(), '\n') == 1);
+
+    const CliRun resumed = run_normlab_in(dir, "sweep sweep.json --out sharded --resume");
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(resumed.output.find("(5 runs already done)") != std::string::npos);
+    CHECK(resumed.output.find("sweep: run ") == std::string::npos);  // nothing ran again
+    const CliRun whole = run_normlab_in(dir, "sweep sweep.json --out whole --jobs 2 --quiet");
+    REQUIRE(whole.status == 0);
+    const Csv a = read_csv(dir + "/sharded/runs.csv"), b = read_csv(dir + "/whole/runs.csv");
+    CHECK(a.rows.size() == 5);
+    CHECK(without_columns(a, {"seconds"}) == without_columns(b, {"seconds"}));
+    CHECK(json::parse(read_text(dir + "/sharded/summary.json"))["variants"] ==
+          json::parse(read_text(dir + "/whole/summary.json"))["variants"]);
 }
