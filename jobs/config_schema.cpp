@@ -341,6 +341,11 @@ ConfigSchema make_sweep_schema() {
     k.push_back({.path = "plots", .type = ConfigType::Boolean, .default_value = true,
                  .meaning = "render `val_loss_vs_lr.png`, `attn_score_max.png` and `residual_rms.png` with "
                             "gnuplot, when it is installed (`plots.gp` is always written)"});
+    k.push_back({.path = "baseline", .type = ConfigType::String, .default_value = "",
+                 .constraint = "a variant's name as summary.json gives it",
+                 .meaning = "the variant the others are compared with (`\"model.qk_norm=none\"`): summary.json gives "
+                            "each other variant's paired difference to it per lr (matched by seed), mean and 95% "
+                            "interval; \"\" for none"});
     return {"sweep", "normlab sweep config", std::move(k)};
 }
 

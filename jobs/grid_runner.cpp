@@ -1,5 +1,5 @@
-// The sweep runner (jobs/grid_runner.h): this rank's runs, resumed ones read back, the rest pulled
-// one at a time by `jobs` threads from a shared counter; then rank 0 gathers every record.
+// The sweep runner (jobs/grid_runner.h): this rank's runs (of its shard), resumed ones read back, the
+// rest pulled one at a time by `jobs` threads from a shared counter; then rank 0 gathers the records.
 #include "jobs/grid_runner.h"
 
 #include <cblas.h>
@@ -39,14 +39,23 @@ std::optional<json> read_record(const std::string& path) {
     return record;
 }
 
-// Run indices rank, rank + ranks, ...
-std::vector<int64_t> my_runs(int64_t runs) {
-    std::vector<int64_t> mine;
-    for (int64_t i = dist::rank(); i < runs; i += dist::world_size()) mine.push_back(i);
-    return mine;
+}  // namespace
+
+std::vector<int64_t> shard_runs(const GridRunner& grid) {
+    NL_CHECK(grid.shards >= 1 && grid.shard >= 0 && grid.shard < grid.shards, "GridRunner: shard ", grid.shard,
+             " of ", grid.shards);
+    std::vector<int64_t> runs;
+    for (int64_t i = grid.shard; i < grid.runs; i += grid.shards) runs.push_back(i);
+    return runs;
 }
 
-}  // namespace
+std::vector<int64_t> rank_runs(const GridRunner& grid) {
+    const std::vector<int64_t> shard = shard_runs(grid);
+    std::vector<int64_t> mine;
+    for (size_t k = static_cast<size_t>(dist::rank()); k < shard.size(); k += static_cast<size_t>(dist::world_size()))
+        mine.push_back(shard[k]);
+    return mine;
+}
 
 std::string GridRunner::run_dir(int64_t index) const { return dir + "/runs/" + std::to_string(index); }
 std::string GridRunner::record_path(int64_t index) const { return run_dir(index) + "/result.json"; }
@@ -63,7 +72,7 @@ std::vector<json> run_grid(const GridRunner& grid) {
     NL_CHECK(!grid.resume || !grid.dir.empty(), "run_grid: resume needs a directory of records");
     std::vector<std::optional<json>> records(static_cast<size_t>(grid.runs));  // (runs,) this rank's
     std::vector<int64_t> todo;
-    for (int64_t i : my_runs(grid.runs)) {
+    for (int64_t i : rank_runs(grid)) {
         if (grid.resume)
             if (std::optional<json> record = read_record(grid.record_path(i))) {
                 records[static_cast<size_t>(i)] = std::move(*record);
@@ -123,7 +132,7 @@ std::vector<json> run_grid(const GridRunner& grid) {
 
     // Rank 0 gathers: each rank sends [[index, record], ...] of its runs.
     json mine = json::array();
-    for (int64_t i : my_runs(grid.runs))
+    for (int64_t i : rank_runs(grid))
         if (records[static_cast<size_t>(i)]) mine.push_back(json::array({i, *records[static_cast<size_t>(i)]}));
     const std::vector<std::string> gathered = dist::gather(mine.dump());
     if (!dist::is_root()) return {};
@@ -134,7 +143,7 @@ std::vector<json> run_grid(const GridRunner& grid) {
             records[static_cast<size_t>(i)] = entry[1];
         }
     std::vector<json> out;
-    for (int64_t i = 0; i < grid.runs; ++i) {
+    for (int64_t i : shard_runs(grid)) {
         NL_CHECK(records[static_cast<size_t>(i)].has_value(), "run ", i, "'s record was not gathered");
         out.push_back(std::move(*records[static_cast<size_t>(i)]));
     }

@@ -62,11 +62,12 @@ bool is_temp_file(const std::string& name) {
 
 }  // namespace
 
-void require_resumable(const std::string& out, const nlohmann::json& resolved, const std::string& what) {
+void require_resumable(const std::string& out, const nlohmann::json& resolved, const std::string& what,
+                       const std::string& flag) {
     const std::string stored = out + "/config.json";
-    NL_REQUIRE(std::filesystem::is_regular_file(stored), "--resume: ", out, " holds no ", what, " (no config.json)");
-    NL_REQUIRE(load_json_file(stored) == resolved, "--resume: this config differs from ", stored,
-               "'s; resume with the config the ", what, " started with");
+    NL_REQUIRE(std::filesystem::is_regular_file(stored), flag, ": ", out, " holds no ", what, " (no config.json)");
+    NL_REQUIRE(load_json_file(stored) == resolved, flag, ": this config differs from ", stored,
+               "'s; use the config the ", what, " started with");
 }
 
 RunDir RunDir::create(const std::string& config_path, const std::string& out, bool force, bool resume) {

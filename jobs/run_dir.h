@@ -45,8 +45,10 @@ private:
 };
 
 // For --resume: `out` must hold a run of this job (its config.json) and that run's resolved config must
-// equal `resolved`; else an nl::Error naming both. `what` names the run ("stability run", "sweep").
-void require_resumable(const std::string& out, const nlohmann::json& resolved, const std::string& what);
+// equal `resolved`; else an nl::Error naming both. `what` names the run ("stability run", "sweep");
+// `flag` the option that continues it (a sweep's --shard joins its directory the same way).
+void require_resumable(const std::string& out, const nlohmann::json& resolved, const std::string& what,
+                       const std::string& flag = "--resume");
 
 // metrics.csv-style streaming writer: a header row, then one row per call, flushed each row so a
 // crash loses at most one line.

@@ -4,6 +4,7 @@
 #include "jobs/sweep.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <fmt/core.h>
@@ -26,6 +28,7 @@
 #include "jobs/config_schema.h"
 #include "jobs/grid_runner.h"
 #include "jobs/run_dir.h"
+#include "jobs/stats.h"
 #include "jobs/train.h"
 #include "jobs/train_config.h"
 
@@ -51,6 +54,7 @@ struct SweepConfig {
     std::vector<int64_t> seeds;
     double diverge_factor = 3.0;
     bool plots = true;
+    std::string baseline;                   // the variant the others are compared with; "": none
     json resolved;                          // the sweep config with base as the train config object
     std::vector<json> run_configs;          // (runs,) each run's train config
     std::vector<double> run_lrs;            // (runs,) each run's resolved optim.lr
@@ -90,6 +94,26 @@ std::string run_label(const SweepConfig& c, int64_t index) {
     std::string label;
     for (size_t k = 0; k < c.keys.size(); ++k) label += c.keys[k] + "=" + value_text(c.values[k][at[k]]) + " ";
     return label + "seed=" + std::to_string(c.seeds[seed_at]);
+}
+
+// Run `index`'s grid values: {key: value} for every grid key.
+json grid_values_of(const SweepConfig& c, int64_t index) {
+    size_t seed_at = 0;
+    const std::vector<size_t> at = position_of(c, index, seed_at);
+    json grid = json::object();
+    for (size_t k = 0; k < c.keys.size(); ++k) grid[c.keys[k]] = c.values[k][at[k]];
+    return grid;
+}
+
+// A variant's name in summary.json (and a `baseline`'s value): "model.qk_norm=head", the grid keys
+// other than optim.lr that have more than one value (a key with one value is the same in every
+// variant: it would only lengthen the name); "base" when there are none. `grid`: the variant's values.
+std::string variant_name(const SweepConfig& c, const json& grid) {
+    std::string name;
+    for (size_t k = 0; k < c.keys.size(); ++k)
+        if (c.keys[k] != kLrKey && c.values[k].size() > 1)
+            name += (name.empty() ? "" : " ") + c.keys[k] + "=" + value_text(grid[c.keys[k]]);
+    return name.empty() ? "base" : name;
 }
 
 // The grid's keys in the order the config file lists them: JSON objects are read sorted by name, so
@@ -211,6 +235,7 @@ SweepConfig read_config(const SweepJob& job) {
     }
     c.diverge_factor = r.get_double("diverge_factor");
     c.plots = r.get_bool("plots");
+    c.baseline = r.get_string("baseline");
     r.finish();
 
     // The base train config, its relative paths beside the file that holds them.
@@ -246,6 +271,20 @@ SweepConfig read_config(const SweepJob& job) {
     }
     c.resolved = r.resolved();
     c.resolved["base"] = c.base;
+
+    // The baseline names one of the grid's variants, as summary.json names them.
+    if (!c.baseline.empty()) {
+        std::vector<std::string> names;
+        for (int64_t i = 0; i < run_count(c); ++i) {
+            const std::string name = variant_name(c, grid_values_of(c, i));
+            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+        }
+        if (std::find(names.begin(), names.end(), c.baseline) == names.end()) {
+            std::string choices;
+            for (const std::string& name : names) choices += (choices.empty() ? "" : ", ") + json(name).dump();
+            r.fail("baseline", "expected one of the grid's variants (" + choices + "), found " + json(c.baseline).dump());
+        }
+    }
 
     // Every run's train config, read as `normlab train` reads it, before anything is written.
     const int64_t runs = run_count(c);
@@ -284,12 +323,16 @@ json run_one(const SweepConfig& c, int64_t index, const std::string& dir) {
     TrainSession session(train);
     const double init_loss = session.evaluate().loss;
     double final_train = NAN, final_val = NAN;
+    std::vector<double> train_losses;  // per step, for loss_spikes
+    double max_grad_norm = -INFINITY;  // pre-clip; the first NaN stays
     int64_t diverged_at = 0, probe_step = 0;
     json probes = json::array();       // the last probes row: [[name, value], ...]
     json attn_max = json::array();     // [[step, max over blocks of attn_score_max.block<i>], ...]
     while (!session.done()) {
         const TrainStep t = session.run_step();
         final_train = t.train_loss;
+        train_losses.push_back(t.train_loss);
+        if (!std::isnan(max_grad_norm) && !(t.grad_norm <= max_grad_norm)) max_grad_norm = t.grad_norm;
         if (!t.probes.empty()) {
             probe_step = t.step;
             probes = json::array();
@@ -307,17 +350,17 @@ json run_one(const SweepConfig& c, int64_t index, const std::string& dir) {
     }
     if (diverged_at == 0) final_val = session.finish().summary["val_loss"].get<double>();
     size_t seed_at = 0;
-    const std::vector<size_t> at = position_of(c, index, seed_at);
-    json grid = json::object();
-    for (size_t k = 0; k < c.keys.size(); ++k) grid[c.keys[k]] = c.values[k][at[k]];
+    position_of(c, index, seed_at);  // for the seed: the grid values come from grid_values_of
     return {{"index", index},
-            {"grid", grid},
+            {"grid", grid_values_of(c, index)},
             {"seed", c.seeds[seed_at]},
             {"init_loss", number(init_loss)},
             {"final_train_loss", number(final_train)},
             {"final_val_loss", number(final_val)},
             {"diverged", diverged_at > 0},
             {"diverged_at_step", diverged_at},
+            {"loss_spikes", count_loss_spikes(train_losses)},
+            {"max_grad_norm", number(max_grad_norm)},
             {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
             {"probe_step", probe_step},
             {"probes", probes},
@@ -336,7 +379,7 @@ void make_table(const SweepConfig& c, const std::vector<json>& records, SweepRes
     out.columns = {"index"};
     for (const std::string& key : c.keys) out.columns.push_back(key);
     for (const char* column : {"seed", "init_loss", "final_train_loss", "final_val_loss", "diverged",
-                               "diverged_at_step", "seconds", "probe_step"})
+                               "diverged_at_step", "loss_spikes", "max_grad_norm", "seconds", "probe_step"})
         out.columns.push_back(column);
     const size_t fixed = out.columns.size();
     for (const json& r : records)
@@ -350,6 +393,9 @@ void make_table(const SweepConfig& c, const std::vector<json>& records, SweepRes
         for (const char* key : {"init_loss", "final_train_loss", "final_val_loss"}) row.push_back(cell(number_of(r[key])));
         row.push_back(r["diverged"].get<bool>() ? "1" : "0");
         row.push_back(std::to_string(r["diverged_at_step"].get<int64_t>()));
+        // A record from before these columns (a sweep resumed by a newer normlab) leaves them empty.
+        row.push_back(r.contains("loss_spikes") ? std::to_string(r["loss_spikes"].get<int64_t>()) : "");
+        row.push_back(cell(number_of(r.value("max_grad_norm", json()))));
         row.push_back(cell(number_of(r["seconds"])));
         row.push_back(std::to_string(r["probe_step"].get<int64_t>()));
         row.resize(out.columns.size());
@@ -362,24 +408,10 @@ void make_table(const SweepConfig& c, const std::vector<json>& records, SweepRes
     }
 }
 
-double mean_of(const std::vector<double>& values) {
-    double sum = 0.0;
-    for (double v : values) sum += v;
-    return values.empty() ? NAN : sum / static_cast<double>(values.size());
-}
-
-double std_of(const std::vector<double>& values) {
-    if (values.size() < 2) return NAN;
-    const double m = mean_of(values);
-    double sum = 0.0;
-    for (double v : values) sum += (v - m) * (v - m);
-    return std::sqrt(sum / static_cast<double>(values.size() - 1));
-}
-
 // One variant: a grid point without its lr, over its lrs and seeds.
 struct Variant {
     json grid;                     // the variant's grid values, optim.lr left out
-    std::string name;              // "model.qk_norm=head": the keys with more than one value ("base" when none)
+    std::string name;              // variant_name: "model.qk_norm=head"
     std::vector<const json*> runs;
 };
 
@@ -389,66 +421,100 @@ std::vector<Variant> variants_of(const std::vector<json>& records, const SweepCo
         json grid = r["grid"];
         grid.erase(kLrKey);
         auto it = std::find_if(variants.begin(), variants.end(), [&](const Variant& v) { return v.grid == grid; });
-        if (it == variants.end()) {
-            // A key the grid gives one value is the same in every variant: it would only lengthen the name.
-            std::string name;
-            for (size_t k = 0; k < c.keys.size(); ++k)
-                if (c.keys[k] != kLrKey && c.values[k].size() > 1)
-                    name += (name.empty() ? "" : " ") + c.keys[k] + "=" + value_text(grid[c.keys[k]]);
-            it = variants.insert(variants.end(), Variant{grid, name.empty() ? "base" : name, {}});
-        }
+        if (it == variants.end()) it = variants.insert(variants.end(), Variant{grid, variant_name(c, grid), {}});
         it->runs.push_back(&r);
     }
     return variants;
 }
 
-// A variant's summary: L_init (the mean init_loss over its runs), then per lr the final val loss over
-// seeds with a diverged run (or a non-finite val loss) counted as L_init; lr_sensitivity from those
-// means (Wortsman et al. 2023), the best lr, the divergence rate.
-json variant_json(const Variant& v, const SweepConfig& c, std::vector<std::pair<double, double>>& curve) {
-    std::vector<double> inits;
-    int64_t diverged = 0;
-    for (const json* r : v.runs) {
-        inits.push_back(number_of((*r)["init_loss"]));
-        diverged += (*r)["diverged"].get<bool>();
-    }
-    const double init_loss = mean_of(inits);
-    std::map<double, std::vector<double>> by_lr;  // lr -> (seeds,) final val loss, diverged as L_init
+// A variant's final val losses as its summary counts them: L_init (the mean init_loss over its runs)
+// and, per lr and seed, the run's final val loss, or L_init where the run diverged or its val loss is
+// not finite (Wortsman et al. 2023: a run that failed is no better than no training). The lr
+// sensitivity, the per-lr means and intervals and the paired differences to the baseline all read
+// these, so one rule decides what a failed run counts as.
+struct VariantLosses {
+    double init_loss = NAN;
+    std::map<double, std::map<int64_t, double>> by_lr;  // lr -> seed -> counted final val loss
     std::map<double, int64_t> diverged_by_lr;
+    int64_t diverged = 0;
+};
+
+VariantLosses losses_of(const Variant& v, const SweepConfig& c) {
+    VariantLosses out;
+    std::vector<double> inits;
+    for (const json* r : v.runs) inits.push_back(number_of((*r)["init_loss"]));
+    out.init_loss = sample_mean(inits);
     for (const json* r : v.runs) {
         const double lr = c.run_lrs[static_cast<size_t>((*r)["index"].get<int64_t>())];
         const double val = number_of((*r)["final_val_loss"]);
-        const bool failed = (*r)["diverged"].get<bool>() || !std::isfinite(val);
-        by_lr[lr].push_back(failed ? init_loss : val);
-        diverged_by_lr[lr] += (*r)["diverged"].get<bool>();
+        const bool diverged = (*r)["diverged"].get<bool>();
+        out.by_lr[lr][(*r)["seed"].get<int64_t>()] = diverged || !std::isfinite(val) ? out.init_loss : val;
+        out.diverged_by_lr[lr] += diverged;
+        out.diverged += diverged;
     }
-    json lrs = json::array();
-    std::vector<double> losses;
+    return out;
+}
+
+// A plotted point: the mean at lr and its 95% interval (NaN without one).
+struct CurvePoint {
+    double lr = 0.0;
+    MeanInterval value;
+};
+
+// An interval as summary.json gives it: [lo, hi], null without one (fewer than 2 values).
+json interval_json(const MeanInterval& m) {
+    return std::isfinite(m.lo) && std::isfinite(m.hi) ? json::array({m.lo, m.hi}) : json();
+}
+
+// A variant's summary: lr_sensitivity from the per-lr means of its counted losses, the best lr, the
+// divergence rate; per lr (`lrs`) the spread over seeds and (`per_lr`) the mean with its Student-t
+// 95% interval over seeds and, given the baseline's losses, the paired differences variant -
+// baseline (matched by seed: the seeds both ran at that lr) with their mean and interval.
+json variant_json(const Variant& v, const VariantLosses& l, const VariantLosses* baseline, std::vector<CurvePoint>& curve,
+                  std::vector<CurvePoint>& diff_curve) {
+    json lrs = json::array(), per_lr = json::array();
+    std::vector<double> means;
     double best_lr = NAN, best = INFINITY;
-    for (const auto& [lr, values] : by_lr) {
-        const double mean = mean_of(values);
-        losses.push_back(mean);
-        curve.emplace_back(lr, mean);
-        if (mean < best) best = mean, best_lr = lr;
+    for (const auto& [lr, by_seed] : l.by_lr) {
+        std::vector<double> values;
+        for (const auto& [seed, loss] : by_seed) values.push_back(loss);
+        const MeanInterval m = mean_interval(values);
+        means.push_back(m.mean);
+        curve.push_back({lr, m});
+        if (m.mean < best) best = m.mean, best_lr = lr;
         lrs.push_back({{"lr", lr},
-                       {"val_loss_mean", number(mean)},
-                       {"val_loss_std", number(std_of(values))},
+                       {"val_loss_mean", number(m.mean)},
+                       {"val_loss_std", number(sample_std(values))},
                        {"val_loss_min", number(*std::min_element(values.begin(), values.end()))},
                        {"val_loss_max", number(*std::max_element(values.begin(), values.end()))},
                        {"seeds", values.size()},
-                       {"diverged", diverged_by_lr[lr]}});
+                       {"diverged", l.diverged_by_lr.at(lr)}});
+        json entry = {{"lr", lr}, {"final_val_loss_mean", number(m.mean)}, {"final_val_loss_ci95", interval_json(m)}};
+        if (baseline != nullptr) {
+            std::vector<double> diffs;
+            if (auto base = baseline->by_lr.find(lr); base != baseline->by_lr.end())
+                for (const auto& [seed, loss] : by_seed)
+                    if (auto pair = base->second.find(seed); pair != base->second.end()) diffs.push_back(loss - pair->second);
+            const MeanInterval d = mean_interval(diffs);
+            if (!diffs.empty()) diff_curve.push_back({lr, d});
+            entry["baseline_pairs"] = diffs.size();
+            entry["baseline_diff_mean"] = number(d.mean);
+            entry["baseline_diff_ci95"] = interval_json(d);
+        }
+        per_lr.push_back(std::move(entry));
     }
     json runs = json::array();
     for (const json* r : v.runs) runs.push_back((*r)["index"]);
     return {{"name", v.name},
             {"grid", v.grid},
             {"runs", runs},
-            {"init_loss", number(init_loss)},
-            {"lr_sensitivity", number(lr_sensitivity(losses, init_loss))},
+            {"init_loss", number(l.init_loss)},
+            {"lr_sensitivity", number(lr_sensitivity(means, l.init_loss))},
             {"best_lr", number(best_lr)},
             {"best_val_loss", number(best)},
-            {"divergence_rate", static_cast<double>(diverged) / static_cast<double>(v.runs.size())},
-            {"lrs", lrs}};
+            {"divergence_rate", static_cast<double>(l.diverged) / static_cast<double>(v.runs.size())},
+            {"lrs", lrs},
+            {"per_lr", per_lr}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -472,21 +538,46 @@ std::string title(const std::string& text) {
     return "'" + out + "'";
 }
 
+// Variant v's line colour and dash type in every plot (8 colours, then 5 dash types).
+std::string variant_color(size_t v) { return fmt::format("lc {}", v % 8 + 1); }
+std::string variant_style(size_t v) { return fmt::format(" {} dt {}", variant_color(v), v / 8 % 5 + 1); }
+
+// One curve of a plot: its datablock `$<name>` (lr, mean, and where every point has one, the
+// interval's ends) added to `data`, and its plot elements added to `plot`: the interval as a
+// translucent band in the line's colour, then the line.
+void add_curve(const std::vector<CurvePoint>& points, const std::string& name, size_t v, const std::string& label,
+               std::string& data, std::string& plot) {
+    const bool band = !points.empty() && std::all_of(points.begin(), points.end(), [](const CurvePoint& p) {
+        return std::isfinite(p.value.lo) && std::isfinite(p.value.hi);
+    });
+    data += fmt::format("${} << EOD\n", name);
+    for (const CurvePoint& p : points)
+        data += fmt::format("{} {}{}\n", format_number(p.lr), format_number(p.value.mean),
+                            band ? fmt::format(" {} {}", format_number(p.value.lo), format_number(p.value.hi)) : "");
+    data += "EOD\n";
+    auto add = [&plot](const std::string& element) { plot += (plot.empty() ? "plot " : ", \\\n     ") + element; };
+    if (band)
+        add(fmt::format("${} using 1:3:4 with filledcurves fs transparent solid 0.2 noborder {} notitle", name,
+                        variant_color(v)));
+    add(fmt::format("${} using 1:2 with linespoints{} title {}", name, variant_style(v), title(label)));
+}
+
 // plots.gp with its data inline (datablocks), so it redraws the PNGs anywhere: the final val loss
-// vs lr (log x), one line per variant; the largest attention score (max over blocks) vs step, one
-// line per run at its variant's best lr; the residual-stream RMS after each block (the last probed
-// step) vs the block index, one line per variant at its best lr, averaged over seeds.
+// vs lr (log x), one line per variant with its 95% interval over seeds as a band (with 2 seeds or
+// more); with a baseline, the paired difference to it vs lr, one line and band per other variant;
+// the largest attention score (max over blocks) vs step, one line per run at its variant's best lr;
+// the residual-stream RMS after each block (the last probed step) vs the block index, one line per
+// variant at its best lr, averaged over seeds.
 std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vector<Variant>& variants,
-                        const json& summary_variants, const std::vector<std::vector<std::pair<double, double>>>& curves) {
-    std::string data, loss_plot, attn_plot, rms_plot;
+                        const json& summary_variants, const std::vector<std::vector<CurvePoint>>& curves,
+                        const std::vector<std::vector<CurvePoint>>& diff_curves) {
+    std::string data, loss_plot, diff_plot, attn_plot, rms_plot;
     bool any_probes = false;
     for (size_t v = 0; v < variants.size(); ++v) {
-        const std::string style = fmt::format(" lc {} dt {}", v % 8 + 1, v / 8 % 5 + 1);
-        data += fmt::format("$loss{} << EOD\n", v);
-        for (const auto& [lr, loss] : curves[v]) data += format_number(lr) + " " + format_number(loss) + "\n";
-        data += "EOD\n";
-        loss_plot += (loss_plot.empty() ? "plot " : ", \\\n     ") +
-                     fmt::format("$loss{} using 1:2 with linespoints{} title {}", v, style, title(variants[v].name));
+        const std::string style = variant_style(v);
+        add_curve(curves[v], fmt::format("loss{}", v), v, variants[v].name, data, loss_plot);
+        if (!diff_curves[v].empty())
+            add_curve(diff_curves[v], fmt::format("diff{}", v), v, variants[v].name + " - " + c.baseline, data, diff_plot);
         const double best_lr = number_of(summary_variants[v]["best_lr"]);
         std::map<int64_t, std::vector<double>> rms;  // block -> (best-lr runs,) residual_rms.block<i>
         bool titled = false;
@@ -511,7 +602,7 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
         }
         if (rms.empty()) continue;
         data += fmt::format("$rms{} << EOD\n", v);
-        for (const auto& [block, values] : rms) data += std::to_string(block) + " " + cell(mean_of(values)) + "\n";
+        for (const auto& [block, values] : rms) data += std::to_string(block) + " " + cell(sample_mean(values)) + "\n";
         data += "EOD\n";
         rms_plot += (rms_plot.empty() ? "plot " : ", \\\n     ") +
                     fmt::format("$rms{} using 1:2 with linespoints{} title {}", v, style, title(variants[v].name));
@@ -521,7 +612,14 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
         "set terminal pngcairo size 1200,800 noenhanced\nset key below\nset grid\n" + data;
     std::string drawn = "val_loss_vs_lr.png";
     script += "set output 'val_loss_vs_lr.png'\nset logscale x\nset xlabel 'peak learning rate (optim.lr)'\n"
-              "set ylabel 'final validation loss (mean over seeds; diverged = loss at init)'\n" + loss_plot + "\n";
+              "set ylabel 'final validation loss (mean over seeds, band: 95% t interval; diverged = loss at init)'\n" +
+              loss_plot + "\n";
+    if (!diff_plot.empty()) {
+        drawn += ", val_loss_diff_vs_lr.png";
+        script += "set output 'val_loss_diff_vs_lr.png'\n"
+                  "set ylabel 'final validation loss minus the baseline''s, paired by seed (mean, band: 95% t interval)'\n" +
+                  diff_plot + ", \\\n     0 with lines lc 'black' dt 2 notitle\n";
+    }
     if (any_probes) {
         drawn += ", attn_score_max.png, residual_rms.png";
         script += "unset logscale x\nset output 'attn_score_max.png'\nset xlabel 'step'\n"
@@ -539,11 +637,14 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
     return drawn + probes_note;
 }
 
-std::string describe(const SweepConfig& c, int jobs, const std::string& dir) {
+std::string describe(const SweepConfig& c, const GridRunner& grid, const std::string& dir) {
     std::string shape;
     for (size_t k = 0; k < c.keys.size(); ++k) shape += fmt::format("{} {} x ", c.keys[k], c.values[k].size());
-    return fmt::format("{} runs ({}seeds {}), {} at once{} -> {}", run_count(c), shape, c.seeds.size(), jobs,
-                       dist::world_size() > 1 ? fmt::format(" on each of {}", dist::describe()) : "", dir);
+    const std::string shard = grid.shards > 1 ? fmt::format(", shard {}/{}: {} of them", grid.shard, grid.shards,
+                                                            shard_runs(grid).size())
+                                              : "";
+    return fmt::format("{} runs ({}seeds {}){}, {} at once{} -> {}", run_count(c), shape, c.seeds.size(), shard,
+                       grid.jobs, dist::world_size() > 1 ? fmt::format(" on each of {}", dist::describe()) : "", dir);
 }
 
 std::string table_of(const json& variants) {
@@ -556,7 +657,63 @@ std::string table_of(const json& variants) {
     return out;
 }
 
+// A shard's sweep directory, shared with the sweep's other shards, which may be running at the same
+// moment on other machines. So it is not locked (RunDir's lock would shut the other shards out; each
+// run's own directory is still locked by its train job) and nothing in it is removed. The first
+// shard to come writes config.json (atomically, and every shard of the sweep writes the same
+// config); the others check theirs against it, as --resume does.
+void join_shared_sweep_dir(const std::string& out, const json& resolved) {
+    std::error_code ec;
+    const std::string config = out + "/config.json";
+    if (fs::exists(out, ec)) {
+        NL_REQUIRE(fs::is_directory(out, ec), "--shard: ", out, ": exists and is not a directory");
+        if (!fs::exists(config, ec))
+            for (const auto& entry : fs::directory_iterator(out, ec))
+                // Another shard may be writing config.json (its temporary file) right now.
+                NL_REQUIRE(entry.path().filename().string().rfind("config.json", 0) == 0, "--shard: ", out,
+                           " is not empty and holds no sweep (no config.json); the shards of a sweep share a "
+                           "directory that only they write");
+    }
+    fs::create_directories(out, ec);
+    NL_REQUIRE(!ec, "--shard: ", out, ": cannot create the sweep directory: ", ec.message());
+    if (!fs::exists(config, ec)) write_file_atomic(config, resolved.dump(2) + "\n");
+    require_resumable(out, resolved, "sweep", "--shard");
+    fs::create_directories(out + "/runs");
+}
+
 }  // namespace
+
+SweepShard parse_shard(const std::string& text) {
+    SweepShard shard;
+    const size_t slash = text.find('/');
+    auto integer = [](std::string_view digits, int64_t& value) {
+        const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        return !digits.empty() && error == std::errc() && end == digits.data() + digits.size();
+    };
+    const bool ok = slash != std::string::npos && integer(std::string_view(text).substr(0, slash), shard.index) &&
+                    integer(std::string_view(text).substr(slash + 1), shard.count) && shard.count >= 1 &&
+                    shard.index >= 0 && shard.index < shard.count;
+    NL_REQUIRE(ok, "sweep: --shard: expected K/N, integers with N >= 1 and 0 <= K < N (K counts from 0), found \"",
+               text, "\"");
+    return shard;
+}
+
+int64_t count_loss_spikes(const std::vector<double>& losses) {
+    int64_t spikes = 0;
+    std::vector<double> window(kLossSpikeWindow);
+    for (size_t i = kLossSpikeWindow; i < losses.size(); ++i) {
+        std::copy(losses.begin() + static_cast<std::ptrdiff_t>(i - kLossSpikeWindow),
+                  losses.begin() + static_cast<std::ptrdiff_t>(i), window.begin());
+        // NaN sorts as +Inf (std::sort needs a strict order); a window holding it has a large median.
+        for (double& x : window)
+            if (std::isnan(x)) x = INFINITY;
+        std::sort(window.begin(), window.end());
+        const size_t n = window.size();
+        const double median = n % 2 == 1 ? window[n / 2] : 0.5 * (window[n / 2 - 1] + window[n / 2]);
+        spikes += !(losses[i] <= kLossSpikeFactor * median);  // a NaN loss is a spike
+    }
+    return spikes;
+}
 
 double lr_sensitivity(const std::vector<double>& losses, double init_loss) {
     if (losses.empty()) return NAN;
@@ -570,11 +727,17 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
     NL_REQUIRE(!job.resume || !job.out.empty(), "sweep: --resume needs --out naming the sweep directory");
     NL_REQUIRE(!(job.resume && job.force), "sweep: --resume and --force cannot be combined");
     NL_REQUIRE(job.jobs >= 0, "sweep: --jobs must be >= 0, found ", job.jobs);
+    const SweepShard shard = job.shard.empty() ? SweepShard{} : parse_shard(job.shard);
+    const bool sharded = !job.shard.empty();
+    NL_REQUIRE(!sharded || !job.out.empty(), "sweep: --shard needs --out naming the sweep directory the shards share");
+    NL_REQUIRE(!sharded || !job.force, "sweep: --shard and --force cannot be combined (a shard would delete the "
+                                       "other shards' runs)");
     SweepConfig c;
-    std::optional<RunDir> run;  // rank 0's
+    std::optional<RunDir> run;  // rank 0's; none for a shard, which writes no tables
     dist::run_on_every_rank([&] {
         c = read_config(job);
         if (!dist::is_root()) return;
+        if (sharded) return join_shared_sweep_dir(job.out, c.resolved);
         if (job.resume) require_resumable(job.out, c.resolved, "sweep");
         run = RunDir::create(job.config_path.empty() ? job.config_name : job.config_path, job.out, job.force, job.resume);
         if (!job.resume) {
@@ -586,7 +749,7 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         }
         fs::create_directories(run->path("runs"));
     });
-    const std::string dir = dist::broadcast_string(run ? run->dir() : std::string());
+    const std::string dir = dist::broadcast_string(run ? run->dir() : sharded ? job.out : std::string());
     const auto start = std::chrono::steady_clock::now();
     try {
         const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -595,15 +758,19 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
         grid.runs = run_count(c);
         grid.jobs = job.jobs > 0 ? job.jobs : std::max(1, cores / std::max(1, dist::world_size()));
         grid.resume = job.resume;
-        int64_t mine = 0, resumed = 0, done = 0;
-        const int64_t resumed_total = job.resume && dist::is_root() ? static_cast<int64_t>(finished_runs(grid).size()) : 0;
-        for (int64_t i = dist::rank(); i < grid.runs; i += dist::world_size()) ++mine;
+        grid.shard = shard.index;
+        grid.shards = shard.count;
+        const std::vector<int64_t> in_shard = shard_runs(grid), on_rank = rank_runs(grid);
+        int64_t mine = static_cast<int64_t>(on_rank.size()), resumed = 0, resumed_total = 0, done = 0;
         if (job.resume) {
-            for (int64_t i : finished_runs(grid)) resumed += i % dist::world_size() == dist::rank();
+            for (int64_t i : finished_runs(grid)) {
+                resumed += std::binary_search(on_rank.begin(), on_rank.end(), i);
+                resumed_total += dist::is_root() && std::binary_search(in_shard.begin(), in_shard.end(), i);
+            }
             mine -= resumed;
         }
         if (callbacks.on_start)
-            callbacks.on_start({dist::is_root() ? describe(c, grid.jobs, dir) : std::string(), grid.runs, resumed, mine});
+            callbacks.on_start({dist::is_root() ? describe(c, grid, dir) : std::string(), grid.runs, resumed, mine});
         grid.run = [&](int64_t index, const std::string& run_dir) { return run_one(c, index, run_dir); };
         const int rank = dist::rank(), world_size = dist::world_size();  // the runs' threads see a world of one
         grid.on_done = [&](int64_t index, const json& r) {
@@ -617,14 +784,23 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
 
         SweepResult out;
         out.run_dir = dir;
+        out.shard_runs = static_cast<int64_t>(in_shard.size());
+        if (sharded) return out;  // the tables need every shard's runs: a --resume afterwards writes them
         make_table(c, records, out);
         CsvWriter csv(run->path("runs.csv"), out.columns);
         for (const auto& row : out.rows) csv.row(row);
         const std::vector<Variant> variants = variants_of(records, c);
+        std::vector<VariantLosses> losses;
+        const VariantLosses* baseline = nullptr;
+        for (const Variant& v : variants) losses.push_back(losses_of(v, c));
+        for (size_t v = 0; v < variants.size(); ++v)
+            if (variants[v].name == c.baseline) baseline = &losses[v];
         json variant_rows = json::array();
-        std::vector<std::vector<std::pair<double, double>>> curves(variants.size());
-        for (size_t v = 0; v < variants.size(); ++v) variant_rows.push_back(variant_json(variants[v], c, curves[v]));
-        out.plots = write_plots(*run, c, variants, variant_rows, curves);
+        std::vector<std::vector<CurvePoint>> curves(variants.size()), diff_curves(variants.size());
+        for (size_t v = 0; v < variants.size(); ++v)
+            variant_rows.push_back(variant_json(variants[v], losses[v], &losses[v] == baseline ? nullptr : baseline,
+                                                curves[v], diff_curves[v]));
+        out.plots = write_plots(*run, c, variants, variant_rows, curves, diff_curves);
         out.table = table_of(variant_rows);
         int64_t diverged = 0;
         for (const json& r : records) diverged += r["diverged"].get<bool>();
@@ -636,6 +812,7 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks) {
                            {"lr_key", kLrKey},
                            {"diverge_factor", c.diverge_factor},
                            {"diverged_runs", diverged},
+                           {"baseline", c.baseline.empty() ? json() : json(c.baseline)},
                            {"variants", variant_rows},
                            {"plots", out.plots},
                            {"resumed_runs", resumed_total},

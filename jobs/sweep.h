@@ -2,16 +2,21 @@
 // config values (/grid) times seeds, each run a normal train run directory under <sweep>/runs/<i>/,
 // stopped and recorded as diverged when its loss blows up; then runs.csv (one row per run),
 // summary.json (per variant: Wortsman et al. 2023's learning-rate sensitivity, the best lr, the
-// divergence rate, the val loss per lr over seeds) and plots.gp (PNGs where gnuplot is installed).
-// docs/stability.md ("Transformer sweeps") has the config keys, the outputs and the formula.
+// divergence rate, the val loss per lr over seeds with its Student-t 95% interval, and with a
+// `baseline` variant the paired differences to it) and plots.gp (PNGs where gnuplot is installed).
+// docs/stability.md ("Transformer sweeps") has the config keys, the outputs and the formulas.
 //
 // The runs go over `jobs` threads in one process (each run on one OpenMP thread unless the config
 // says otherwise) and, under mpirun, over the ranks (run i to rank i mod N); rank 0 writes the
 // tables. Each finished run leaves runs/<i>/result.json (jobs/grid_runner.h), so `resume` continues
-// an interrupted sweep, and its runs.csv equals an uninterrupted sweep's but for `seconds`.
+// an interrupted sweep, and its runs.csv equals an uninterrupted sweep's but for `seconds`. A `shard`
+// K/N runs only the runs i with i mod N == K and writes no tables: N invocations on machines that
+// share the sweep directory (a Slurm job array) run the whole grid, and a `resume` afterwards
+// finds every run done and writes the tables (docs/distributed.md).
 // Nothing here prints: progress reaches the caller through SweepCallbacks.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -30,7 +35,17 @@ struct SweepJob {
     bool force = false;                  // replace an existing sweep directory
     bool resume = false;                 // continue the sweep in `out`: run the runs without result.json
     int jobs = 0;                        // runs at once on each rank; 0: the cores / the MPI ranks (at least 1)
+    std::string shard;                   // "K/N": only the runs i with i mod N == K, no tables; "": every run
 };
+
+// A shard of a sweep: the runs i with i mod count == index.
+struct SweepShard {
+    int64_t index = 0;
+    int64_t count = 1;
+};
+
+// `text` "K/N" as a shard (0 <= K < N); an nl::Error naming --shard, what it expects and what it found.
+SweepShard parse_shard(const std::string& text);
 
 struct SweepStart {
     std::string description;  // "4 runs (optim.lr 2 x seeds 2), 2 at once -> runs/..."
@@ -65,6 +80,7 @@ struct SweepResult {
     nlohmann::json summary;                       // summary.json (rank 0; null elsewhere)
     std::string table;                            // one line per variant, for the terminal
     std::string plots;                            // which PNGs were drawn, or why none
+    int64_t shard_runs = 0;                       // a shard: the runs in it (no tables then)
 };
 
 SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks = {});
@@ -73,5 +89,13 @@ SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks = {})
 // learning-rate sensitivity: mean over the lrs of min(L(lr), L_init) - min over lr of L(lr), with
 // `losses` (lrs,) L(lr) (a diverged lr's L already replaced by L_init) and `init_loss` L_init.
 double lr_sensitivity(const std::vector<double>& losses, double init_loss);
+
+// runs.csv's loss_spikes: the steps whose train loss exceeds kLossSpikeFactor times the median of
+// the kLossSpikeWindow steps before it (a non-finite loss counts as a spike). The first
+// kLossSpikeWindow steps have no full window and are not judged. `losses`: the run's train loss
+// per step, in order. A median, not a mean, so one spike does not raise the bar for the next steps.
+inline constexpr double kLossSpikeFactor = 2.0;
+inline constexpr size_t kLossSpikeWindow = 20;
+int64_t count_loss_spikes(const std::vector<double>& losses);
 
 }  // namespace nl

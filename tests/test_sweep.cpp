@@ -1,7 +1,9 @@
 // `normlab sweep` (jobs/sweep.h) through the real program on a tiny transformer: runs.csv's columns,
-// a run's files equal to a standalone `normlab train` of its config, the learning-rate sensitivity
-// recomputed from runs.csv, a diverging lr recorded (not an error), bad input refused before any
-// run, and a sweep killed with SIGKILL then resumed equal to an uninterrupted one.
+// a run's files equal to a standalone `normlab train` of its config, the learning-rate sensitivity,
+// the per-lr intervals and the paired differences to a baseline recomputed from runs.csv, a diverging
+// lr recorded (not an error), bad input refused before any run, a sweep killed with SIGKILL then
+// resumed equal to an uninterrupted one, and a sweep run as two concurrent shards then resumed equal
+// to one run whole.
 #include <signal.h>
 
 #include <chrono>
@@ -77,6 +79,17 @@ Csv read_csv(const std::string& path) {
     return csv;
 }
 
+// t_{0.975, 1}, from the published tables: the 95% interval of two seeds is mean -+ t * s / sqrt(2).
+constexpr double kT975Df1 = 12.706204736174707;
+
+// The largest grad_norm of a run's metrics.csv.
+double max_grad_norm_of(const std::string& metrics_csv) {
+    const Csv metrics = read_csv(metrics_csv);
+    double m = -INFINITY;
+    for (const std::string& cell : metrics.column_values("grad_norm")) m = std::max(m, std::stod(cell));
+    return m;
+}
+
 // The CSV's text without the named columns (wall-clock columns), for exact comparison.
 std::string without_columns(const Csv& csv, const std::set<std::string>& drop) {
     std::string out;
@@ -109,7 +122,8 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
                                       {"grid", {{"optim.lr", {0.003, 10.0}},
                                                 {"model.qk_norm", {"none", "head"}},
                                                 {"model.norm.type", {"rmsnorm"}}}},
-                                      {"seeds", {0, 1}}});
+                                      {"seeds", {0, 1}},
+                                      {"baseline", "model.qk_norm=none"}});
     const CliRun run = run_normlab_in(dir, "sweep sweep.json --out out --jobs 2");
     INFO(run.output);
     REQUIRE(run.status == 0);
@@ -119,9 +133,10 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     const Csv csv = read_csv(dir + "/out/runs.csv");
     const std::vector<std::string> fixed = {"index", "optim.lr", "model.qk_norm", "model.norm.type", "seed", "init_loss",
                                             "final_train_loss", "final_val_loss", "diverged", "diverged_at_step",
-                                            "seconds", "probe_step", "attn_score_max.block0", "residual_rms.block0",
-                                            "act_max.block0", "act_kurtosis.block0", "attn_entropy.block0",
-                                            "attn_sink.block0", "logsumexp_mean", "logsumexp_max"};
+                                            "loss_spikes", "max_grad_norm", "seconds", "probe_step",
+                                            "attn_score_max.block0", "residual_rms.block0", "act_max.block0",
+                                            "act_kurtosis.block0", "attn_entropy.block0", "attn_sink.block0",
+                                            "logsumexp_mean", "logsumexp_max"};
     REQUIRE(csv.header.size() > fixed.size());
     CHECK(std::vector<std::string>(csv.header.begin(), csv.header.begin() + fixed.size()) == fixed);
     REQUIRE(csv.rows.size() == 8);
@@ -140,6 +155,12 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
         CHECK(file_exists(dir + "/out/runs/" + std::to_string(i) + "/result.json"));
         CHECK(file_exists(dir + "/out/runs/" + std::to_string(i) + "/summary.json") == !huge);
         if (!huge) CHECK(std::stod(csv.rows[i][csv.column("final_val_loss")]) < std::stod(csv.rows[i][csv.column("init_loss")]));
+        // 20 steps fill no more than the first window: nothing is judged a spike yet.
+        CHECK(csv.rows[i][csv.column("loss_spikes")] == "0");
+        // The largest pre-clip gradient norm of metrics.csv (a finished run's every step is there).
+        if (!huge)
+            CHECK(std::stod(csv.rows[i][csv.column("max_grad_norm")]) ==
+                  max_grad_norm_of(dir + "/out/runs/" + std::to_string(i) + "/metrics.csv"));
     }
 
     // summary.json: one variant per qk_norm; lr_sensitivity recomputed here from runs.csv alone:
@@ -147,6 +168,9 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     // diverged run as L_init, L_init = the variant's mean init_loss.
     const json summary = json::parse(read_text(dir + "/out/summary.json"));
     REQUIRE(summary["variants"].size() == 2);
+    CHECK(summary["baseline"] == "model.qk_norm=none");
+    // qk_norm -> lr -> seed -> the final val loss as counted (a diverged run as its variant's L_init).
+    std::map<std::string, std::map<std::string, std::map<std::string, double>>> counted;
     for (const json& v : summary["variants"]) {
         const std::string qk = v["grid"]["model.qk_norm"].get<std::string>();
         CHECK(!v["grid"].contains("optim.lr"));
@@ -161,6 +185,7 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
             const double loss = row[csv.column("diverged")] == "1" ? init : std::stod(row[csv.column("final_val_loss")]);
             by_lr[row[csv.column("optim.lr")]].first += loss;
             by_lr[row[csv.column("optim.lr")]].second += 1;
+            counted[qk][row[csv.column("optim.lr")]][row[csv.column("seed")]] = loss;
         }
         double best = INFINITY, sum = 0.0;
         for (const auto& [lr, acc] : by_lr) best = std::min(best, acc.first / acc.second);
@@ -171,10 +196,48 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
         CHECK(v["best_lr"].get<double>() == 0.003);
         CHECK(v["divergence_rate"].get<double>() == 0.5);
         CHECK(v["lrs"].size() == 2);
+
+        // per_lr: the mean over the 2 seeds and its Student-t 95% interval, mean -+ t_{0.975,1} |a - b| / 2.
+        REQUIRE(v["per_lr"].size() == 2);
+        for (const json& p : v["per_lr"]) {
+            const std::string lr = p["lr"].get<double>() == 0.003 ? "0.003" : "10.0";
+            const double a = counted[qk][lr]["0"], b = counted[qk][lr]["1"];
+            INFO("lr " << lr);
+            CHECK(p["final_val_loss_mean"].get<double>() == Approx((a + b) / 2).epsilon(1e-12));
+            const double half = kT975Df1 * std::fabs(a - b) / 2.0;
+            REQUIRE(p["final_val_loss_ci95"].is_array());
+            CHECK(p["final_val_loss_ci95"][0].get<double>() == Approx((a + b) / 2 - half).epsilon(1e-9));
+            CHECK(p["final_val_loss_ci95"][1].get<double>() == Approx((a + b) / 2 + half).epsilon(1e-9));
+            CHECK(p.contains("baseline_diff_mean") == (qk != "none"));  // the baseline is not compared with itself
+        }
+    }
+    // The paired differences head - none, seed with seed: at lr 0.003 two trained runs each; at lr 10
+    // every run diverged, so each difference is the difference of the variants' L_init, the same for
+    // both seeds: a zero-width interval.
+    for (const json& v : summary["variants"]) {
+        if (v["name"] != "model.qk_norm=head") continue;
+        for (const json& p : v["per_lr"]) {
+            const std::string lr = p["lr"].get<double>() == 0.003 ? "0.003" : "10.0";
+            const double d0 = counted["head"][lr]["0"] - counted["none"][lr]["0"];
+            const double d1 = counted["head"][lr]["1"] - counted["none"][lr]["1"];
+            INFO("lr " << lr);
+            CHECK(p["baseline_pairs"] == 2);
+            CHECK(p["baseline_diff_mean"].get<double>() == Approx((d0 + d1) / 2).epsilon(1e-12));
+            const double half = kT975Df1 * std::fabs(d0 - d1) / 2.0;
+            CHECK(p["baseline_diff_ci95"][0].get<double>() == Approx((d0 + d1) / 2 - half).epsilon(1e-9).margin(1e-12));
+            CHECK(p["baseline_diff_ci95"][1].get<double>() == Approx((d0 + d1) / 2 + half).epsilon(1e-9).margin(1e-12));
+            if (lr == "10.0") CHECK(p["baseline_diff_ci95"][0] == p["baseline_diff_ci95"][1]);
+            else CHECK(p["baseline_diff_ci95"][0] != p["baseline_diff_ci95"][1]);
+        }
     }
     CHECK(file_exists(dir + "/out/plots.gp"));
     const std::string plots = read_text(dir + "/out/plots.gp");
     CHECK(plots.find("$attn") != std::string::npos);
+    // Two seeds: each variant's loss curve has its interval as a band; the baseline gives a difference plot.
+    CHECK(plots.find("$loss0 using 1:3:4 with filledcurves") != std::string::npos);
+    CHECK(plots.find("$loss1 using 1:3:4 with filledcurves") != std::string::npos);
+    CHECK(plots.find("set output 'val_loss_diff_vs_lr.png'") != std::string::npos);
+    CHECK(plots.find("title 'model.qk_norm=head - model.qk_norm=none'") != std::string::npos);
     // A variant is named by the keys that vary: model.norm.type has one value, so no title names it.
     CHECK(plots.find("title 'model.qk_norm=head'") != std::string::npos);
     CHECK(plots.find("model.norm.type=") == std::string::npos);
@@ -211,6 +274,10 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         {{{"base", "base.json"}, {"seeds", {3, 3}}}, "/seeds: lists the value 3 twice"},
         {{{"base", "base.json"}, {"grid", {{"optim.lr", {-1.0}}}}}, "run 0 (optim.lr=-1.0 seed=0): /optim/lr"},
         {{{"grid", {{"optim.lr", {0.1}}}}}, "/base: required"},
+        {{{"base", "base.json"}, {"grid", {{"model.qk_norm", {"none", "head"}}, {"optim.lr", {0.003}}}}, {"baseline", "model.qk_norm=rms"}},
+         "/baseline: expected one of the grid's variants (\"model.qk_norm=none\", \"model.qk_norm=head\"), found "
+         "\"model.qk_norm=rms\""},
+        {{{"base", "base.json"}, {"baseline", "model.qk_norm=none"}}, "/baseline: expected one of the grid's variants (\"base\")"},
     };
     for (size_t i = 0; i < cases.size(); ++i) {
         const std::string name = "bad" + std::to_string(i) + ".json";
@@ -222,11 +289,19 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
         CHECK(!fs::exists(dir + "/out" + std::to_string(i)));
     }
-    // Flags: a negative --jobs, and --resume without the directory it continues.
+    // Flags: a negative --jobs, --resume without the directory it continues, a --shard that is not K/N
+    // with 0 <= K < N, or without the shared --out, or with --force.
     write_json(dir + "/good.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    const std::string shard_expected = "sweep: --shard: expected K/N, integers with N >= 1 and 0 <= K < N (K counts from 0), found ";
     const std::vector<std::pair<std::string, std::string>> flags = {
         {"--jobs -1 --out outj", "sweep: --jobs must be >= 0, found -1"},
-        {"--resume", "sweep: --resume needs --out naming the sweep directory"}};
+        {"--resume", "sweep: --resume needs --out naming the sweep directory"},
+        {"--shard 2/2 --out outj", shard_expected + "\"2/2\""},
+        {"--shard 0/0 --out outj", shard_expected + "\"0/0\""},
+        {"--shard 1/x --out outj", shard_expected + "\"1/x\""},
+        {"--shard 3 --out outj", shard_expected + "\"3\""},
+        {"--shard 0/2", "sweep: --shard needs --out naming the sweep directory the shards share"},
+        {"--shard 0/2 --out outj --force", "sweep: --shard and --force cannot be combined"}};
     for (const auto& [args, message] : flags) {
         const CliRun run = run_normlab_in(dir, "sweep good.json " + args);
         INFO(args << ": " << run.output);
@@ -235,6 +310,7 @@ TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", 
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
     }
     CHECK(!fs::exists(dir + "/outj"));
+    CHECK(!fs::exists(dir + "/runs"));  // nor the default directory
 }
 
 TEST_CASE("sweep: --set base.<key> reaches a base given as a file, its paths still beside it", "[sweep][cli]") {
@@ -298,8 +374,15 @@ TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrup
     CHECK(without_columns(a, {"seconds"}) == without_columns(b, {"seconds"}));
     CHECK(json::parse(read_text(dir + "/killed/summary.json"))["variants"] ==
           json::parse(read_text(dir + "/whole/summary.json"))["variants"]);
-    // Every run's metrics.csv has exactly its 150 steps (a half-written run was started over).
-    for (int i = 0; i < 6; ++i) CHECK(read_csv(dir + "/killed/runs/" + std::to_string(i) + "/metrics.csv").rows.size() == 150);
+    // Every run's metrics.csv has exactly its 150 steps (a half-written run was started over), and
+    // loss_spikes is the count over its train losses (steps 21..150 judged).
+    for (int i = 0; i < 6; ++i) {
+        const Csv metrics = read_csv(dir + "/killed/runs/" + std::to_string(i) + "/metrics.csv");
+        CHECK(metrics.rows.size() == 150);
+        std::vector<double> losses;
+        for (const std::string& cell : metrics.column_values("train_loss")) losses.push_back(std::stod(cell));
+        CHECK(a.rows[static_cast<size_t>(i)][a.column("loss_spikes")] == std::to_string(nl::count_loss_spikes(losses)));
+    }
 
     // --resume refuses a folder that holds no sweep, and a config other than the one the sweep started with.
     fs::create_directories(dir + "/empty");
@@ -315,4 +398,51 @@ TEST_CASE("sweep: killed with SIGKILL and resumed, runs.csv equals an uninterrup
         CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
     }
     CHECK(read_csv(dir + "/whole/runs.csv").rows.size() == 6);  // the refused resume left the sweep as it was
+}
+
+TEST_CASE("sweep: two concurrent --shard runs then --resume give an unsharded sweep's runs.csv", "[sweep][cli]") {
+    const std::string dir = make_temp_dir("sweep-shard");
+    write_json(dir + "/base.json", tiny_base(30));
+    // 5 runs: shard 0/2 takes runs 0, 2, 4 and shard 1/2 runs 1, 3.
+    write_json(dir + "/sweep.json", json{{"base", "base.json"},
+                                         {"grid", {{"optim.lr", {0.003, 0.01, 0.03, 0.1, 0.3}}}},
+                                         {"seeds", {0}}});
+    // Both shards at once, as a job array's tasks start, sharing the directory neither has made yet.
+    const std::string normlab = "OMP_WAIT_POLICY=passive " + shell_arg(NORMLAB_BINARY);
+    const CliRun shards = run_shell_in(
+        dir, "{ (" + normlab + " sweep sweep.json --out sharded --jobs 1 --shard 0/2 >s0.log 2>&1; echo $? >s0.rc) & (" +
+                 normlab + " sweep sweep.json --out sharded --jobs 1 --shard 1/2 >s1.log 2>&1; echo $? >s1.rc) & wait; }");
+    REQUIRE(shards.status == 0);
+    for (int k = 0; k < 2; ++k) {
+        const std::string log = read_text(dir + "/s" + std::to_string(k) + ".log");
+        INFO("shard " << k << ": " << log);
+        CHECK(read_text(dir + "/s" + std::to_string(k) + ".rc") == "0\n");
+        CHECK(log.find("shard " + std::to_string(k) + "/2: " + (k == 0 ? "3" : "2") + " of them") != std::string::npos);
+        CHECK(log.find("shard " + std::to_string(k) + "/2 done") != std::string::npos);
+    }
+    for (int i = 0; i < 5; ++i) CHECK(file_exists(dir + "/sharded/runs/" + std::to_string(i) + "/result.json"));
+    // The shards write no tables: those need every shard's runs.
+    CHECK(!fs::exists(dir + "/sharded/runs.csv"));
+    CHECK(!fs::exists(dir + "/sharded/summary.json"));
+
+    // A shard with another config is refused before it runs anything.
+    write_json(dir + "/other.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}});
+    const CliRun other = run_normlab_in(dir, "sweep other.json --out sharded --shard 0/2");
+    INFO(other.output);
+    CHECK(other.status == 2);
+    CHECK(other.output.find("--shard: this config differs from sharded/config.json's") != std::string::npos);
+    CHECK(std::count(other.output.begin(), other.output.end(), '\n') == 1);
+
+    const CliRun resumed = run_normlab_in(dir, "sweep sweep.json --out sharded --resume");
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(resumed.output.find("(5 runs already done)") != std::string::npos);
+    CHECK(resumed.output.find("sweep: run ") == std::string::npos);  // nothing ran again
+    const CliRun whole = run_normlab_in(dir, "sweep sweep.json --out whole --jobs 2 --quiet");
+    REQUIRE(whole.status == 0);
+    const Csv a = read_csv(dir + "/sharded/runs.csv"), b = read_csv(dir + "/whole/runs.csv");
+    CHECK(a.rows.size() == 5);
+    CHECK(without_columns(a, {"seconds"}) == without_columns(b, {"seconds"}));
+    CHECK(json::parse(read_text(dir + "/sharded/summary.json"))["variants"] ==
+          json::parse(read_text(dir + "/whole/summary.json"))["variants"]);
 }

@@ -1,7 +1,7 @@
 // `normlab sweep CONFIG`: the command line of the sweep job (jobs/sweep.h): a header, one line per
 // finished run on stderr (its index, grid values and final val loss, or the step it diverged at),
-// then the per-variant table on stdout. Under mpirun each rank prints its own runs' lines; rank 0
-// the header and the table.
+// then the per-variant table on stdout (for a --shard, where its runs are and how to finish the sweep).
+// Under mpirun each rank prints its own runs' lines; rank 0 the header and the table.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -39,6 +39,12 @@ void run(const SweepFlags& flags) {
     };
     const SweepResult result = run_sweep(flags.job, callbacks);
     if (!dist::is_root() || flags.quiet) return;
+    if (!flags.job.shard.empty()) {
+        fmt::print("sweep: shard {} done: its {} runs are in {}/runs; once every shard is done, "
+                   "`normlab sweep {} --out {} --resume` writes runs.csv, summary.json and the plots\n",
+                   flags.job.shard, result.shard_runs, result.run_dir, flags.job.config_path, result.run_dir);
+        return;
+    }
     fmt::print("\n{}plots: {}\nsweep directory: {}\n", result.table, result.plots, result.run_dir);
 }
 
@@ -56,6 +62,9 @@ void register_sweep(CLI::App& app) {
     cmd->add_option("--jobs", job.jobs, "Runs at once (default: one per core, each on one thread)");
     cmd->add_flag("--force", job.force, "Overwrite an existing sweep directory");
     cmd->add_flag("--resume", job.resume, "Continue the sweep in --out: run the runs that have no result.json");
+    cmd->add_option("--shard", job.shard,
+                    "K/N: run only the runs i with i mod N == K (K from 0), no tables; N such invocations sharing "
+                    "--out run the whole sweep, then --resume writes the tables (docs/distributed.md)");
     cmd->add_flag("--quiet", flags->quiet, "No progress lines or table");
     cmd->callback([flags] { run(*flags); });
 }

@@ -517,11 +517,12 @@ class _SweepProgress:
 @dataclasses.dataclass(repr=False)
 class SweepResult:
     """What a sweep returns: run_dir (the sweep directory), summary (what summary.json holds: per variant
-    lr_sensitivity, best_lr, divergence_rate, the val loss per lr), table (one line per variant), plots
-    (which PNGs were drawn, or why none) and runs: runs.csv by column (index, one column per grid key,
-    seed, init_loss, final_train_loss, final_val_loss, diverged, diverged_at_step, seconds, probe_step,
-    then the last probes row's columns), each a NumPy array: float64 where every cell is a number (an
-    empty cell is NaN), else str."""
+    lr_sensitivity, best_lr, divergence_rate, the val loss per lr, per_lr with its 95% interval and the
+    paired differences to a baseline), table (one line per variant), plots (which PNGs were drawn, or
+    why none) and runs: runs.csv by column (index, one column per grid key, seed, init_loss,
+    final_train_loss, final_val_loss, diverged, diverged_at_step, loss_spikes, max_grad_norm, seconds,
+    probe_step, then the last probes row's columns), each a NumPy array: float64 where every cell is a
+    number (an empty cell is NaN), else str."""
     run_dir: str
     summary: dict
     table: str

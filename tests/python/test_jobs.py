@@ -331,6 +331,17 @@ def test_sweep_returns_runs_csv_as_arrays(tmp_path):
     per_lr = [loss[result.runs["optim.lr"] == lr].mean() for lr in (0.003, 10.0)]
     expected = np.mean([min(x, init) - min(per_lr) for x in per_lr])
     assert variant["lr_sensitivity"] == pytest.approx(expected, rel=1e-12)
+    # The per-lr mean over the 2 seeds and its Student-t 95% interval: mean -+ t_{0.975,1} |a - b| / 2.
+    for entry, lr in zip(variant["per_lr"], (0.003, 10.0), strict=True):
+        a, b = loss[result.runs["optim.lr"] == lr]
+        assert entry["lr"] == lr
+        assert entry["final_val_loss_mean"] == pytest.approx((a + b) / 2, rel=1e-12)
+        half = 12.706204736174707 * abs(a - b) / 2
+        assert entry["final_val_loss_ci95"] == pytest.approx([(a + b) / 2 - half, (a + b) / 2 + half], rel=1e-9)
+    assert result.summary["baseline"] is None
+    # 10 steps fill no window: no spikes; the trained runs' largest gradient norm is a number.
+    np.testing.assert_array_equal(result.runs["loss_spikes"], [0, 0, 0, 0])
+    assert (result.runs["max_grad_norm"][:2] > 0).all()
     with pytest.raises(normlab.Error, match="/grid/optim.lr/1: expected a number"):
         normlab.sweep({**TINY_SWEEP, "grid": {"optim.lr": [0.1, "x"]}}, out=tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
