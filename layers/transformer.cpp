@@ -176,17 +176,19 @@ AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap)
     const double* s = scores.data<double>();
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     const int64_t rows = B * H * T;
-    double max_score = 0.0, entropy = 0.0, sink = 0.0;
-    int64_t sink_rows = 0;
-#pragma omp parallel for reduction(max : max_score) reduction(+ : entropy, sink, sink_rows)
+    // Each row's largest |score|, entropy and weight on key 0, then summed in row order, so the probe
+    // is the same bits on any number of threads.
+    std::vector<double> row_max(static_cast<size_t>(rows)), row_entropy(static_cast<size_t>(rows)),
+        row_sink(static_cast<size_t>(rows));  // (rows,) each
+#pragma omp parallel for
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t position = L - T + r % T;  // the query's position; it sees keys 0..position
         const double* row = s + r * L;
         std::vector<double> z(static_cast<size_t>(position + 1));  // (position + 1,) the row's logits
-        double top = -std::numeric_limits<double>::infinity();
+        double top = -std::numeric_limits<double>::infinity(), largest = 0.0;
         for (int64_t j = 0; j <= position; ++j) {
             const double score = row[j] * scale;
-            max_score = std::max(max_score, std::abs(score));
+            largest = std::max(largest, std::abs(score));
             z[j] = softcap > 0.0 ? softcap * std::tanh(score / softcap) : score;
             top = std::max(top, z[j]);
         }
@@ -197,9 +199,17 @@ AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap)
             partition += e;
             weighted += e * (z[j] - top);
         }
-        entropy += std::log(partition) - weighted / partition;
-        if (position >= 1) {
-            sink += std::exp(z[0] - top) / partition;
+        row_max[r] = largest;
+        row_entropy[r] = std::log(partition) - weighted / partition;
+        row_sink[r] = std::exp(z[0] - top) / partition;
+    }
+    double max_score = 0.0, entropy = 0.0, sink = 0.0;
+    int64_t sink_rows = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        max_score = std::max(max_score, row_max[r]);
+        entropy += row_entropy[r];
+        if (L - T + r % T >= 1) {  // position 0 sees only itself
+            sink += row_sink[r];
             ++sink_rows;
         }
     }
