@@ -257,6 +257,16 @@ ConfigSchema make_train_schema() {
                             "RMS, max and channel kurtosis; the output logsumexp, each parameter's gradient RMS and "
                             "update/weight ratio, each DyT alpha, each norm's input RMS "
                             "([norms.md](norms.md#probes)); 0 is off"});
+    k.push_back({.path = "train.sharpness_every", .type = ConfigType::Integer, .default_value = loop.sharpness_every,
+                 .min = 0,
+                 .meaning = "every N steps, write to probes.csv the sharpness of the step's objective (the largest "
+                            "Hessian eigenvalue, weights before the update) and of its AdamW-preconditioned "
+                            "Hessian, with Cohen et al. 2022's threshold (2 + 2 beta1) / ((1 - beta1) lr) "
+                            "([norms.md](norms.md#sharpness)); 0 is off"});
+    k.push_back({.path = "train.sharpness_iters", .type = ConfigType::Integer, .default_value = loop.sharpness_iters,
+                 .min = 1, .max = 10000,
+                 .meaning = "Lanczos iterations per sharpness value, each a Hessian-vector product (a forward and "
+                            "a double backward)"});
     k.push_back({.path = "train.autocast", .type = ConfigType::String, .default_value = loop.autocast,
                  .choices = {"none", "bf16"},
                  .meaning = "run the forward under bf16 autocast ([cuda.md](cuda.md#bf16-autocast))"});

@@ -43,6 +43,7 @@
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "jobs/probes.h"
+#include "jobs/sharpness.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -402,12 +403,17 @@ void open_run(State& s) {
     if (s.root_rank) s.metrics = CsvWriter(s.run->path("metrics.csv"), kMetricsColumns, s.job.resume);
 }
 
-// probes.csv's header and writer (rank 0, train.probe_every > 0); a resumed run keeps its rows up to
-// the checkpoint's step, as metrics.csv does.
+// probes.csv's header and writer (rank 0, train.probe_every or train.sharpness_every > 0): the
+// probes' columns, then the sharpness columns; a resumed run keeps its rows up to the checkpoint's
+// step, as metrics.csv does.
 void open_probes(State& s) {
-    if (!s.root_rank || s.config.train.probe_every == 0) return;
+    const LoopConfig& loop = s.config.train;
+    if (!s.root_rank || (loop.probe_every == 0 && loop.sharpness_every == 0)) return;
     std::vector<std::string> columns = {"step"};
-    for (const std::string& c : probe_columns(*s.model)) columns.push_back(c);
+    if (loop.probe_every > 0)
+        for (const std::string& c : probe_columns(*s.model)) columns.push_back(c);
+    if (loop.sharpness_every > 0)
+        for (const std::string& c : sharpness_columns()) columns.push_back(c);
     if (s.job.resume) truncate_metrics(s.run->path("probes.csv"), s.start_step);
     s.probes = CsvWriter(s.run->path("probes.csv"), columns, s.job.resume);
 }
@@ -443,17 +449,16 @@ void save_batches(State& s) {
                      {{"format", "normlab batches"}, {"ignore_index", std::to_string(kIgnoreIndex)}});
 }
 
-// The forward and backward of every shard this rank computes of the step's global batch, leaving
+// The forward and backward of every shard this rank computes of the step's global batch (the same
+// on every rank, on the host), leaving
 // the batch's gradient in .grad; returns the batch's mean cross-entropy and z-loss term (the same on
 // every rank): the gradient is the sum's.
 struct StepLoss {
     double cross_entropy = 0.0;
     double z_loss = 0.0;
 };
-StepLoss forward_backward(State& s, int64_t step, StepProbe* probe) {
+StepLoss forward_backward(State& s, int64_t step, const Batch& batch, StepProbe* probe) {
     const ShardPlan& plan = s.plan;
-    // The global batch, the same on every rank; this rank computes its shards' rows.
-    const Batch batch = s.data->train_batch(s.config.train.batch_size, *s.data_gen);  // (B, T) on the host
     const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
     s.optimizer->zero_grad();
     AutocastCache casts;  // the weights' bf16 copies, made once for all of this step's shards
@@ -495,7 +500,63 @@ StepLoss forward_backward(State& s, int64_t step, StepProbe* probe) {
     return {sums[0] - sums[1], sums[1]};  // z_loss 0: the loss's own bits
 }
 
+// The step's training objective for the sharpness probe: the loss the step differentiated (the
+// cross-entropy plus the z-loss term, each shard's weighted by its share of the batch's targets), one
+// term per shard this rank computes, in the weights' dtype. Under bf16 autocast the f32 objective
+// that the autocast step rounds: a Hessian of bf16 products would be rounding noise.
+ObjectiveTerms step_objective(State& s, const Batch& batch) {
+    const ShardPlan& plan = s.plan;
+    const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
+    ObjectiveTerms terms;
+    for (int64_t j = 0; j < plan.local_shards; ++j) {
+        const int64_t first = (plan.first_shard + j) * plan.shard_rows;
+        const double share = plan.shards > 1 ? static_cast<double>(scored_targets(batch.targets, first, plan.shard_rows)) /
+                                                   static_cast<double>(batch_scored)
+                                             : 1.0;
+        const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
+                                      batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
+                                     s.config.device);
+        terms.push_back([&s, shard, share] {
+            Var loss = loss_of(*s.criterion, forward_logits(*s.model, shard.inputs, false), shard.targets, false).loss;
+            return share == 1.0 ? loss : loss * share;
+        });
+    }
+    return terms;
+}
+
+// The sharpness row of a step (train.sharpness_every): called after the optimizer's step with the
+// weights the step started from, `before`. The plain sharpness is taken at those weights; so is the
+// preconditioned one, with P from the moments the step's update used (the optimizer's state now),
+// the updated weights put back after. Lanczos starts from the same vector in both, drawn from the
+// run's seed and the step.
+ProbeValues step_sharpness(State& s, int64_t step, double lr, const Batch& batch, const std::vector<Tensor>& before) {
+    const LoopConfig& loop = s.config.train;
+    const OptimConfig& optim = s.config.optim;
+    std::vector<Var> params;
+    std::vector<std::string> names;
+    for (const auto& [name, p] : s.params) {
+        names.push_back(name);
+        params.push_back(p);
+    }
+    std::vector<Tensor> after;  // (parameters,) the updated weights, while the step's own are back
+    for (size_t i = 0; i < params.size(); ++i) {
+        after.push_back(params[i].data().clone());
+        params[i].data().copy_(before[i]);
+    }
+    const ObjectiveTerms terms = step_objective(s, batch);
+    const uint64_t seed = s.config.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step);
+    const double plain = objective_sharpness(terms, params, loop.sharpness_iters, seed);
+    const std::vector<double> scale =
+        adam_inverse_sqrt_preconditioner(s.optimizer->state_dict(), names, params, optim.beta2, optim.eps);
+    const double adam = objective_sharpness(terms, params, loop.sharpness_iters, seed, scale);
+    for (size_t i = 0; i < params.size(); ++i) params[i].data().copy_(after[i]);
+    const std::vector<std::string>& columns = sharpness_columns();
+    return {{columns[0], plain}, {columns[1], adam}, {columns[2], adam_sharpness_threshold(optim.beta1, lr)}};
+}
+
 // The optimizer step of `step` (1-based): lr from the schedule, forward and backward, clipping, AdamW.
+// A probed step's row (probes.csv) holds its probes and sharpness; a family not measured at this
+// step is NaN (an empty cell).
 TrainStep train_step(State& s, int64_t step) {
     TrainStep out;
     out.step = step;
@@ -503,10 +564,13 @@ TrainStep train_step(State& s, int64_t step) {
     out.lr = s.schedule.lr_at(step - 1);
     profiler::EnableGuard profiling(s.job.profile);  // time this step's kernels
     s.optimizer->set_lr(out.lr);
-    const int64_t probe_every = s.config.train.probe_every;
+    const LoopConfig& loop = s.config.train;
     std::optional<StepProbe> probe;
-    if (probe_every > 0 && step % probe_every == 0) probe.emplace(*s.model);
-    const StepLoss loss = forward_backward(s, step, probe ? &*probe : nullptr);
+    if (loop.probe_every > 0 && step % loop.probe_every == 0) probe.emplace(*s.model);
+    const bool sharpness = loop.sharpness_every > 0 && step % loop.sharpness_every == 0;
+    // The global batch, the same on every rank; this rank computes its shards' rows.
+    const Batch batch = s.data->train_batch(loop.batch_size, *s.data_gen);  // (B, T) on the host
+    const StepLoss loss = forward_backward(s, step, batch, probe ? &*probe : nullptr);
     out.train_loss = loss.cross_entropy;
     out.z_loss = loss.z_loss;
     profiler::PhaseGuard optimizer_phase(profiler::Phase::Optimizer);
@@ -514,8 +578,22 @@ TrainStep train_step(State& s, int64_t step) {
     const double clip = s.config.optim.grad_clip;
     out.grad_norm = clip > 0 ? clip_grad_norm_(s.params, clip) : nl::grad_norm(s.model->parameters());
     if (probe) probe->before_update();
+    std::vector<Tensor> before;  // (parameters,) the weights the step starts from, for the sharpness
+    if (sharpness)
+        for (const auto& [name, p] : s.params) before.push_back(p.data().clone());
     s.optimizer->step();
-    if (probe) out.probes = probe->values();
+    if (!probe && !sharpness) return out;
+    if (loop.probe_every > 0) {
+        if (probe) out.probes = probe->values();
+        else
+            for (const std::string& c : probe_columns(*s.model)) out.probes.emplace_back(c, NAN);
+    }
+    if (sharpness) {
+        const ProbeValues row = step_sharpness(s, step, out.lr, batch, before);
+        out.probes.insert(out.probes.end(), row.begin(), row.end());
+    } else if (loop.sharpness_every > 0) {
+        for (const std::string& c : sharpness_columns()) out.probes.emplace_back(c, NAN);
+    }
     return out;
 }
 

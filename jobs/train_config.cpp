@@ -168,6 +168,8 @@ static LoopConfig read_loop(ConfigReader reader) {
     loop.save_batches = reader.get_bool("save_batches");
     loop.z_loss = reader.get_double("z_loss");
     loop.probe_every = reader.get_int("probe_every");
+    loop.sharpness_every = reader.get_int("sharpness_every");
+    loop.sharpness_iters = reader.get_int("sharpness_iters");
     loop.grad_shards = reader.get_int("grad_shards");
     loop.bucket_kb = reader.get_int("bucket_kb");
     loop.overlap_comm = reader.get_bool("overlap_comm");

@@ -56,6 +56,8 @@ struct LoopConfig {
     bool save_batches = false;  // batches.safetensors: every step's inputs and targets (kSavedBatchesFile)
     double z_loss = 0.0;            // the loss adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
     int64_t probe_every = 0;        // probes.csv every N steps (jobs/probes.h); 0: off
+    int64_t sharpness_every = 0;    // probes.csv's sharpness columns every N steps (jobs/sharpness.h); 0: off
+    int64_t sharpness_iters = 20;   // Lanczos iterations (Hessian-vector products) per sharpness value
     // Data parallel over MPI ranks (jobs/distributed.h, docs/distributed.md):
     int64_t grad_shards = 0;        // the batch's gradient is a fixed-order sum over this many shards; 0: one per rank
     int64_t bucket_kb = 256;        // gradients are summed over ranks in buckets of about this size

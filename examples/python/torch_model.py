@@ -473,3 +473,52 @@ def parameter_probes(model, before):
             if isinstance(module, DyT):
                 out[f"dyt_alpha.{name}"] = module.alpha.item()
     return out
+
+
+# The largest model whose Hessian exact_sharpness builds whole: n^2 float64 entries (200 MB here).
+HESSIAN_MAX_PARAMETERS = 5000
+
+
+def full_hessian(model, loss_of):
+    """The Hessian of loss_of(model) with respect to every parameter, flattened in named_parameters
+    order: [n, n] float64, one row per double backward (torch.autograd.grad of one gradient entry)."""
+    params = [p for _, p in model.named_parameters()]
+    loss = loss_of(model)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    rows = []
+    for i in range(flat.numel()):
+        row = torch.autograd.grad(flat[i], params, retain_graph=True, allow_unused=True)
+        rows.append(torch.cat([(r if r is not None else torch.zeros_like(p)).reshape(-1) for r, p in zip(row, params)]))
+    hessian = torch.stack(rows)
+    return 0.5 * (hessian + hessian.T)  # symmetric up to rounding; eigvalsh reads one triangle
+
+
+def adam_inverse_sqrt_preconditioner(model, optimizer):
+    """P^{-1/2} flattened in named_parameters order, P = sqrt(v_hat) + eps from torch.optim.Adam(W)'s
+    state after a step: v_hat = exp_avg_sq / (1 - beta2^step) (Cohen et al. 2022); 0 for a parameter
+    without state."""
+    parts = []
+    for _, p in model.named_parameters():
+        state = optimizer.state.get(p, {})
+        if "exp_avg_sq" not in state:
+            parts.append(torch.zeros(p.numel(), dtype=torch.float64))
+            continue
+        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+        beta2, eps = group["betas"][1], group["eps"]
+        step = float(state["step"])
+        v_hat = state["exp_avg_sq"].reshape(-1).double() / (1.0 - beta2 ** step)
+        parts.append(1.0 / (v_hat.sqrt() + eps).sqrt())
+    return torch.cat(parts)
+
+
+def exact_sharpness(hessian, scale=None):
+    """The largest eigenvalue of the Hessian, or with scale = P^{-1/2} of P^{-1} H (the eigenvalues of
+    the symmetric P^{-1/2} H P^{-1/2}), by torch.linalg.eigvalsh: normlab's sharpness probes, exactly."""
+    matrix = hessian if scale is None else scale[:, None] * hessian * scale[None, :]
+    return torch.linalg.eigvalsh(matrix).max().item()
+
+
+def adam_sharpness_threshold(beta1, lr):
+    """Cohen et al. 2022's threshold for Adam's preconditioned sharpness: (2 + 2 beta1) / ((1 - beta1) lr)."""
+    return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr)

@@ -22,7 +22,12 @@ differences of the last two, then the worst relative difference of each, and the
 (against the run's last checkpoint, relative to each tensor's largest |value|). Where the run wrote
 probes.csv (train.probe_every), every probed step's probes are recomputed in PyTorch (torch_model.py's
 ActivationProbes and parameter_probes: forward hooks, the gradient before clipping, the weights around
-the update) and the worst relative difference of each probe is printed. It exits 1 when the
+the update) and the worst relative difference of each probe is printed. Where probes.csv has the
+sharpness columns (train.sharpness_every), the Hessian of each such step's objective (the loss above,
+weights before the update) is built whole, one double backward per row (models of at most 5,000
+parameters), and its largest eigenvalue, plain and preconditioned by AdamW's second moments after
+the step (P = sqrt(v_hat) + eps), is taken by torch.linalg.eigvalsh: exact values that normlab's
+Lanczos estimates are held to. It exits 1 when the
 worst relative loss or probe difference exceeds --tol (default 1e-9 for an f64 run, where both sides compute
 in float64; an f32 run replayed in float64 shows the f32 run's drift, so give it a --tol of your
 own), 2 for a run directory it cannot replay.
@@ -98,8 +103,13 @@ def read_probes(run_dir):
     if not os.path.isfile(path):
         return {}
     with open(path, newline="") as f:
-        return {int(row["step"]): {k: float(v) for k, v in row.items() if k != "step"} for row in csv.DictReader(f)}
+        # An empty cell is a probe not measured at that step (probe_every and sharpness_every differ): NaN.
+        return {int(row["step"]): {k: float(v) if v != "" else math.nan for k, v in row.items() if k != "step"}
+                for row in csv.DictReader(f)}
 
+
+# probes.csv's sharpness columns (jobs/sharpness.h), exact here: the eigenvalues of the whole Hessian.
+SHARPNESS_COLUMNS = ("sharpness", "sharpness_adam", "sharpness_adam_threshold")
 
 # A parameter whose gradient RMS is below this fraction of the step's largest has a gradient that is
 # rounding noise, 0 in exact arithmetic (a post-norm ScaleNorm's g in front of the final ScaleNorm,
@@ -115,7 +125,7 @@ def compare_probes(normlab_row, torch_probes, step):
     missing = sorted(set(normlab_row) - set(torch_probes))
     if missing:
         raise ReplayError(f"probes.csv step {step}: no PyTorch formula for the columns {missing[:4]}")
-    floor = GRAD_RMS_FLOOR * max(v for c, v in torch_probes.items() if c.startswith("grad_rms."))
+    floor = GRAD_RMS_FLOOR * max([v for c, v in torch_probes.items() if c.startswith("grad_rms.")] or [0.0])
     noise = [c[len("grad_rms."):] for c, v in torch_probes.items() if c.startswith("grad_rms.") and abs(v) < floor]
     out = {}
     for column, value in normlab_row.items():
@@ -169,6 +179,21 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
     T = inputs.shape[2]
     mask = torch_model.causal_mask(T).double()
     freqs = freqs_cis[:T]
+
+    def objective(m, x, y):
+        """The loss a step differentiates: cross-entropy plus the z-loss term over the scored positions."""
+        logits = m(x, freqs, mask).reshape(-1, vocab)
+        loss = F.cross_entropy(logits, y.reshape(-1), ignore_index=IGNORE_INDEX)
+        if z_loss > 0:
+            loss = loss + z_loss * (torch.logsumexp(logits, -1)[y.reshape(-1) != IGNORE_INDEX] ** 2).mean()
+        return loss
+
+    if any("sharpness" in row for row in probes.values()):
+        n = sum(p.numel() for p in model.parameters())
+        if n > torch_model.HESSIAN_MAX_PARAMETERS:
+            raise ReplayError(f"{run_dir}/probes.csv has sharpness columns, and the model has {n} parameters, above "
+                              f"the {torch_model.HESSIAN_MAX_PARAMETERS} whose Hessian the replay builds whole; replay "
+                              "a smaller model, or a run without train.sharpness_every")
     clip = optim["grad_clip"]
     params = list(model.parameters())
     records = []
@@ -186,6 +211,12 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
         cross_entropy = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX)
         z_term = z_loss * (torch.logsumexp(flat, -1)[y != IGNORE_INDEX] ** 2).mean() if z_loss > 0 else 0.0
         (cross_entropy + z_term).backward()
+        # A row holds the probes (train.probe_every) and the sharpness (train.sharpness_every); a family
+        # not due at this step is NaN in it (an empty cell).
+        probes_due = probed and train.get("probe_every", 0) > 0 and step % train["probe_every"] == 0
+        sharpness_step = probed and train.get("sharpness_every", 0) > 0 and step % train["sharpness_every"] == 0
+        if sharpness_step:  # the Hessian of the step's objective, weights before the update
+            hessian = torch_model.full_hessian(model, lambda m: objective(m, inputs[step - 1], targets[step - 1]))
         if probed:  # the probes of normlab's row: activations of this forward, gradients before clipping
             torch_probes = {**activations.values(logits), **torch_model.parameter_probes(model, None)}
             before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -203,6 +234,15 @@ def replay(run_dir, steps=None, tol=None, every=1, out=print):
         record["lr_rel"] = relative(record["normlab_lr"], lr)
         if probed:
             torch_probes.update(torch_model.parameter_probes(model, before))
+            if not probes_due:
+                torch_probes = {c: math.nan for c in probes[step] if c not in SHARPNESS_COLUMNS}
+            if "sharpness" in probes[step]:
+                torch_probes.update({c: math.nan for c in SHARPNESS_COLUMNS})
+            if sharpness_step:  # P from the moments this step's update used
+                scale = torch_model.adam_inverse_sqrt_preconditioner(model, optimizer)
+                torch_probes["sharpness"] = torch_model.exact_sharpness(hessian)
+                torch_probes["sharpness_adam"] = torch_model.exact_sharpness(hessian, scale)
+                torch_probes["sharpness_adam_threshold"] = torch_model.adam_sharpness_threshold(optim["beta1"], lr)
             record["probe_rel"], record["probe_noise_params"] = compare_probes(probes[step], torch_probes, step)
             record["torch_probes"] = torch_probes
         records.append(record)

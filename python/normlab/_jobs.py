@@ -238,10 +238,11 @@ class TrainResult:
     stopped early. metrics: the steps this call ran, by metrics.csv's column (step, lr, train_loss,
     grad_norm, val_loss, val_accuracy, val_token_accuracy, tokens_per_s, elapsed_s, z_loss), each a NumPy
     array; the val_* columns are NaN at steps without an evaluation. probes: the probed steps this call
-    ran (train.probe_every), by probes.csv's column (step, attn_score_max.block0, residual_rms.block0,
-    act_max.block0, act_kurtosis.block0, attn_entropy.block0, attn_sink.block0, ..., logsumexp_mean,
-    logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>, norm_input_rms.<norm>),
-    each a NumPy array; empty without probes. profile: the kernel table with profile=True (also
+    ran (train.probe_every, train.sharpness_every), by probes.csv's column (step, attn_score_max.block0,
+    residual_rms.block0, act_max.block0, act_kurtosis.block0, attn_entropy.block0, attn_sink.block0, ...,
+    logsumexp_mean, logsumexp_max, grad_rms.<param>, update_ratio.<param>, dyt_alpha.<norm>,
+    norm_input_rms.<norm>, then sharpness, sharpness_adam, sharpness_adam_threshold), each a NumPy array,
+    NaN where a family was not measured at that step; empty without probes. profile: the kernel table with profile=True (also
     profile.txt), else None.
     """
     run_dir: str

@@ -208,6 +208,22 @@ def test_probes_are_probes_csv_with_every_instrument(tmp_path):
     assert "norm_input_rms.norm" in result.probes and "norm_input_rms.layers.0.ffn_norm" in result.probes
 
 
+def test_sharpness_columns_are_nan_where_not_measured(tmp_path):
+    result = normlab.train(TOY, OVERRIDES + ["train.steps=6", "optim.warmup_steps=2", "train.eval_every=0",
+                                             "train.probe_every=3", "train.sharpness_every=2",
+                                             "train.sharpness_iters=5"],
+                           out=tmp_path / "run")
+    table = read_csv(tmp_path / "run" / "probes.csv")
+    assert list(result.probes) == list(table)
+    assert list(result.probes)[-3:] == ["sharpness", "sharpness_adam", "sharpness_adam_threshold"]
+    np.testing.assert_array_equal(result.probes["step"], [2, 3, 4, 6])
+    sharpness = result.probes["sharpness"]
+    assert np.isnan(sharpness[1]) and np.isfinite(sharpness[[0, 2, 3]]).all()
+    assert np.isnan(result.probes["act_max.block0"][[0, 2]]).all()
+    lr = result.metrics["lr"][result.probes["step"] - 1]
+    np.testing.assert_allclose(result.probes["sharpness_adam_threshold"][[0, 2, 3]], 38.0 / lr[[0, 2, 3]], rtol=1e-12)
+
+
 # ---- checkpoints and sample ----
 
 def test_load_save_and_sample_a_checkpoint(reference, tmp_path):

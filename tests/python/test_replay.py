@@ -65,3 +65,31 @@ def test_replay_refuses_a_run_without_its_initial_weights_or_batches(tmp_path):
     done = replay(run_dir)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "step_00000000.safetensors: missing" in done.stderr and "train.save_initial=true" in done.stderr
+
+
+def test_sharpness_columns_replay_against_the_whole_hessian(torch, tmp_path):
+    pytest.importorskip("safetensors", reason="test_sharpness_columns_replay_against_the_whole_hessian needs "
+                                              "safetensors")
+    config = json.loads(json.dumps(CONFIG))
+    config["model"].update(dim=8, n_layers=1, n_heads=2, n_kv_heads=1, multiple_of=4)
+    config["train"].update(sharpness_every=3, sharpness_iters=60)
+    run_dir = train(tmp_path, config)
+    out = tmp_path / "replay.json"
+    done = replay(run_dir, "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert set(result["probe_families"]) == {"sharpness", "sharpness_adam", "sharpness_adam_threshold"}
+    assert result["worst_probe_rel"] <= 1e-9
+    exact = [r["torch_probes"]["sharpness"] for r in result["records"] if "torch_probes" in r]
+    assert len(exact) == 2 and all(value > 0 for value in exact)
+
+
+def test_replay_refuses_sharpness_of_a_model_too_large_for_its_hessian(torch, tmp_path):
+    pytest.importorskip("safetensors", reason="test_replay_refuses_sharpness_of_a_model_too_large_for_its_hessian "
+                                              "needs safetensors")
+    config = json.loads(json.dumps(CONFIG))
+    config["train"].update(sharpness_every=3, sharpness_iters=2)
+    run_dir = train(tmp_path, config)
+    done = replay(run_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "5000" in done.stderr and "sharpness_every" in done.stderr

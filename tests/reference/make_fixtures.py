@@ -999,8 +999,8 @@ def write_readme_tables(fixtures):
 
 # Short f64 runs of the train job, one per case: together every norm type, every placement, QK-norm
 # head and full, DyT with its own alpha_init_attention, both soft-caps, the z-loss, GQA, LayerNorm
-# Scaling, clipping on and off, and both optim.decay and weight_decay_mode choices. Each case's keys
-# are written over REPLAY_BASE.
+# Scaling, clipping on and off, both optim.decay and weight_decay_mode choices, and the sharpness
+# probes. Each case's keys are written over REPLAY_BASE.
 REPLAY_BASE = {
     "seed": 0,
     "data": {"source": "synthetic", "task": "reverse", "length": 4, "symbols": 6, "eval_sequences": 8},
@@ -1028,6 +1028,14 @@ REPLAY_CASES = [
     ("peri_adaptive_rmsnorm", {"model": {"norm": {"type": "adaptive_rmsnorm"}, "norm_placement": "peri"}}),
     ("post_scalenorm", {"model": {"norm": {"type": "scalenorm"}, "norm_placement": "post"}}),
     ("none", {"model": {"norm_placement": "none"}, "optim": {"lr": 0.005}}),
+    # The sharpness (train.sharpness_every) against the eigenvalues of the whole Hessian, on models small
+    # enough to build it (about 1,900 parameters): every 2 steps beside the probes' every 3, so rows hold
+    # one family or both, with the z-loss in the objective; and post-LN with the sharpness alone.
+    ("pre_rmsnorm_sharpness", {"model": {"dim": 8, "n_heads": 2, "multiple_of": 4},
+                               "train": {"z_loss": 1e-3, "sharpness_every": 2, "sharpness_iters": 60}}),
+    ("post_layernorm_sharpness_only", {"seed": 2, "model": {"dim": 8, "n_heads": 2, "multiple_of": 4,
+                                                            "norm": {"type": "layernorm"}, "norm_placement": "post"},
+                                       "train": {"probe_every": 0, "sharpness_every": 3, "sharpness_iters": 60}}),
 ]
 
 
@@ -1060,7 +1068,8 @@ def fixture_train_replay(normlab):
                  "modules, torch.optim.AdamW, torch.nn.utils.clip_grad_norm_, the warmup-cosine schedule) from "
                  "the run's initial checkpoint and batches. The cases cover every norm type and placement, QK-norm "
                  "head and full, DyT, both soft-caps, the z-loss, GQA, LayerNorm Scaling, clipping on and off, "
-                 "optim.decay matrices and weight_decay_mode independent.",
+                 "optim.decay matrices and weight_decay_mode independent, and the sharpness probes (train."
+                 "sharpness_every) against the eigenvalues of the whole Hessian (torch.linalg.eigvalsh).",
                  cases=",".join(cases))
     fx.metadata.update(configs)
     with tempfile.TemporaryDirectory() as scratch:
@@ -1092,9 +1101,10 @@ def fixture_train_replay(normlab):
                  "of steps 1..10"),
                 ("<case>.grad_norm", "`[10]`", "F64", "PyTorch's global gradient L2 norm of steps 1..10, before "
                  "clipping"),
-                ("<case>.probes", "`[3, columns]`", "F64", "PyTorch's probes (torch_model.py ActivationProbes and "
-                 "parameter_probes) of steps 3, 6 and 9 (metadata `probe_steps.<case>`), one column per "
-                 "probes.csv column named in the metadata's `probes.<case>`")]
+                ("<case>.probes", "`[rows, columns]`", "F64", "PyTorch's probes (torch_model.py ActivationProbes and "
+                 "parameter_probes; full_hessian and exact_sharpness for the sharpness columns) of the steps with "
+                 "a probes.csv row (metadata `probe_steps.<case>`), one column per probes.csv column named in the "
+                 "metadata's `probes.<case>`, NaN where that family was not measured at the step")]
     fx.readme_extra = ["| case | keys over the base config |", "|---|---|"]
     fx.readme_extra += [f"| `{name}` | `{json.dumps(keys, separators=(',', ':'))}` |" for name, keys in REPLAY_CASES]
     fx.readme_extra.append("")
