@@ -227,7 +227,10 @@ std::vector<std::string> column(const std::string& path, const std::string& name
 
 TEST_CASE("mpi: 2 ranks train bit-identically to 1 process with the same grad_shards", "[mpi][mpirun]") {
     TempDir dir("mpi_train");
-    const std::string args = "train " + config("toy_transformer.json") + kTrain + " --set train.grad_shards=2";
+    // With the sharpness every 10 steps: its Hessian-vector products are summed over the shards, then
+    // over the ranks (two f64 terms: the same sum in either order).
+    const std::string args = "train " + config("toy_transformer.json") + kTrain +
+                             " --set train.grad_shards=2 --set train.sharpness_every=10 --set train.sharpness_iters=4";
     Timed one = run_ranks(dir, 0, args + " --out one");
     INFO(one.cli.output);
     REQUIRE(one.cli.status == 0);
@@ -237,6 +240,11 @@ TEST_CASE("mpi: 2 ranks train bit-identically to 1 process with the same grad_sh
     for (const char* name : {"train_loss", "grad_norm", "val_loss", "val_accuracy", "val_token_accuracy"}) {
         INFO(name);
         CHECK(column(dir / "one/metrics.csv", name) == column(dir / "two/metrics.csv", name));
+    }
+    for (const char* name : {"sharpness", "sharpness_adam"}) {
+        INFO(name);
+        CHECK(column(dir / "one/probes.csv", name).size() == 2);
+        CHECK(column(dir / "one/probes.csv", name) == column(dir / "two/probes.csv", name));
     }
     CHECK(read_text(dir / "one/checkpoints/step_00000020.safetensors") ==
           read_text(dir / "two/checkpoints/step_00000020.safetensors"));
