@@ -123,8 +123,12 @@ ConfigSchema make_train_schema() {
     k.push_back({.path = "model.n_layers", .type = ConfigType::Integer, .default_value = model.n_layers, .min = 0,
                  .max = double(kMaxLayers), .meaning = "transformer blocks"});
     k.push_back({.path = "model.n_heads", .type = ConfigType::Integer, .default_value = model.n_heads, .min = 1,
-                 .max = double(kMaxModelDim), .constraint = "dividing `dim` into an even head size (RoPE)",
+                 .max = double(kMaxModelDim), .constraint = "dividing `dim` into an even head size (RoPE) unless `head_dim` is set",
                  .meaning = "attention heads"});
+    k.push_back({.path = "model.head_dim", .type = ConfigType::Integer, .default_text = "`dim / n_heads`", .min = 2,
+                 .max = double(kMaxModelDim), .constraint = "even (RoPE)",
+                 .meaning = "each attention head's size: q, k and v project to heads x head_dim and the output "
+                            "projection back to `dim` (Qwen3-0.6B: 128 at dim 1024 with 16 heads)"});
     k.push_back({.path = "model.n_kv_heads", .type = ConfigType::Integer, .default_text = "`n_heads`", .min = 1,
                  .max = double(kMaxModelDim), .constraint = "dividing `n_heads`",
                  .meaning = "key/value heads (grouped-query attention)"});

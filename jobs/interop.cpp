@@ -124,7 +124,7 @@ std::string translate_or_throw(const std::string& name, Naming from, Naming to, 
 // Every parameter of a Transformer with `o` and its shape, in the model's order (normlab names):
 // the order of Attention's, TransformerBlock's and Transformer's register_module calls.
 std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOptions& o) {
-    const int64_t D = o.dim, V = o.vocab_size, hd = o.dim / o.n_heads;
+    const int64_t D = o.dim, V = o.vocab_size, hd = o.head_size();
     const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
     const int64_t F = swiglu_hidden_dim(o.ffn_hidden_dim > 0 ? o.ffn_hidden_dim : 4 * D, o.multiple_of);
     std::vector<std::pair<std::string, Shape>> out = {{"tok_embeddings.weight", {V, D}}};
@@ -472,14 +472,26 @@ PretrainedModel load_gguf_model(const std::string& path, bool with_weights) {
     o.rope_theta = file.find("llama.rope.freq_base") ? shortest_decimal(file.real_at("llama.rope.freq_base")) : 10000.0;
     NL_REQUIRE(std::isfinite(o.rope_theta) && o.rope_theta > 0, path, ": metadata 'llama.rope.freq_base': expected > 0, got ",
                o.rope_theta);
-    NL_REQUIRE(o.dim % o.n_heads == 0 && (o.dim / o.n_heads) % 2 == 0, path,
-               ": metadata: llama.embedding_length ", o.dim, " is not an even head size times llama.attention.head_count ", o.n_heads);
+    // llama.cpp's head size: llama.attention.key_length (= value_length), else embedding_length / head_count.
+    if (file.find("llama.attention.key_length")) {
+        const int64_t key_length = int64_t(gguf_uint(file, "llama.attention.key_length", 2, kMaxModelDim));
+        NL_REQUIRE(!file.find("llama.attention.value_length") ||
+                       int64_t(file.uint_at("llama.attention.value_length")) == key_length,
+                   path, ": metadata 'llama.attention.value_length' ", file.uint_at("llama.attention.value_length"),
+                   ": normlab's values have the keys' head size, llama.attention.key_length ", key_length);
+        NL_REQUIRE(key_length % 2 == 0, path, ": metadata 'llama.attention.key_length': expected an even head size ",
+                   "(RoPE rotates pairs), found ", key_length);
+        if (o.dim % o.n_heads != 0 || key_length != o.dim / o.n_heads) o.head_dim = key_length;
+    }
+    NL_REQUIRE(o.head_dim > 0 || (o.dim % o.n_heads == 0 && (o.dim / o.n_heads) % 2 == 0), path,
+               ": metadata: llama.embedding_length ", o.dim, " is not an even head size times llama.attention.head_count ",
+               o.n_heads, " (and there is no llama.attention.key_length)");
     NL_REQUIRE(o.n_heads % o.n_kv_heads == 0, path, ": metadata 'llama.attention.head_count_kv' ", o.n_kv_heads,
                " does not divide llama.attention.head_count ", o.n_heads);
     if (file.find("llama.rope.dimension_count")) {
         const uint64_t rope_dims = file.uint_at("llama.rope.dimension_count");
-        NL_REQUIRE(int64_t(rope_dims) == o.dim / o.n_heads, path, ": metadata 'llama.rope.dimension_count': normlab rotates ",
-                   "whole heads (", o.dim / o.n_heads, " dims), found ", rope_dims);
+        NL_REQUIRE(int64_t(rope_dims) == o.head_size(), path, ": metadata 'llama.rope.dimension_count': normlab rotates ",
+                   "whole heads (", o.head_size(), " dims), found ", rope_dims);
     }
     NL_REQUIRE(!file.find("llama.rope.scaling.type") || file.string_at("llama.rope.scaling.type") == "none", path,
                ": metadata 'llama.rope.scaling.type': RoPE scaling is not supported, found \"",
@@ -608,10 +620,14 @@ void export_gguf(const Transformer& model, const std::vector<uint32_t>& chars, c
         {"llama.feed_forward_length", GgufValue::u32(uint32_t(ffn))},
         {"llama.attention.head_count", GgufValue::u32(uint32_t(o.n_heads))},
         {"llama.attention.head_count_kv", GgufValue::u32(uint32_t(kv))},
-        {"llama.rope.dimension_count", GgufValue::u32(uint32_t(o.dim / o.n_heads))},
+        {"llama.rope.dimension_count", GgufValue::u32(uint32_t(o.head_size()))},
         {"llama.rope.freq_base", GgufValue::f32(float(o.rope_theta))},
         {"llama.attention.layer_norm_rms_epsilon", GgufValue::f32(float(o.norm.resolved_eps()))},
     };
+    if (o.head_dim > 0) {  // a head size of its own (model.head_dim): llama.cpp's key and value lengths
+        m.push_back({"llama.attention.key_length", GgufValue::u32(uint32_t(o.head_dim))});
+        m.push_back({"llama.attention.value_length", GgufValue::u32(uint32_t(o.head_dim))});
+    }
     if (!chars.empty()) {
         // SentencePiece ("llama") vocabulary of the characters, space written as U+2581 as
         // SentencePiece does; no merges happen (every token is one character, every score 0).
@@ -692,7 +708,12 @@ HfArch hf_architecture(const TransformerOptions& o) {
                o.norm_placement, "\" has no Hugging Face architecture (", kHfClasses, ")");
     if (o.norm_placement == "pre" && o.qk_norm == "none") return HfArch::Llama;
     if (o.norm_placement == "pre" && o.qk_norm == "head") return HfArch::Qwen3;
-    if (o.norm_placement == "output" && o.qk_norm == "full") return HfArch::Olmo2;
+    if (o.norm_placement == "output" && o.qk_norm == "full") {
+        NL_REQUIRE(o.head_dim == 0 || (o.dim % o.n_heads == 0 && o.head_dim == o.dim / o.n_heads),
+                   "export --to hf: model.head_dim ", o.head_dim, " has no form in Olmo2ForCausalLM (its heads are dim / "
+                   "n_heads); LLaMA and Qwen3 hold it");
+        return HfArch::Olmo2;
+    }
     throw Error(fmt::format("export --to hf: model.qk_norm \"{}\" with model.norm_placement \"{}\" has no Hugging Face "
                             "architecture ({})",
                             o.qk_norm, o.norm_placement, kHfClasses));
@@ -738,7 +759,7 @@ json hf_config_json(const TransformerOptions& o, DType dtype) {
                    {"eos_token_id", nullptr},
                    {"pad_token_id", nullptr},
                    {"dtype", torch_dtype}};
-    if (arch != HfArch::Olmo2) config["head_dim"] = o.dim / o.n_heads;  // OLMo 2's is always hidden / heads
+    if (arch != HfArch::Olmo2) config["head_dim"] = o.head_size();  // OLMo 2's is always hidden / heads
     if (arch == HfArch::Llama) {
         config["mlp_bias"] = false;
         config["pretraining_tp"] = 1;
@@ -780,17 +801,23 @@ HfConfig read_hf_config(const json& config, const std::string& where) {
     o.dim = f.integer("hidden_size", 2, kMaxModelDim);
     o.n_layers = f.integer("num_hidden_layers", 0, kMaxLayers);
     o.n_heads = f.integer("num_attention_heads", 1, kMaxModelDim);
-    if (o.dim % o.n_heads != 0 || (o.dim / o.n_heads) % 2 != 0)
-        f.fail("num_attention_heads", fmt::format("expected a divisor of hidden_size = {} leaving an even head size, got {}",
+    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / num_attention_heads; OLMo 2's
+    // attention has no head_dim of its own.
+    const bool divides = o.dim % o.n_heads == 0;
+    if (out.arch != HfArch::Qwen3 && !f.has("head_dim") && !divides)
+        f.fail("num_attention_heads", fmt::format("expected a divisor of hidden_size = {} (there is no head_dim), got {}",
                                                   o.dim, o.n_heads));
     o.n_kv_heads = f.integer("num_key_value_heads", 1, o.n_heads, o.n_heads);
     if (o.n_heads % o.n_kv_heads != 0)
         f.fail("num_key_value_heads", fmt::format("expected a divisor of num_attention_heads = {}, got {}", o.n_heads, o.n_kv_heads));
-    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / num_attention_heads.
     const int64_t head_dim = f.integer("head_dim", 1, kMaxModelDim, out.arch == HfArch::Qwen3 ? 128 : o.dim / o.n_heads);
-    if (head_dim != o.dim / o.n_heads)
-        f.fail("head_dim", fmt::format("normlab's heads are hidden_size / num_attention_heads = {}, got {}{}", o.dim / o.n_heads,
-                                       head_dim, f.has("head_dim") ? "" : " (absent: " + class_name + "'s default)"));
+    if (head_dim % 2 != 0)
+        f.fail("head_dim", fmt::format("expected an even head size (RoPE rotates pairs), got {}{}", head_dim,
+                                       f.has("head_dim") ? "" : " (absent: hidden_size / num_attention_heads)"));
+    if (out.arch == HfArch::Olmo2 && (!divides || head_dim != o.dim / o.n_heads))
+        f.fail("head_dim", fmt::format("Olmo2ForCausalLM's heads are hidden_size / num_attention_heads = {} / {}, got {}",
+                                       o.dim, o.n_heads, head_dim));
+    if (!divides || head_dim != o.dim / o.n_heads) o.head_dim = head_dim;  // else the default, as a normlab config has it
     const int64_t hidden = f.integer("intermediate_size", 1, 4 * kMaxModelDim);
     o.multiple_of = 1;
     o.ffn_hidden_dim = (3 * hidden + 1) / 2;
@@ -868,6 +895,8 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     check_int("n_layers", m.n_layers, p.n_layers);
     check_int("n_heads", m.n_heads, p.n_heads);
     check_int("n_kv_heads", m.n_kv_heads, p.n_kv_heads);
+    if (given.contains("head_dim") && m.head_size() != p.head_size())
+        differ("head_dim", std::to_string(m.head_size()), std::to_string(p.head_size()));
     check_int("vocab_size", config.model_vocab_size, p.vocab_size);
     // The feed-forward width is what the weights fix; multiple_of and ffn_hidden_dim only reach it.
     if (given.contains("multiple_of") || given.contains("ffn_hidden_dim")) {
@@ -911,6 +940,8 @@ void adopt_pretrained_architecture(TrainConfig& config, const json& given_model,
     r["n_layers"] = m.n_layers;
     r["n_heads"] = m.n_heads;
     r["n_kv_heads"] = m.n_kv_heads;
+    if (m.head_dim > 0) r["head_dim"] = m.head_dim;
+    else r.erase("head_dim");
     r["multiple_of"] = m.multiple_of;
     r["ffn_hidden_dim"] = m.ffn_hidden_dim;
     r["vocab_size"] = p.vocab_size;

@@ -81,11 +81,19 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainCo
     model.dim = reader.get_int("dim");
     model.n_layers = reader.get_int("n_layers");
     model.n_heads = reader.get_int("n_heads");
-    if (model.dim % model.n_heads != 0)
-        reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={}, got {}", model.dim, model.n_heads));
-    if ((model.dim / model.n_heads) % 2 != 0)
-        reader.fail("n_heads", fmt::format("expected an even head size (RoPE rotates pairs), got dim / n_heads = {} / {} = {}",
-                                           model.dim, model.n_heads, model.dim / model.n_heads));
+    // model.head_dim: absent is dim / n_heads (and config.json leaves it out, as before the key existed).
+    model.head_dim = reader.get_optional_int("head_dim").value_or(0);
+    if (model.head_dim > 0) {
+        if (model.head_dim % 2 != 0)
+            reader.fail("head_dim", fmt::format("expected an even head size (RoPE rotates pairs), got {}", model.head_dim));
+    } else {
+        if (model.dim % model.n_heads != 0)
+            reader.fail("n_heads", fmt::format("expected a positive integer dividing dim={} (or set /model/head_dim), "
+                                               "got {}", model.dim, model.n_heads));
+        if ((model.dim / model.n_heads) % 2 != 0)
+            reader.fail("n_heads", fmt::format("expected an even head size (RoPE rotates pairs), got dim / n_heads = "
+                                               "{} / {} = {}", model.dim, model.n_heads, model.dim / model.n_heads));
+    }
     model.n_kv_heads = reader.get_int("n_kv_heads", model.n_heads);
     if (model.n_heads % model.n_kv_heads != 0)
         reader.fail("n_kv_heads", fmt::format("expected a positive integer dividing n_heads={}, got {}",
@@ -240,10 +248,11 @@ double estimated_train_bytes(const TrainConfig& config, int64_t vocab_size) {
     const TransformerOptions& m = config.model;
     const double e = config.model.dtype == DType::F64 ? 8.0 : 4.0;  // bytes per element
     const double D = double(m.dim), L = double(m.n_layers), V = double(vocab_size), H = double(m.n_heads);
-    const double kv_dim = D / H * double(m.n_kv_heads);
+    const double head = double(m.head_size());
+    const double q_dim = head * H, kv_dim = head * double(m.n_kv_heads);
     const double ffn_in = m.ffn_hidden_dim > 0 ? double(m.ffn_hidden_dim) : 4.0 * D;
     const double ffn = double(m.multiple_of) * std::ceil(std::floor(2.0 * ffn_in / 3.0) / double(m.multiple_of));
-    const double params = 2.0 * V * D + L * (2.0 * D * D + 2.0 * D * kv_dim + 3.0 * D * ffn + 4.0 * D) + 2.0 * D;
+    const double params = 2.0 * V * D + L * (2.0 * D * q_dim + 2.0 * D * kv_dim + 3.0 * D * ffn + 4.0 * D) + 2.0 * D;
     const double B = double(config.train.batch_size), T = double(data_seq_len(config.data));
     const double evals = double(config.data.eval_sequences) * (T + 1.0);
     const double tokens = 8.0 * 2.0 * evals;                       // held-out ids and targets, i64

@@ -222,13 +222,16 @@ AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap)
 
 Attention::Attention(const AttentionOptions& options) : options_(options) {
     NL_REQUIRE(options.dim > 0, "Attention: dim must be > 0, found ", options.dim);
-    NL_REQUIRE(options.n_heads > 0 && options.dim % options.n_heads == 0, "Attention: n_heads (", options.n_heads,
-               ") must be > 0 and divide dim (", options.dim, ")");
+    NL_REQUIRE(options.head_dim >= 0, "Attention: head_dim must be >= 0 (0: dim / n_heads), found ", options.head_dim);
+    NL_REQUIRE(options.n_heads > 0 && (options.head_dim > 0 || options.dim % options.n_heads == 0),
+               "Attention: n_heads (", options.n_heads, ") must be > 0 and divide dim (", options.dim,
+               ") unless head_dim is set");
     if (options_.n_kv_heads == 0) options_.n_kv_heads = options.n_heads;
     NL_REQUIRE(options_.n_kv_heads > 0 && options.n_heads % options_.n_kv_heads == 0, "Attention: n_kv_heads (",
                options_.n_kv_heads, ") must be > 0 and divide n_heads (", options.n_heads, ")");
-    head_dim_ = options.dim / options.n_heads;
-    NL_REQUIRE(head_dim_ % 2 == 0, "Attention: head_dim = dim / n_heads = ", head_dim_, " must be even for RoPE");
+    head_dim_ = options.head_dim > 0 ? options.head_dim : options.dim / options.n_heads;
+    options_.head_dim = head_dim_;
+    NL_REQUIRE(head_dim_ % 2 == 0, "Attention: head_dim = ", head_dim_, " must be even for RoPE");
     NL_REQUIRE(options.max_seq_len > 0, "Attention: max_seq_len must be > 0, found ", options.max_seq_len);
     options_.generator = nullptr;  // only used while constructing
     auto linear = [&](int64_t in, int64_t out) {
@@ -457,6 +460,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     ao.dim = options.dim;
     ao.n_heads = options.n_heads;
     ao.n_kv_heads = options_.n_kv_heads;
+    ao.head_dim = options.head_dim;
     ao.rope_theta = options.rope_theta;
     ao.max_seq_len = options.max_seq_len;
     ao.fused = options.fused_attention;
@@ -662,13 +666,14 @@ void TransformerOptions::validate() const {
     NL_REQUIRE(vocab_size > 0, "TransformerOptions: vocab_size must be > 0, found ", vocab_size);
     NL_REQUIRE(dim > 0, "TransformerOptions: dim must be > 0, found ", dim);
     NL_REQUIRE(n_layers >= 0, "TransformerOptions: n_layers must be >= 0, found ", n_layers);
-    NL_REQUIRE(n_heads > 0 && dim % n_heads == 0, "TransformerOptions: n_heads (", n_heads,
-               ") must be > 0 and divide dim (", dim, ")");
+    NL_REQUIRE(head_dim >= 0, "TransformerOptions: head_dim must be >= 0 (0: dim / n_heads), found ", head_dim);
+    NL_REQUIRE(n_heads > 0 && (head_dim > 0 || dim % n_heads == 0), "TransformerOptions: n_heads (", n_heads,
+               ") must be > 0 and divide dim (", dim, ") unless head_dim is set");
     const int64_t kv = n_kv_heads == 0 ? n_heads : n_kv_heads;
     NL_REQUIRE(kv > 0 && n_heads % kv == 0, "TransformerOptions: n_kv_heads (", n_kv_heads,
                ") must be > 0 and divide n_heads (", n_heads, ")");
-    NL_REQUIRE((dim / n_heads) % 2 == 0, "TransformerOptions: head dim = dim / n_heads = ", dim / n_heads,
-               " must be even for RoPE");
+    NL_REQUIRE(head_size() % 2 == 0, "TransformerOptions: head dim ", head_dim > 0 ? "= head_dim = " : "= dim / n_heads = ",
+               head_size(), " must be even for RoPE");
     NL_REQUIRE(multiple_of > 0, "TransformerOptions: multiple_of must be > 0, found ", multiple_of);
     NL_REQUIRE(ffn_hidden_dim >= 0, "TransformerOptions: ffn_hidden_dim must be >= 0, found ", ffn_hidden_dim);
     NL_REQUIRE(rope_theta > 0.0, "TransformerOptions: rope_theta must be > 0, found ", rope_theta);
@@ -727,6 +732,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.dim = options.dim;
         bo.n_heads = options.n_heads;
         bo.n_kv_heads = options_.n_kv_heads;
+        bo.head_dim = options.head_dim;
         bo.ffn_hidden_dim = options.ffn_hidden_dim;
         bo.multiple_of = options.multiple_of;
         bo.norm = options_.norm;
@@ -762,7 +768,8 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
 
 std::string Transformer::extra_repr() const {
     return detail::concat("vocab_size=", options_.vocab_size, ", dim=", options_.dim, ", n_layers=", options_.n_layers,
-                          ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads, ", norm=",
+                          ", n_heads=", options_.n_heads, ", n_kv_heads=", options_.n_kv_heads,
+                          options_.head_dim > 0 ? detail::concat(", head_dim=", options_.head_dim) : "", ", norm=",
                           options_.norm.type, ", norm_placement=", options_.norm_placement);
 }
 
@@ -793,8 +800,7 @@ KVCache Transformer::make_cache(int64_t batch, int64_t capacity) const {
     NL_REQUIRE(capacity > 0 && capacity <= options_.max_seq_len, "Transformer::make_cache: capacity must be in [1, ",
                options_.max_seq_len, "] (max_seq_len), found ", capacity);
     const Tensor weight = parameters().front().data();  // tok_embeddings.weight: the model's dtype and device
-    const int64_t head_dim = options_.dim / options_.n_heads;
-    const Shape shape = {batch, capacity, options_.n_kv_heads, head_dim};  // (B, capacity, KV, hd)
+    const Shape shape = {batch, capacity, options_.n_kv_heads, options_.head_size()};  // (B, capacity, KV, hd)
     KVCache cache;
     cache.capacity = capacity;
     for (int64_t i = 0; i < options_.n_layers; ++i)

@@ -108,6 +108,7 @@ struct AttentionOptions {
     int64_t dim = 0;
     int64_t n_heads = 1;
     int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention); must divide n_heads
+    int64_t head_dim = 0;    // each head's size; 0: dim / n_heads (which n_heads must then divide). Qwen3's is its own
     double rope_theta = 10000.0;
     int64_t max_seq_len = 4096;  // longer inputs are an error
     bool fused = true;           // causal_attention's fused form (else the composed reference)
@@ -131,7 +132,7 @@ struct AttentionProbe {
 };
 
 // Causal self-attention as LLaMA's Attention: wq (n_heads*hd, dim), wk and wv (n_kv_heads*hd, dim),
-// wo (dim, n_heads*hd), no biases, hd = dim / n_heads. With QK-norm, q_norm and k_norm normalize the
+// wo (dim, n_heads*hd), no biases, hd = head_dim (dim / n_heads unless set). With QK-norm, q_norm and k_norm normalize the
 // projections before RoPE (see qk_norm_choices). RoPE on q and k; query head h reads kv head
 // h / (n_heads / n_kv_heads) (repeat_kv); scores q k^T / sqrt(hd) with -inf above the diagonal;
 // softmax in f32 (cast back for half inputs); heads concatenated head-major, then wo.
@@ -205,6 +206,7 @@ struct TransformerBlockOptions {
     int64_t dim = 0;
     int64_t n_heads = 1;
     int64_t n_kv_heads = 0;      // 0: n_heads
+    int64_t head_dim = 0;        // AttentionOptions::head_dim; 0: dim / n_heads
     int64_t ffn_hidden_dim = 0;  // the FeedForward argument before the 2/3 rule; 0: 4 * dim (LLaMA)
     int64_t multiple_of = 256;   // the article's LLaMATransformerBlock(..., multiple_of=256, norm_eps=1e-5)
     NormOptions norm;            // any norm type (norm.dim is set to dim); eps unset: the type's 1e-5
@@ -291,6 +293,7 @@ struct TransformerOptions {
     int64_t n_layers = 2;
     int64_t n_heads = 4;
     int64_t n_kv_heads = 0;      // 0: n_heads
+    int64_t head_dim = 0;        // each head's size (Qwen3: 128 at dim 1024 with 16 heads); 0: dim / n_heads
     int64_t multiple_of = 256;   // SwiGLU hidden rounding (LLaMA's ModelArgs and the article: 256)
     int64_t ffn_hidden_dim = 0;  // 0: 4 * dim before the 2/3 rule (LLaMA)
     NormOptions norm;            // every block's norms and the final norm (norm.dim is set to dim); eps
@@ -327,6 +330,8 @@ struct TransformerOptions {
     // dim...) or the choices do not go together (qk_norm with a norm type it cannot use, deepnorm
     // without layers, depth scaling without pre-norms, a negative cap).
     void validate() const;
+    // Each head's size: head_dim, or dim / n_heads where it is 0.
+    int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
     // The l-th block's (0-based) placement: norm_placement, or for mix post or pre.
     std::string block_placement(int64_t layer) const;
 };

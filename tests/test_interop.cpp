@@ -416,10 +416,10 @@ TEST_CASE("interop: a transformers config.json: every key LlamaForCausalLM may h
     refused("mlp_bias", true, "no biases");
     refused("hidden_act", "gelu", "expected \"silu\"");
     refused("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "RoPE scaling is not supported");
-    refused("head_dim", 16, "hidden_size / num_attention_heads = 8, got 16");
+    refused("head_dim", 7, "expected an even head size (RoPE rotates pairs), got 7");
     refused("attention_dropout", 0.1, "no dropout");
     refused("pretraining_tp", 2, "expected 1");
-    refused("num_attention_heads", 5, "leaving an even head size");
+    refused("num_attention_heads", 5, "a divisor of hidden_size = 32 (there is no head_dim), got 5");
     refused("num_key_value_heads", 3, "divisor of num_attention_heads = 4");
     refused("hidden_size", 1 << 20, "expected an integer in [2, 65536]");
     refused("vocab_size", "40", "expected an integer");
@@ -468,8 +468,23 @@ TEST_CASE("interop: a transformers config.json: every key LlamaForCausalLM may h
     refused_in(qwen3, "attention_bias", true, "no biases");
     refused_in(qwen3, "use_sliding_window", true, "no sliding window");
     refused_in(qwen3, "layer_types", {"full_attention", "sliding_attention"}, "\"full_attention\" in every layer");
-    refused_in(qwen3, "head_dim", 16, "hidden_size / num_attention_heads = 8, got 16");
-    refused_in(qwen3, "head_dim", nullptr, "got 128 (absent: Qwen3ForCausalLM's default)");
+    // A head size of its own (Qwen3-0.6B's 128 at hidden 1024 with 16 heads): model.head_dim; the
+    // default (hidden / heads) stays 0, as a normlab config leaves it.
+    json wide = qwen3;
+    wide["head_dim"] = 16;
+    CHECK(nl::read_hf_config(wide, "config.json").options.head_dim == 16);
+    CHECK(nl::read_hf_config(qwen3, "config.json").options.head_dim == 0);
+    wide.erase("head_dim");
+    CHECK(nl::read_hf_config(wide, "config.json").options.head_dim == 128);  // Qwen3Config's default
+    json odd_heads = good;
+    odd_heads["num_attention_heads"] = 3;
+    odd_heads["num_key_value_heads"] = 3;
+    odd_heads["head_dim"] = 10;
+    CHECK(nl::read_hf_config(odd_heads, "config.json").options.head_dim == 10);  // 32 / 3 heads: head_dim says
+    refused_in(qwen3, "head_dim", 7, "expected an even head size (RoPE rotates pairs), got 7");
+    odd_heads.erase("head_dim");
+    refused_in(odd_heads, "num_attention_heads", 3, "a divisor of hidden_size = 32 (there is no head_dim), got 3");
+    refused_in(olmo2, "head_dim", 16, "Olmo2ForCausalLM's heads are hidden_size / num_attention_heads = 32 / 4, got 16");
     refused_in(qwen3, "architectures", {"LlamaForCausalLM"}, "expected [\"Qwen3ForCausalLM\"] (model_type \"qwen3\")");
     refused_in(qwen3, "rope_scaling", {{"rope_type", "yarn"}}, "RoPE scaling is not supported");
     refused_in(olmo2, "attention_bias", true, "no biases");
@@ -681,6 +696,67 @@ TEST_CASE("interop: `model.init_from` starts training from a transformers direct
     CHECK_THROWS_WITH(nl::run_train(job), Catch::Contains("nowhere: no such file or directory"));
 }
 
+TEST_CASE("model.head_dim: a head size of its own trains, reloads, exports and starts another run", "[interop][train]") {
+    TempDir dir("interop_head_dim_train");
+    // 3 heads of 6 at width 16: no head size divides the width.
+    const json data = {{"source", "synthetic"}, {"task", "reverse"}, {"length", 4}, {"eval_sequences", 8}};
+    nl::TrainJob job;
+    job.config = {{"data", data},
+                  {"model", {{"dim", 16}, {"n_layers", 1}, {"n_heads", 3}, {"head_dim", 6}, {"multiple_of", 8},
+                             {"max_seq_len", 16}}},
+                  {"optim", {{"warmup_steps", 0}, {"lr", 0.01}}},
+                  {"train", {{"steps", 2}, {"batch_size", 4}, {"eval_every", 0}}}};
+    job.config_name = "head_dim";
+    job.out = dir / "first";
+    REQUIRE(nl::run_train(job).complete);
+    const nl::TrainCheckpoint first = nl::load_train_checkpoint(dir / "first");
+    CHECK(first.config.resolved["model"]["head_dim"] == 6);
+    CHECK(first.model->options().head_dim == 6);
+    CHECK(first.model->state_dict()[1].second.shape() == nl::Shape{18, 16});  // wq: 3 x 6, 16
+    CHECK(first.model->state_dict()[4].second.shape() == nl::Shape{16, 18});  // wo: 16, 3 x 6
+    // A config without the key keeps config.json as it was: no head_dim there.
+    nl::TrainJob plain = job;
+    plain.config["model"].erase("head_dim");
+    plain.config["model"]["n_heads"] = 2;
+    plain.out = dir / "plain";
+    REQUIRE(nl::run_train(plain).complete);
+    CHECK_FALSE(nl::load_train_checkpoint(dir / "plain").config.resolved["model"].contains("head_dim"));
+
+    nl::export_model(*first.model, {}, {"hf", dir / "hf"});
+    CHECK(nl::load_json_file(dir / "hf/config.json")["head_dim"] == 6);
+    job.config = {{"data", data}, {"model", {{"init_from", dir / "hf"}}},
+                  {"optim", {{"warmup_steps", 0}, {"lr", 0.0}, {"min_lr", 0.0}, {"weight_decay", 0.0}}},
+                  {"train", {{"steps", 1}, {"batch_size", 4}, {"eval_every", 0}}}};
+    job.out = dir / "from_hf";
+    REQUIRE(nl::run_train(job).complete);
+    const nl::TrainCheckpoint again = nl::load_train_checkpoint(dir / "from_hf");
+    CHECK(again.config.resolved["model"]["head_dim"] == 6);
+    require_same_state(first.model->state_dict(), again.model->state_dict());
+    // A config that names another head size than the file's is told so.
+    job.config["model"]["head_dim"] = 8;
+    job.out = dir / "differ";
+    CHECK_THROWS_WITH(nl::run_train(job), Catch::Contains("/model/head_dim is 8 here, 6 in the file"));
+
+    // Bad input: one line, exit 2, naming the key.
+    const std::string cli = nl_test::make_temp_dir("head_dim_errors");
+    auto run = [&](const std::string& sets) {
+        return nl_test::run_normlab_in(cli, "train '" + std::string(NORMLAB_SOURCE_DIR) +
+                                                "/configs/toy_transformer.json' --out run --quiet " + sets);
+    };
+    for (const auto& [sets, parts] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"--set model.head_dim=7", {"/model/head_dim", "even", "7"}},
+             {"--set model.head_dim=0", {"/model/head_dim", "0"}},
+             {"--set model.n_heads=3 --set model.n_kv_heads=3", {"/model/n_heads", "dividing dim=64", "/model/head_dim"}}}) {
+        const nl_test::CliRun r = run(sets);
+        INFO(sets << ": " << r.output);
+        CHECK(r.status == 2);
+        CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+        for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
+    }
+    CHECK(run("--set model.n_heads=3 --set model.n_kv_heads=3 --set model.head_dim=8 --set train.steps=2 "
+              "--set optim.warmup_steps=1").status == 0);
+}
+
 TEST_CASE("interop: `model.init_from` of a Qwen3 or OLMo 2 directory takes its QK-norm and norm placement", "[interop][train]") {
     TempDir dir("interop_init_qk");
     const std::string text = dir / "text.txt";
@@ -804,6 +880,63 @@ TEST_CASE("interop: normlab reads transformers' tiny Qwen3 and OLMo 2 and gives 
         const json config = nl::load_json_file(dir / "hf/config.json");
         CHECK(config["model_type"] == arch);
     }
+}
+
+TEST_CASE("interop: a Qwen3 whose head_dim is not hidden / heads gives transformers' logits, and goes back bit for bit",
+          "[interop][reference]") {
+    const nl::SafeTensorsFile fixture = nl::load_safetensors(kFixtures + "/hf_tiny_qwen3_head_dim_logits.safetensors");
+    const nl::PretrainedModel p = nl::load_pretrained(kFixtures + "/hf_tiny_qwen3_head_dim");
+    REQUIRE(p.options.head_dim == 16);
+    CHECK(p.options.dim == 32);
+    CHECK(p.options.n_heads == 4);
+    auto model = model_of(p);
+    const auto attention = model->layer(0)->attention();
+    CHECK(attention->head_dim() == 16);
+    CHECK(attention->named_parameters()[0].second.shape() == nl::Shape{64, 32});  // wq: heads x head_dim, dim
+    const double rel = relative_difference(logits_of(*model, fixture.at("ids")), fixture.at("logits"));
+    INFO("max relative difference " << rel);
+    CHECK(rel < 1e-5);
+    const std::vector<double> greedy = fixture.at("greedy").to_vector();
+    std::vector<std::vector<int64_t>> tokens = {{}};
+    for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
+    nl::Generator gen(0);
+    nl::GenerateOptions options;
+    options.context = p.options.max_seq_len;
+    options.temperature = 0.0;
+    nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);  // through the KV cache
+    CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+
+    // Exported to transformers: its tensors bit for bit, head_dim in config.json.
+    TempDir dir("interop_head_dim");
+    nl::export_model(*model, {}, {"hf", dir / "hf"});
+    const nl::SafeTensorsFile ours = nl::load_safetensors(dir / "hf/model.safetensors");
+    const nl::SafeTensorsFile theirs = nl::load_safetensors(kFixtures + "/hf_tiny_qwen3_head_dim/model.safetensors");
+    CHECK(ours.tensors.size() == theirs.tensors.size());
+    for (const auto& [name, t] : theirs.tensors) {
+        INFO(name);
+        REQUIRE(ours.contains(name));
+        CHECK(ours.at(name).to_vector() == t.to_vector());
+    }
+    CHECK(nl::load_json_file(dir / "hf/config.json")["head_dim"] == 16);
+
+    // GGUF: llama.cpp's key and value lengths carry it; read back, the same weights and head size.
+    nl::TransformerOptions llama = p.options;
+    llama.qk_norm = "none";  // llama.cpp's "llama" has no QK-norm
+    nl::Transformer plain(llama);
+    nl::export_model(plain, {}, {"gguf", dir / "m.gguf"});
+    const nl::GgufFile file = nl::load_gguf(dir / "m.gguf");
+    CHECK(file.uint_at("llama.attention.key_length") == 16);
+    CHECK(file.uint_at("llama.attention.value_length") == 16);
+    CHECK(file.uint_at("llama.rope.dimension_count") == 16);
+    const nl::PretrainedModel from_gguf = nl::load_pretrained(dir / "m.gguf");
+    CHECK(from_gguf.options.head_dim == 16);
+    require_same_state(plain.state_dict(), from_gguf.weights);
+
+    // OLMo 2 has no head size of its own: refused by name.
+    nl::TransformerOptions olmo = p.options;
+    olmo.norm_placement = "output";
+    olmo.qk_norm = "full";
+    CHECK_THROWS_WITH(nl::hf_architecture(olmo), Catch::Contains("model.head_dim 16") && Catch::Contains("Olmo2ForCausalLM"));
 }
 
 TEST_CASE("interop: llama.cpp on a GGUF normlab exported: its logits and greedy tokens are normlab's", "[interop][reference]") {

@@ -117,12 +117,12 @@ class Attention(nn.Module):
       the 1/sqrt(head_dim) scaling and before the mask and the softmax.
     """
 
-    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", make_norm=None, softcap=0.0):
+    def __init__(self, dim, n_heads, n_kv_heads, qk_norm="none", make_norm=None, softcap=0.0, head_dim=None):
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.n_rep = n_heads // n_kv_heads
-        self.head_dim = dim // n_heads
+        self.head_dim = head_dim or dim // n_heads  # Qwen3's is its own
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -267,12 +267,12 @@ class TransformerBlock(nn.Module):
     norm_eps); `pre_norm_scale` multiplies each input norm's output of pre and peri (LayerNorm Scaling,
     Sun et al. 2025: 1 / sqrt(l) in the l-th block); `deepnorm_alpha` the residual's multiplier of
     deepnorm; `alpha_init_attention` DyT's alpha_init for the norm before attention (pre, peri; Zhu
-    et al. 2025); `qk_norm`, `attn_softcap` the Attention's.
+    et al. 2025); `qk_norm`, `attn_softcap`, `head_dim` the Attention's.
     """
 
     def __init__(self, dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps, placement="pre",
                  make_norm=None, pre_norm_scale=1.0, deepnorm_alpha=1.0, alpha_init_attention=None,
-                 qk_norm="none", attn_softcap=0.0):
+                 qk_norm="none", attn_softcap=0.0, head_dim=None):
         super().__init__()
         assert placement in BLOCK_PLACEMENTS, placement
         make_norm = make_norm or (lambda d, **_: RMSNorm(d, eps=norm_eps))
@@ -280,7 +280,7 @@ class TransformerBlock(nn.Module):
         self.pre_norm_scale = pre_norm_scale
         self.deepnorm_alpha = deepnorm_alpha
         self.attention = Attention(dim, n_heads, n_kv_heads, qk_norm=qk_norm, make_norm=make_norm,
-                                   softcap=attn_softcap)
+                                   softcap=attn_softcap, head_dim=head_dim)
         self.feed_forward = FeedForward(dim, ffn_hidden_dim, multiple_of)
         if placement not in ("output", "none"):
             before_attention = placement in ("pre", "peri") and alpha_init_attention is not None
@@ -324,7 +324,7 @@ class Transformer(nn.Module):
 
     def __init__(self, vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_eps,
                  placements=None, make_norm=None, pre_norm_scales=None, deepnorm_alpha=1.0,
-                 alpha_init_attention=None, qk_norm="none", attn_softcap=0.0, logit_softcap=0.0):
+                 alpha_init_attention=None, qk_norm="none", attn_softcap=0.0, logit_softcap=0.0, head_dim=None):
         super().__init__()
         placements = placements or ["pre"] * n_layers
         pre_norm_scales = pre_norm_scales or [1.0] * n_layers
@@ -335,7 +335,7 @@ class Transformer(nn.Module):
                                                       placement=placements[i], make_norm=make_norm,
                                                       pre_norm_scale=pre_norm_scales[i], deepnorm_alpha=deepnorm_alpha,
                                                       alpha_init_attention=alpha_init_attention, qk_norm=qk_norm,
-                                                      attn_softcap=attn_softcap)
+                                                      attn_softcap=attn_softcap, head_dim=head_dim)
                                      for i in range(n_layers)])
         self.norm = make_norm(dim) if any(p != "none" for p in placements) else None
         self.output = nn.Linear(dim, vocab_size, bias=False)
@@ -381,8 +381,9 @@ def model_from_config(model, vocab_size):
                       norm["eps"], placements=placements, make_norm=make_norm, pre_norm_scales=scales,
                       deepnorm_alpha=alpha, alpha_init_attention=norm.get("alpha_init_attention"),
                       qk_norm=model["qk_norm"], attn_softcap=model["attn_softcap"],
-                      logit_softcap=model["logit_softcap"])
-    freqs_cis = precompute_freqs_cis_f64(model["dim"] // model["n_heads"], model["max_seq_len"], model["rope_theta"])
+                      logit_softcap=model["logit_softcap"], head_dim=model.get("head_dim"))
+    head_dim = model.get("head_dim") or model["dim"] // model["n_heads"]
+    freqs_cis = precompute_freqs_cis_f64(head_dim, model["max_seq_len"], model["rope_theta"])
     return net, freqs_cis, placements
 
 

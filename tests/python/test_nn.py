@@ -535,7 +535,7 @@ def test_layer_signatures_take_the_cpp_options_defaults():
     defaults = {name: p.default for name, p in inspect.signature(nn.FeedForward).parameters.items()}
     assert defaults["multiple_of"] == ff.multiple_of and defaults["fused"] == ff.fused
     defaults = {name: p.default for name, p in inspect.signature(nn.Attention).parameters.items()}
-    for name in ("n_kv_heads", "rope_theta", "max_seq_len", "fused"):
+    for name in ("n_kv_heads", "head_dim", "rope_theta", "max_seq_len", "fused"):
         assert defaults[name] == getattr(attention, name), name
 
 
@@ -552,6 +552,14 @@ def test_feed_forward_and_attention():
     assert fused.head_dim == 2 and fused.n_kv_heads == 2
     assert [n for n, _ in fused.named_parameters()] == [f"w{w}.weight" for w in "qkvo"]
     np.testing.assert_allclose(_np(fused(x)), _np(composed(x)), rtol=1e-12, atol=1e-12)
+    # Heads of their own size (Qwen3's head_dim): 3 heads of 4 at width 8, fused and composed alike.
+    wide = nn.Attention(8, 3, head_dim=4, dtype=F64, generator=nl.Generator(6))
+    wide_composed = nn.Attention(8, 3, head_dim=4, fused=False, dtype=F64, generator=nl.Generator(6))
+    assert wide.head_dim == 4
+    assert [tuple(p.shape) for _, p in wide.named_parameters()] == [(12, 8), (12, 8), (12, 8), (8, 12)]
+    np.testing.assert_allclose(_np(wide(x)), _np(wide_composed(x)), rtol=1e-12, atol=1e-12)
+    model = nn.Transformer(vocab_size=5, dim=8, n_layers=1, n_heads=3, head_dim=4, multiple_of=4)
+    assert model.options["head_dim"] == 4 and model(nl.tensor([[1, 2, 3]])).shape == (1, 3, 5)
 
 
 # ---- every norm of the registry ----

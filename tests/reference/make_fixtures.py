@@ -998,9 +998,9 @@ def write_readme_tables(fixtures):
 # ---------------------------------------------------------------------------------------------
 
 # Short f64 runs of the train job, one per case: together every norm type, every placement, QK-norm
-# head and full, DyT with its own alpha_init_attention, both soft-caps, the z-loss, GQA, LayerNorm
-# Scaling, clipping on and off, both optim.decay and weight_decay_mode choices, and the sharpness
-# probes. Each case's keys are written over REPLAY_BASE.
+# head and full, DyT with its own alpha_init_attention, both soft-caps, the z-loss, GQA, heads whose
+# size is not dim / n_heads (model.head_dim), LayerNorm Scaling, clipping on and off, both
+# optim.decay and weight_decay_mode choices, and the sharpness probes. Each case's keys are written over REPLAY_BASE.
 REPLAY_BASE = {
     "seed": 0,
     "data": {"source": "synthetic", "task": "reverse", "length": 4, "symbols": 6, "eval_sequences": 8},
@@ -1028,6 +1028,7 @@ REPLAY_CASES = [
     ("peri_adaptive_rmsnorm", {"model": {"norm": {"type": "adaptive_rmsnorm"}, "norm_placement": "peri"}}),
     ("post_scalenorm", {"model": {"norm": {"type": "scalenorm"}, "norm_placement": "post"}}),
     ("none", {"model": {"norm_placement": "none"}, "optim": {"lr": 0.005}}),
+    ("pre_qk_head_head_dim", {"seed": 2, "model": {"n_heads": 3, "head_dim": 6, "qk_norm": "head"}}),
     # The sharpness (train.sharpness_every) against the eigenvalues of the whole Hessian, on models small
     # enough to build it (about 1,900 parameters): every 2 steps beside the probes' every 3, so rows hold
     # one family or both, with the z-loss in the objective; and post-LN with the sharpness alone.

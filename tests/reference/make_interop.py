@@ -12,6 +12,7 @@ Other modes (each writes only what it names; --dir DIR writes into DIR instead o
 tests/reference/interop/, e.g. to compare a rerun with the committed files):
 
     make_interop.py                          the transformers fixtures only (no normlab, no llama.cpp)
+    make_interop.py --head-dim               hf_tiny_qwen3_head_dim/ and its logits only
     make_interop.py --normlab-gguf FILE      llamacpp_logits.safetensors from a GGUF that
                                              `normlab export RUN --to gguf FILE` wrote (f32 tensors)
     make_interop.py --check-llamacpp         writes no fixture: converts hf_tiny and hf_tiny_tied to
@@ -41,6 +42,9 @@ Outputs (all overwritten) in tests/reference/interop/:
                                                 generate(do_sample=False) from ids[0, :4]
     hf_tiny_qwen3_olmo2_logits.safetensors      the same ids; logits_qwen3 and logits_olmo2 (2, 12,
                                                 40); greedy_qwen3 and greedy_olmo2 (20,) as greedy
+    hf_tiny_qwen3_head_dim/                     a random Qwen3ForCausalLM whose head_dim (16) is not
+                                                hidden_size / num_attention_heads (8), as Qwen3-0.6B's
+    hf_tiny_qwen3_head_dim_logits.safetensors   the same ids; its logits (2, 12, 40) and greedy (20,)
     normlab_char.gguf                           `normlab export --to gguf` of a character model
                                                 `normlab train` made here (its text: the first 400
                                                 characters of examples/data/tinyshakespeare.txt)
@@ -112,6 +116,34 @@ def tiny_qwen3(seed):
     torch.manual_seed(seed)
     config = Qwen3Config(**TINY, head_dim=8, tie_word_embeddings=False, use_sliding_window=False)
     return randomized(Qwen3ForCausalLM(config).eval())
+
+
+def tiny_qwen3_head_dim(seed):
+    """Qwen3 with heads wider than hidden_size / num_attention_heads (16 against 8): q, k and v
+    project to heads x 16 and o_proj back to 32, as Qwen3-0.6B's 16 heads of 128 at hidden 1024."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=False, use_sliding_window=False)
+    return randomized(Qwen3ForCausalLM(config).eval())
+
+
+def head_dim_part(out, versions):
+    """hf_tiny_qwen3_head_dim/ and its logits (written by every mode that writes the transformers
+    fixtures, and alone with --head-dim)."""
+    import transformers
+
+    shutil.rmtree(os.path.join(out, "hf_tiny_qwen3_head_dim"), ignore_errors=True)
+    model = tiny_qwen3_head_dim(6)
+    model.save_pretrained(os.path.join(out, "hf_tiny_qwen3_head_dim"), safe_serialization=True)
+    ids = fixed_ids(VOCAB, 5)
+    with torch.no_grad():
+        fixture = {"ids": ids, "logits": model(ids).logits.float().contiguous(),
+                   "greedy": greedy_hf(model, ids[:1, :4], 16).to(torch.int64).contiguous()}
+    metadata = {"torch": torch.__version__, "transformers": transformers.__version__}
+    save_file(fixture, os.path.join(out, "hf_tiny_qwen3_head_dim_logits.safetensors"), metadata=metadata)
+    versions["transformers"] = transformers.__version__
+    print("hf_tiny_qwen3_head_dim: greedy", fixture["greedy"].tolist())
 
 
 def tiny_olmo2(seed):
@@ -457,6 +489,8 @@ def main():
                       help="write only llamacpp_logits.safetensors, from FILE (`normlab export --to gguf`)")
     mode.add_argument("--check-llamacpp", action="store_true",
                       help="write nothing; check llama.cpp against transformers on hf_tiny converted to GGUF")
+    mode.add_argument("--head-dim", action="store_true",
+                      help="write only hf_tiny_qwen3_head_dim/ and its logits (a Qwen3 with its own head_dim)")
     mode.add_argument("--check-normlab-hf", metavar="NORMLAB",
                       help="write nothing; check transformers on NORMLAB's LLaMA, Qwen3 and OLMo 2 exports")
     parser.add_argument("--dir", default=FIXTURES, help="where the fixtures are (default: %(default)s)")
@@ -471,8 +505,11 @@ def main():
         check_llamacpp(out)
     elif args.check_normlab_hf:
         check_normlab_hf(args.check_normlab_hf)
+    elif args.head_dim:
+        head_dim_part(out, versions)
     else:
         transformers_part(out, versions)
+        head_dim_part(out, versions)
         if args.normlab:
             check_normlab_hf(args.normlab)
             llama_cpp_part(args.normlab, out, versions)

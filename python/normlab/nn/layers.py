@@ -215,19 +215,20 @@ SwiGLU = FeedForward  # the name the SwiGLU feed-forward goes by (Shazeer 2020)
 @_cxx_class("Attention")
 class Attention(Module):
     """LLaMA's causal self-attention: wq, wk, wv, wo without biases, rotary position embeddings on q and
-    k, grouped-query heads (n_kv_heads dividing n_heads; 0: n_heads). fused: FlashAttention-style tiles
-    in one node (else LLaMA's code in autograd ops)."""
+    k, grouped-query heads (n_kv_heads dividing n_heads; 0: n_heads), each head_dim wide (0: dim / n_heads).
+    fused: FlashAttention-style tiles in one node (else LLaMA's code in autograd ops)."""
 
-    def __init__(self, dim, n_heads, n_kv_heads=_ATTENTION.n_kv_heads, *, rope_theta=_ATTENTION.rope_theta,
-                 max_seq_len=_ATTENTION.max_seq_len, fused=_ATTENTION.fused, dtype=None, generator=None):
+    def __init__(self, dim, n_heads, n_kv_heads=_ATTENTION.n_kv_heads, *, head_dim=_ATTENTION.head_dim,
+                 rope_theta=_ATTENTION.rope_theta, max_seq_len=_ATTENTION.max_seq_len, fused=_ATTENTION.fused,
+                 dtype=None, generator=None):
         options = _fill("Attention", C.nn.AttentionOptions(),
-                        dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, rope_theta=rope_theta,
+                        dict(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, rope_theta=rope_theta,
                              max_seq_len=max_seq_len, fused=fused))
         if dtype is not None:
             options.dtype = _dtype(dtype)
         self._adopt(C.nn.Attention(options, generator))
 
-    head_dim = property(lambda self: self._cxx.head_dim, doc="dim / n_heads.")
+    head_dim = property(lambda self: self._cxx.head_dim, doc="Each head's size (dim / n_heads unless set).")
     n_heads = property(lambda self: self._cxx.n_heads, doc="The query heads.")
     n_kv_heads = property(lambda self: self._cxx.n_kv_heads, doc="The key/value heads.")
 
@@ -241,7 +242,7 @@ class TransformerBlock(Module):
     """LLaMA's pre-norm block, h = x + attention(attention_norm(x)), out = h + feed_forward(ffn_norm(h)),
     or another norm placement (norm_placement= "post", "peri", "output", "deepnorm", "none"; docs/norms.md;
     pre_norm=False is the older spelling of "post"). Options: the fields of TransformerBlockOptions
-    (dim, n_heads, n_kv_heads, ffn_hidden_dim, multiple_of, norm_placement, pre_norm_scale,
+    (dim, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, multiple_of, norm_placement, pre_norm_scale,
     deepnorm_alpha, deepnorm_beta, qk_norm, alpha_init_attention, attn_softcap, rope_theta,
     max_seq_len, fused_attention, fused_swiglu, dtype) and the norm (norm=, norm_type=, norm_eps=)."""
 
@@ -268,7 +269,7 @@ class Transformer(Module):
     """A LLaMA-style decoder-only language model (layers/transformer.h) under Meta LLaMA's parameter
     names: tok_embeddings, layers.<i>.{attention.w{q,k,v,o}, feed_forward.w{1,2,3}, attention_norm,
     ffn_norm}, norm, output. Options: the fields of TransformerOptions as keyword arguments
-    (vocab_size, dim, n_layers, n_heads, n_kv_heads, multiple_of, ffn_hidden_dim, norm_placement,
+    (vocab_size, dim, n_layers, n_heads, n_kv_heads, head_dim, multiple_of, ffn_hidden_dim, norm_placement,
     mix_fraction, norm_scaling, qk_norm, alpha_init_attention, logit_softcap, attn_softcap, rope_theta,
     max_seq_len, fused_attention, fused_swiglu, seed, dtype; pre_norm=False is the older spelling of
     norm_placement="post") and the norm (norm= a type name, a dict of
