@@ -530,6 +530,7 @@ ObjectiveTerms step_objective(State& s, const Batch& batch) {
 // the updated weights put back after. Lanczos starts from the same vector in both, drawn from the
 // run's seed and the step.
 ProbeValues step_sharpness(State& s, int64_t step, double lr, const Batch& batch, const std::vector<Tensor>& before) {
+    profiler::EnableGuard not_profiled(false);  // --profile's table is the training step's kernels
     const LoopConfig& loop = s.config.train;
     const OptimConfig& optim = s.config.optim;
     std::vector<Var> params;

@@ -47,7 +47,9 @@ std::set<std::string> train_keys_for(const std::string& source) {
     const nl::ConfigSchema& schema = nl::config_schema("train");
     std::set<std::string> out;
     for (const nl::ConfigKey& k : schema.keys) {
-        if (k.path == "model.pre_norm") continue;
+        // Resolved only where given: pre_norm (the older name of norm_placement) and head_dim (absent:
+        // dim / n_heads, and config.json without it, as runs made before the key have it).
+        if (k.path == "model.pre_norm" || k.path == "model.head_dim") continue;
         std::string actual = source;
         if (!k.when_key.empty() && k.when_key != "source") {
             const std::string sibling = k.parent() + "." + k.when_key;

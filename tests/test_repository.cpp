@@ -4,12 +4,15 @@
 // CHANGELOG.md the user-visible changes). Every relative link of a markdown file, and every repository
 // path its text names in backticks, exists. The files are those `git ls-files` lists in
 // NORMLAB_SOURCE_DIR; the scanners are checked on small texts first, so a scanner that finds
-// nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run.
+// nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run, and the
+// README stays under 16 KB without counting tests.
 #include <catch2/catch.hpp>
 
 #include "cli_test_util.h"
 
 #include <sys/wait.h>
+
+#include <regex>
 
 #include <array>
 #include <cctype>
@@ -495,4 +498,16 @@ TEST_CASE("no test case name contains a semicolon, which would make CTest run no
         if (test.getTestCaseInfo().name.find(';') != std::string::npos) offending += test.getTestCaseInfo().name + "\n";
     INFO("test cases whose names contain ';':\n" << offending);
     CHECK(offending.empty());
+}
+
+TEST_CASE("the README stays a front door: under 16 KB, and no count of tests that no test keeps true", "[repository]") {
+    const std::string readme = nl_test::read_text(std::string(NORMLAB_SOURCE_DIR) + "/README.md");
+    REQUIRE(!readme.empty());
+    CHECK(readme.size() < 16000);
+    // "443 tests", "24 CUDA tests", "out of 443": the suite's size changes with every test added.
+    const std::regex count(R"((\b[0-9]+ (CUDA |Python |C\+\+ )?tests\b)|(out of [0-9]+))");
+    std::smatch found;
+    const bool counts = std::regex_search(readme, found, count);
+    INFO("the README states " << (counts ? found.str() : std::string()));
+    CHECK_FALSE(counts);
 }
