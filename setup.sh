@@ -71,9 +71,9 @@ install_missing() {
 
 # The virtual environment .venv with the Python package's build and test tools from PyPI (nanobind,
 # scikit-build-core, NumPy, pytest; jsonschema, which checks the config schemas as an editor does;
-# PyTorch too when NORMLAB_WITH_TORCH=1, for the tests that compare with it). Made once; `pip install`
+# tokenizers, for `python -m normlab.data.tokenize`; PyTorch too when NORMLAB_WITH_TORCH=1, for the tests that compare with it). Made once; `pip install`
 # only what is missing.
-PYTHON_PACKAGES=(nanobind scikit-build-core numpy pytest jsonschema)
+PYTHON_PACKAGES=(nanobind scikit-build-core numpy pytest jsonschema tokenizers)
 python_env() {
     if [[ ! -x .venv/bin/python ]]; then
         log "making the virtual environment .venv"
