@@ -450,9 +450,8 @@ void save_batches(State& s) {
 }
 
 // The forward and backward of every shard this rank computes of the step's global batch (the same
-// on every rank, on the host), leaving
-// the batch's gradient in .grad; returns the batch's mean cross-entropy and z-loss term (the same on
-// every rank): the gradient is the sum's.
+// on every rank, on the host), leaving the batch's gradient in .grad; returns the batch's mean
+// cross-entropy and z-loss term (the same on every rank): the gradient is the sum's.
 struct StepLoss {
     double cross_entropy = 0.0;
     double z_loss = 0.0;
