@@ -28,6 +28,7 @@
 #include "jobs/config_schema.h"
 #include "jobs/grid_runner.h"
 #include "jobs/run_dir.h"
+#include "jobs/sharpness.h"
 #include "jobs/stats.h"
 #include "jobs/train.h"
 #include "jobs/train_config.h"
@@ -326,22 +327,32 @@ json run_one(const SweepConfig& c, int64_t index, const std::string& dir) {
     std::vector<double> train_losses;  // per step, for loss_spikes
     double max_grad_norm = -INFINITY;  // pre-clip; the first NaN stays
     int64_t diverged_at = 0, probe_step = 0;
-    json probes = json::array();       // the last probes row: [[name, value], ...]
+    // The last measured value of each probes.csv column: [[name, value], ...]. A row holds the
+    // probes (train.probe_every) and the sharpness (train.sharpness_every), each only at its own steps;
+    // probe_step is the last step of the probes (of the sharpness where the run has no probes).
+    json probes = json::array();
     json attn_max = json::array();     // [[step, max over blocks of attn_score_max.block<i>], ...]
+    const LoopConfig& loop = session.config().train;
+    const std::vector<std::string>& sharpness = sharpness_columns();
     while (!session.done()) {
         const TrainStep t = session.run_step();
         final_train = t.train_loss;
         train_losses.push_back(t.train_loss);
         if (!std::isnan(max_grad_norm) && !(t.grad_norm <= max_grad_norm)) max_grad_norm = t.grad_norm;
         if (!t.probes.empty()) {
-            probe_step = t.step;
-            probes = json::array();
+            const bool probed = loop.probe_every > 0 && t.step % loop.probe_every == 0;
+            const bool sharp = loop.sharpness_every > 0 && t.step % loop.sharpness_every == 0;
+            if (probed || loop.probe_every == 0) probe_step = t.step;
+            if (probes.empty())  // every row has every column: the first fixes their order
+                for (const auto& [name, value] : t.probes) probes.push_back(json::array({name, nullptr}));
             double m = -INFINITY;
-            for (const auto& [name, value] : t.probes) {
-                probes.push_back(json::array({name, number(value)}));
+            for (size_t i = 0; i < t.probes.size(); ++i) {
+                const auto& [name, value] = t.probes[i];
+                const bool of_sharpness = std::find(sharpness.begin(), sharpness.end(), name) != sharpness.end();
+                if (of_sharpness ? sharp : probed) probes[i][1] = number(value);
                 if (name.rfind("attn_score_max.block", 0) == 0 && !(value <= m)) m = value;  // NaN wins
             }
-            attn_max.push_back(json::array({t.step, number(m)}));
+            if (probed) attn_max.push_back(json::array({t.step, number(m)}));
         }
         if (!std::isfinite(t.train_loss) || t.train_loss > c.diverge_factor * init_loss) {
             diverged_at = t.step;

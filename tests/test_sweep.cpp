@@ -257,6 +257,34 @@ TEST_CASE("sweep: runs.csv, summary.json and the run files of a grid with a dive
     CHECK(json::parse(read_text(r2 + "/config.json"))["train"]["threads"] == 1);
 }
 
+TEST_CASE("sweep: runs.csv takes each probe family's last measured row when probes and sharpness differ in cadence",
+          "[sweep][cli][sharpness]") {
+    const std::string dir = make_temp_dir("sweep_sharpness");
+    json base = tiny_base(4);
+    base["train"]["probe_every"] = 2;
+    base["train"]["sharpness_every"] = 3;
+    base["train"]["sharpness_iters"] = 4;
+    write_json(dir + "/base.json", base);
+    write_json(dir + "/sweep.json", json{{"base", "base.json"}, {"grid", {{"optim.lr", {0.003}}}}, {"seeds", {0}}});
+    const CliRun run = run_normlab_in(dir, "sweep sweep.json --out out");
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    const Csv runs = read_csv(dir + "/out/runs.csv");
+    const Csv probes = read_csv(dir + "/out/runs/0/probes.csv");  // rows at steps 2, 3 and 4
+    REQUIRE(probes.column_values("step") == std::vector<std::string>{"2", "3", "4"});
+    REQUIRE(runs.rows.size() == 1);
+    CHECK(runs.rows[0][runs.column("probe_step")] == "4");
+    // The probes of step 4, the sharpness of step 3 (step 4's sharpness cells are empty).
+    CHECK(probes.rows[2][probes.column("sharpness")].empty());
+    for (const char* name : {"act_max.block0", "residual_rms.block0"})
+        CHECK(std::stod(runs.rows[0][runs.column(name)]) == Approx(std::stod(probes.rows[2][probes.column(name)])));
+    for (const char* name : {"sharpness", "sharpness_adam", "sharpness_adam_threshold"}) {
+        INFO(name);
+        REQUIRE(!runs.rows[0][runs.column(name)].empty());
+        CHECK(std::stod(runs.rows[0][runs.column(name)]) == Approx(std::stod(probes.rows[1][probes.column(name)])));
+    }
+}
+
 TEST_CASE("sweep: bad input is one line, exit 2, before any directory is made", "[sweep][cli]") {
     const std::string dir = make_temp_dir("sweep-bad");
     write_json(dir + "/base.json", tiny_base(4));
