@@ -89,6 +89,23 @@ inline std::string read_text(const std::string& path) {
 
 inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
 
+// `normlab train configs/toy_transformer.json --out run --quiet SETS` in `dir`: for the bad-input tests
+// of train's config keys (SETS the --set flags under test).
+inline CliRun train_toy_in(const std::string& dir, const std::string& sets) {
+    return run_normlab_in(dir, "train '" + std::string(NORMLAB_SOURCE_DIR) + "/configs/toy_transformer.json' --out run "
+                               "--quiet " + sets);
+}
+
+// A user mistake as the program reports it: exit code 2 and one line on stderr naming each of `parts`,
+// and no run directory begun (`dir`/run/config.json absent).
+inline void check_one_line_error(const CliRun& r, const std::string& dir, const std::vector<std::string>& parts) {
+    INFO(r.output);
+    CHECK(r.status == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
+    CHECK_FALSE(file_exists(dir + "/run/config.json"));
+}
+
 // The train_loss column of a run's metrics.csv, one value per logged step.
 inline std::vector<double> train_losses(const std::string& path) {
     std::ifstream in(path);

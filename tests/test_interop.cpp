@@ -110,6 +110,31 @@ std::unique_ptr<nl::Transformer> model_of(const nl::PretrainedModel& p) {
     return model;
 }
 
+// The tokens after greedy's first 4 as normlab's sampler at temperature 0 continues them (`normlab
+// sample`'s greedy path, through the KV cache), for comparison with another tool's greedy tokens.
+std::vector<double> greedy_continuation(nl::Transformer& model, const std::vector<double>& greedy, int64_t context) {
+    std::vector<std::vector<int64_t>> tokens = {{}};
+    for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
+    nl::Generator gen(0);
+    nl::GenerateOptions options;
+    options.context = context;
+    options.temperature = 0.0;
+    nl::generate(model, tokens, int64_t(greedy.size()) - 4, options, gen);
+    return std::vector<double>(tokens[0].begin(), tokens[0].end());
+}
+
+// Two safetensors files hold the same tensors under the same names, bit for bit.
+void require_same_tensors(const std::string& ours_path, const std::string& theirs_path) {
+    const nl::SafeTensorsFile ours = nl::load_safetensors(ours_path);
+    const nl::SafeTensorsFile theirs = nl::load_safetensors(theirs_path);
+    CHECK(ours.tensors.size() == theirs.tensors.size());
+    for (const auto& [name, t] : theirs.tensors) {
+        INFO(name);
+        REQUIRE(ours.contains(name));
+        CHECK(ours.at(name).to_vector() == t.to_vector());
+    }
+}
+
 void write_text(const std::string& path, const std::string& text) {
     std::ofstream out(path, std::ios::binary);
     out << text;
@@ -610,6 +635,22 @@ TEST_CASE("interop: a GGUF of another architecture, or with a quantized tensor, 
                           set(m, "llama.rope.dimension_count", nl::GgufValue::u32(2));
                       })),
                       Catch::Contains("'llama.rope.dimension_count': normlab rotates whole heads (4 dims), found 2"));
+    // A head size of its own (llama.attention.key_length): even, the values' too, and the weights'.
+    CHECK_THROWS_WITH(nl::load_pretrained(rewritten("odd_head.gguf", [&](nl::GgufMetadata& m) {
+                          m.push_back({"llama.attention.key_length", nl::GgufValue::u32(5)});
+                      })),
+                      Catch::Contains("'llama.attention.key_length': expected an even head size (RoPE rotates pairs), found 5"));
+    CHECK_THROWS_WITH(nl::load_pretrained(rewritten("values.gguf", [&](nl::GgufMetadata& m) {
+                          m.push_back({"llama.attention.key_length", nl::GgufValue::u32(4)});
+                          m.push_back({"llama.attention.value_length", nl::GgufValue::u32(8)});
+                      })),
+                      Catch::Contains("'llama.attention.value_length' 8: normlab's values have the keys' head size, "
+                                      "llama.attention.key_length 4"));
+    CHECK_THROWS_WITH(nl::load_pretrained(rewritten("wide.gguf", [&](nl::GgufMetadata& m) {
+                          m.push_back({"llama.attention.key_length", nl::GgufValue::u32(6)});
+                          set(m, "llama.rope.dimension_count", nl::GgufValue::u32(6));
+                      })),
+                      Catch::Contains("attn_q.weight"));
 
     // A quantized tensor: the type byte of blk.0.attn_q.weight's info set to Q4_0 (2).
     std::string bytes = nl_test::read_text(dir / "m.gguf");
@@ -739,22 +780,22 @@ TEST_CASE("model.head_dim: a head size of its own trains, reloads, exports and s
 
     // Bad input: one line, exit 2, naming the key.
     const std::string cli = nl_test::make_temp_dir("head_dim_errors");
-    auto run = [&](const std::string& sets) {
-        return nl_test::run_normlab_in(cli, "train '" + std::string(NORMLAB_SOURCE_DIR) +
-                                                "/configs/toy_transformer.json' --out run --quiet " + sets);
-    };
     for (const auto& [sets, parts] : std::vector<std::pair<std::string, std::vector<std::string>>>{
              {"--set model.head_dim=7", {"/model/head_dim", "even", "7"}},
              {"--set model.head_dim=0", {"/model/head_dim", "0"}},
              {"--set model.n_heads=3 --set model.n_kv_heads=3", {"/model/n_heads", "dividing dim=64", "/model/head_dim"}}}) {
-        const nl_test::CliRun r = run(sets);
-        INFO(sets << ": " << r.output);
-        CHECK(r.status == 2);
-        CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-        for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
+        INFO(sets);
+        nl_test::check_one_line_error(nl_test::train_toy_in(cli, sets), cli, parts);
     }
-    CHECK(run("--set model.n_heads=3 --set model.n_kv_heads=3 --set model.head_dim=8 --set train.steps=2 "
-              "--set optim.warmup_steps=1").status == 0);
+    CHECK(nl_test::train_toy_in(cli, "--set model.n_heads=3 --set model.n_kv_heads=3 --set model.head_dim=8 "
+                                     "--set train.steps=2 --set optim.warmup_steps=1").status == 0);
+    // The C++ options name the head size they cannot take.
+    nl::TransformerOptions odd;
+    odd.vocab_size = 8;
+    odd.head_dim = 5;
+    CHECK_THROWS_WITH(odd.validate(), Catch::Contains("head dim = head_dim = 5 must be even"));
+    odd.head_dim = -2;
+    CHECK_THROWS_WITH(odd.validate(), Catch::Contains("head_dim must be >= 0 (0: dim / n_heads), found -2"));
 }
 
 TEST_CASE("interop: `model.init_from` of a Qwen3 or OLMo 2 directory takes its QK-norm and norm placement", "[interop][train]") {
@@ -813,14 +854,7 @@ TEST_CASE("interop: normlab reads transformers' tiny LLaMA and gives its logits 
         CHECK(rel < 1e-5);
         // Greedy tokens as transformers' generate().
         const std::vector<double> greedy = fixture.at("greedy").to_vector();
-        std::vector<std::vector<int64_t>> tokens = {{}};
-        for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
-        nl::Generator gen(0);
-        nl::GenerateOptions options;
-        options.context = p.options.max_seq_len;
-        options.temperature = 0.0;
-        nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);
-        CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+        CHECK(greedy_continuation(*model, greedy, p.options.max_seq_len) == greedy);
     }
     const nl::PretrainedModel tied = nl::load_pretrained(kFixtures + "/hf_tiny_tied");
     CHECK(relative_difference(logits_of(*model_of(tied), ids), fixture.at("logits_tied")) < 1e-5);
@@ -829,14 +863,7 @@ TEST_CASE("interop: normlab reads transformers' tiny LLaMA and gives its logits 
     TempDir dir("interop_hf_again");
     const nl::PretrainedModel p = nl::load_pretrained(kFixtures + "/hf_tiny");
     nl::export_model(*model_of(p), {}, {"hf", dir / "hf"});
-    const nl::SafeTensorsFile ours = nl::load_safetensors(dir / "hf/model.safetensors");
-    const nl::SafeTensorsFile theirs = nl::load_safetensors(kFixtures + "/hf_tiny/model.safetensors");
-    CHECK(ours.tensors.size() == theirs.tensors.size());
-    for (const auto& [name, t] : theirs.tensors) {
-        INFO(name);
-        REQUIRE(ours.contains(name));
-        CHECK(ours.at(name).to_vector() == t.to_vector());
-    }
+    require_same_tensors(dir / "hf/model.safetensors", kFixtures + "/hf_tiny/model.safetensors");
 }
 
 TEST_CASE("interop: normlab reads transformers' tiny Qwen3 and OLMo 2 and gives their logits (tests/reference/interop)", "[interop][reference]") {
@@ -857,26 +884,12 @@ TEST_CASE("interop: normlab reads transformers' tiny Qwen3 and OLMo 2 and gives 
         // Greedy tokens as transformers' generate(do_sample=False), through normlab's sampler at
         // temperature 0 (`normlab sample`'s greedy path).
         const std::vector<double> greedy = fixture.at("greedy_" + arch).to_vector();
-        std::vector<std::vector<int64_t>> tokens = {{}};
-        for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
-        nl::Generator gen(0);
-        nl::GenerateOptions options;
-        options.context = p.options.max_seq_len;
-        options.temperature = 0.0;
-        nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);
-        CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+        CHECK(greedy_continuation(*model, greedy, p.options.max_seq_len) == greedy);
 
         // Exported again, the tensors are transformers' own, bit for bit, under its names.
         TempDir dir("interop_" + arch + "_again");
         nl::export_model(*model, {}, {"hf", dir / "hf"});
-        const nl::SafeTensorsFile ours = nl::load_safetensors(dir / "hf/model.safetensors");
-        const nl::SafeTensorsFile theirs = nl::load_safetensors(kFixtures + "/hf_tiny_" + arch + "/model.safetensors");
-        CHECK(ours.tensors.size() == theirs.tensors.size());
-        for (const auto& [name, t] : theirs.tensors) {
-            INFO(name);
-            REQUIRE(ours.contains(name));
-            CHECK(ours.at(name).to_vector() == t.to_vector());
-        }
+        require_same_tensors(dir / "hf/model.safetensors", kFixtures + "/hf_tiny_" + arch + "/model.safetensors");
         const json config = nl::load_json_file(dir / "hf/config.json");
         CHECK(config["model_type"] == arch);
     }
@@ -897,26 +910,12 @@ TEST_CASE("interop: a Qwen3 whose head_dim is not hidden / heads gives transform
     INFO("max relative difference " << rel);
     CHECK(rel < 1e-5);
     const std::vector<double> greedy = fixture.at("greedy").to_vector();
-    std::vector<std::vector<int64_t>> tokens = {{}};
-    for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
-    nl::Generator gen(0);
-    nl::GenerateOptions options;
-    options.context = p.options.max_seq_len;
-    options.temperature = 0.0;
-    nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);  // through the KV cache
-    CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+    CHECK(greedy_continuation(*model, greedy, p.options.max_seq_len) == greedy);  // through the KV cache
 
     // Exported to transformers: its tensors bit for bit, head_dim in config.json.
     TempDir dir("interop_head_dim");
     nl::export_model(*model, {}, {"hf", dir / "hf"});
-    const nl::SafeTensorsFile ours = nl::load_safetensors(dir / "hf/model.safetensors");
-    const nl::SafeTensorsFile theirs = nl::load_safetensors(kFixtures + "/hf_tiny_qwen3_head_dim/model.safetensors");
-    CHECK(ours.tensors.size() == theirs.tensors.size());
-    for (const auto& [name, t] : theirs.tensors) {
-        INFO(name);
-        REQUIRE(ours.contains(name));
-        CHECK(ours.at(name).to_vector() == t.to_vector());
-    }
+    require_same_tensors(dir / "hf/model.safetensors", kFixtures + "/hf_tiny_qwen3_head_dim/model.safetensors");
     CHECK(nl::load_json_file(dir / "hf/config.json")["head_dim"] == 16);
 
     // GGUF: llama.cpp's key and value lengths carry it; read back, the same weights and head size.
@@ -948,14 +947,7 @@ TEST_CASE("interop: llama.cpp on a GGUF normlab exported: its logits and greedy 
     INFO("max relative difference " << rel);
     CHECK(rel < 1e-5);
     const std::vector<double> greedy = fixture.at("greedy").to_vector();
-    std::vector<std::vector<int64_t>> tokens = {{}};
-    for (int i = 0; i < 4; ++i) tokens[0].push_back(int64_t(greedy[size_t(i)]));
-    nl::Generator gen(0);
-    nl::GenerateOptions options;
-    options.context = p.options.max_seq_len;
-    options.temperature = 0.0;
-    nl::generate(*model, tokens, int64_t(greedy.size()) - 4, options, gen);
-    CHECK(std::vector<double>(tokens[0].begin(), tokens[0].end()) == greedy);
+    CHECK(greedy_continuation(*model, greedy, p.options.max_seq_len) == greedy);
     // llama.cpp's tokenizer and transformers' on the exported tokenizer give normlab's ids.
     nl::TextVocab vocab{json(p.char_vocab)};
     const std::string text = fixture.metadata.at("text");

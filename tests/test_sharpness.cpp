@@ -227,16 +227,9 @@ TEST_CASE("train.sharpness_every: probes.csv rows, empty cells, the threshold, a
 
 TEST_CASE("train.sharpness_every and sharpness_iters refuse bad input in one line", "[sharpness][train]") {
     const std::string dir = nl_test::make_temp_dir("sharpness_errors");
-    auto run = [&](const std::string& sets) {
-        return nl_test::run_normlab_in(dir, "train '" + std::string(NORMLAB_SOURCE_DIR) +
-                                                "/configs/toy_transformer.json' --out run --quiet " + sets);
-    };
+    auto run = [&](const std::string& sets) { return nl_test::train_toy_in(dir, sets); };
     auto check_error = [&](const nl_test::CliRun& r, const std::vector<std::string>& parts) {
-        INFO(r.output);
-        CHECK(r.status == 2);
-        CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-        for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
-        CHECK_FALSE(nl_test::file_exists(dir + "/run/config.json"));
+        nl_test::check_one_line_error(r, dir, parts);
     };
     check_error(run("--set train.sharpness_every=1 --set train.sharpness_iters=0"), {"/train/sharpness_iters", "0"});
     check_error(run("--set train.sharpness_every=-2"), {"/train/sharpness_every", "-2"});

@@ -244,16 +244,9 @@ TEST_CASE("optim.decay matrices leaves vectors undecayed, and weight_decay_mode 
 
 TEST_CASE("train.dtype, save_batches, optim.decay and weight_decay_mode refuse bad input in one line", "[train][replay]") {
     const std::string dir = nl_test::make_temp_dir("replay_errors");
-    auto run = [&](const std::string& sets) {
-        return nl_test::run_normlab_in(dir, "train '" + std::string(NORMLAB_SOURCE_DIR) +
-                                                "/configs/toy_transformer.json' --out run --quiet " + sets);
-    };
+    auto run = [&](const std::string& sets) { return nl_test::train_toy_in(dir, sets); };
     auto check_error = [&](const nl_test::CliRun& r, const std::vector<std::string>& parts) {
-        INFO(r.output);
-        CHECK(r.status == 2);
-        CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-        for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
-        CHECK_FALSE(nl_test::file_exists(dir + "/run/config.json"));
+        nl_test::check_one_line_error(r, dir, parts);
     };
     check_error(run("--set train.dtype=f64 --set train.autocast=bf16"), {"/train/dtype", "autocast", "bf16"});
     check_error(run("--set train.dtype=f16"), {"/train/dtype", "f16", "f32", "f64"});
