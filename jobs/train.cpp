@@ -456,6 +456,30 @@ struct StepLoss {
     double cross_entropy = 0.0;
     double z_loss = 0.0;
 };
+
+// This rank's j-th shard of the step's batch, on the device, and its weight in the batch's mean loss:
+// its share of the batch's scored targets (1 with one shard), so the weighted shards sum to the batch
+// mean. batch_scored is the batch's count of scored targets.
+struct Shard {
+    Batch batch;
+    double share = 1.0;
+};
+Shard local_shard(const State& s, const Batch& batch, int64_t j, int64_t batch_scored, int64_t step) {
+    const ShardPlan& plan = s.plan;
+    const int64_t first = (plan.first_shard + j) * plan.shard_rows;
+    Shard shard;
+    shard.batch = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
+                            batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
+                           s.config.device);
+    if (plan.shards > 1) {
+        const int64_t shard_scored = scored_targets(batch.targets, first, plan.shard_rows);
+        NL_REQUIRE(shard_scored > 0, "train: shard rows [", first, ", ", first + plan.shard_rows, ") of step ", step,
+                   " have no scored targets; lower /train/grad_shards");
+        shard.share = static_cast<double>(shard_scored) / static_cast<double>(batch_scored);
+    }
+    return shard;
+}
+
 StepLoss forward_backward(State& s, int64_t step, const Batch& batch, StepProbe* probe) {
     const ShardPlan& plan = s.plan;
     const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
@@ -464,29 +488,21 @@ StepLoss forward_backward(State& s, int64_t step, const Batch& batch, StepProbe*
     std::vector<double> shard_losses;  // (local_shards,) each shard's weighted loss (cross-entropy + z term)
     std::vector<double> shard_z;       // (local_shards,) each shard's weighted z term
     for (int64_t j = 0; j < plan.local_shards; ++j) {
-        const int64_t first = (plan.first_shard + j) * plan.shard_rows;
         Var loss;
         double z_term = 0.0;
         {
             profiler::PhaseGuard forward(profiler::Phase::Forward);
-            const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
-                                          batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
-                                         s.config.device);
+            const Shard shard = local_shard(s, batch, j, batch_scored, step);
             // The probe reads the step's first shard's activations (the whole batch on one process).
             if (probe && j == 0) probe->begin();
-            Var logits = forward_logits(*s.model, shard.inputs, s.autocast, &casts);  // (B / S, T, V)
+            Var logits = forward_logits(*s.model, shard.batch.inputs, s.autocast, &casts);  // (B / S, T, V)
             if (probe && j == 0) probe->end_forward();
-            const CrossEntropyTerms terms = loss_of(*s.criterion, logits, shard.targets, s.autocast);
+            const CrossEntropyTerms terms = loss_of(*s.criterion, logits, shard.batch.targets, s.autocast);
             loss = terms.loss;  // f32: mean over the shard's targets
             z_term = terms.z_loss.item();
             if (plan.shards > 1) {
-                // Weighted by the shard's share of the batch's targets: the shards' sum is the batch mean.
-                const int64_t shard_scored = scored_targets(batch.targets, first, plan.shard_rows);
-                NL_REQUIRE(shard_scored > 0, "train: shard rows [", first, ", ", first + plan.shard_rows, ") of step ",
-                           step, " have no scored targets; lower /train/grad_shards");
-                const double share = static_cast<double>(shard_scored) / static_cast<double>(batch_scored);
-                loss = loss * share;
-                z_term *= share;
+                loss = loss * shard.share;
+                z_term *= shard.share;
             }
         }
         shard_losses.push_back(loss.item());
@@ -503,21 +519,16 @@ StepLoss forward_backward(State& s, int64_t step, const Batch& batch, StepProbe*
 // cross-entropy plus the z-loss term, each shard's weighted by its share of the batch's targets), one
 // term per shard this rank computes, in the weights' dtype. Under bf16 autocast the f32 objective
 // that the autocast step rounds: a Hessian of bf16 products would be rounding noise.
-ObjectiveTerms step_objective(State& s, const Batch& batch) {
+ObjectiveTerms step_objective(State& s, const Batch& batch, int64_t step) {
     const ShardPlan& plan = s.plan;
     const int64_t batch_scored = scored_targets(batch.targets, 0, plan.batch);
     ObjectiveTerms terms;
     for (int64_t j = 0; j < plan.local_shards; ++j) {
-        const int64_t first = (plan.first_shard + j) * plan.shard_rows;
-        const double share = plan.shards > 1 ? static_cast<double>(scored_targets(batch.targets, first, plan.shard_rows)) /
-                                                   static_cast<double>(batch_scored)
-                                             : 1.0;
-        const Batch shard = batch_on({batch.inputs.narrow(0, first, plan.shard_rows).contiguous(),
-                                      batch.targets.narrow(0, first, plan.shard_rows).contiguous()},
-                                     s.config.device);
-        terms.push_back([&s, shard, share] {
-            Var loss = loss_of(*s.criterion, forward_logits(*s.model, shard.inputs, false), shard.targets, false).loss;
-            return share == 1.0 ? loss : loss * share;
+        const Shard shard = local_shard(s, batch, j, batch_scored, step);
+        terms.push_back([&s, shard, weighted = plan.shards > 1] {
+            Var loss = loss_of(*s.criterion, forward_logits(*s.model, shard.batch.inputs, false), shard.batch.targets,
+                               false).loss;
+            return weighted ? loss * shard.share : loss;
         });
     }
     return terms;
@@ -543,7 +554,7 @@ ProbeValues step_sharpness(State& s, int64_t step, double lr, const Batch& batch
         after.push_back(params[i].data().clone());
         params[i].data().copy_(before[i]);
     }
-    const ObjectiveTerms terms = step_objective(s, batch);
+    const ObjectiveTerms terms = step_objective(s, batch, step);
     const uint64_t seed = s.config.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step);
     const double plain = objective_sharpness(terms, params, loop.sharpness_iters, seed);
     const std::vector<double> scale =
