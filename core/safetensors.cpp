@@ -3,6 +3,7 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/allocator.h"
 #include "core/json_parse.h"
+#include "core/shape.h"
 
 namespace nl {
 
@@ -442,6 +445,44 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     std::vector<EntryInfo> entries = parse_header_entries(path, header, file.metadata);
     check_data_layout(path, entries, file_size - 8 - header_size);
     read_tensors(in, path, entries, file.tensors);
+    return file;
+}
+
+SafeTensorsFile map_safetensors(const std::string& path) {
+    struct stat st {};
+    NL_REQUIRE(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open ", path, ": ", errno_text());
+    NL_REQUIRE(S_ISREG(st.st_mode), "load_safetensors: ", path, " is not a regular file");
+    std::ifstream in(path, std::ios::binary);
+    NL_REQUIRE(in.good(), "load_safetensors: cannot open ", path, ": ", errno_text());
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    const uint64_t header_size = read_header_length(in, path, file_size);
+    const json header = read_header(in, path, header_size);
+    SafeTensorsFile file;
+    file.path = path;
+    std::vector<EntryInfo> entries = parse_header_entries(path, header, file.metadata);
+    check_data_layout(path, entries, file_size - 8 - header_size);
+    if (file_size == 0) return file;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    NL_REQUIRE(fd >= 0, "load_safetensors: cannot open ", path, ": ", errno_text());
+    void* map = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    const std::string map_error = map == MAP_FAILED ? errno_text() : std::string();
+    ::close(fd);  // the map keeps the file
+    NL_REQUIRE(map != MAP_FAILED, "load_safetensors: cannot map ", path, ": ", map_error);
+    const size_t mapped = static_cast<size_t>(file_size);
+    auto storage = std::make_shared<Storage>(map, mapped, Device::cpu(), [map, mapped] { ::munmap(map, mapped); });
+    const uint64_t data_start = 8 + header_size;
+    for (const EntryInfo& info : entries) {
+        const uint64_t byte_offset = data_start + info.begin;
+        const uint64_t element = dtype_size(info.dtype);
+        if (byte_offset % element != 0) {  // Tensor offsets count elements: copy this one out
+            Tensor tensor = Tensor::empty(info.shape, info.dtype);
+            std::memcpy(tensor.data_ptr(), static_cast<const char*>(map) + byte_offset, info.end - info.begin);
+            file.tensors.emplace_back(info.name, std::move(tensor));
+            continue;
+        }
+        file.tensors.emplace_back(info.name, Tensor(storage, info.shape, contiguous_strides(info.shape),
+                                                    static_cast<int64_t>(byte_offset / element), info.dtype));
+    }
     return file;
 }
 

@@ -43,6 +43,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 // header of at most 100 MB, JSON padded with spaces only (no NUL bytes), nested at most 64 levels,
 // with at most 100,000 tensors, parsed in linear time.
 SafeTensorsFile load_safetensors(const std::string& path);
+// The same checks, but the tensors are views of one copy-on-write memory map of the file (pages
+// read on first touch, shared with the page cache; a write to a tensor stays private) instead of
+// copies: for reading large checkpoints without holding them twice. The map lives as long as any
+// of its tensors. A tensor whose offset is not a multiple of its element size is copied out.
+SafeTensorsFile map_safetensors(const std::string& path);
 
 // The format's dtype strings: "F32", "F64", "BF16", "F16", "I64".
 const char* safetensors_dtype_name(DType dtype);

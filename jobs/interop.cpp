@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -192,11 +193,17 @@ Tensor permute_for_hf(const Tensor& weight, const std::string& normlab_name, con
     return permute_rope_rows(weight, heads, to_hf);
 }
 
+// Where the weights a loader reads go, one at a time under normlab's name, each f32 and contiguous
+// with its own storage: into a NamedTensors, or copied into a model's parameter and dropped, so a
+// model loads holding one converted weight beside its own at a time.
+using WeightSink = std::function<void(const std::string& name, const Tensor& weight)>;
+
 // Weights read under another naming (transformers' under `hf_names`), translated, checked against
-// the architecture (every one present once, with its shape, of a float dtype) and converted to f32.
-NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& found, Naming naming,
-                             const std::vector<WeightName>& hf_names, const char* arch_name,
-                             const TransformerOptions& options, bool tied, const std::string& where) {
+// the architecture (every one present once, with its shape, of a float dtype), converted to f32 and
+// given to `sink` in the model's order.
+void collect_weights(const std::vector<std::pair<std::string, Tensor>>& found, Naming naming,
+                     const std::vector<WeightName>& hf_names, const char* arch_name, const TransformerOptions& options,
+                     bool tied, const std::string& where, const WeightSink& sink) {
     const std::vector<std::pair<std::string, Shape>> expected = expected_weights(options);
     const std::vector<WeightName>& table = naming == Naming::Hf ? hf_names : kWeightNames;
     std::map<std::string, Tensor> by_name;
@@ -212,7 +219,6 @@ NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& 
     if (tied && by_name.count("output.weight") == 0 && by_name.count("tok_embeddings.weight") == 1)
         by_name.emplace("output.weight", by_name.at("tok_embeddings.weight"));
     std::set<std::string> wanted;
-    NamedTensors out;
     for (const auto& [name, shape] : expected) {
         wanted.insert(name);
         const std::string theirs = translate(name, Naming::Normlab, naming, table);
@@ -224,14 +230,14 @@ NamedTensors collect_weights(const std::vector<std::pair<std::string, Tensor>>& 
         NL_REQUIRE(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, where, ": tensor '",
                    theirs, "': expected F32, F16 or BF16, found ", dtype_name(t.dtype()));
         Tensor weight = t.to(DType::F32).contiguous();
-        if (weight.data_ptr() == t.data_ptr()) weight = weight.clone();  // own storage (tied copies are separate)
+        // Own storage: not the file's memory map, and tied copies are separate.
+        if (weight.data_ptr() == t.data_ptr()) weight = weight.clone();
         if (naming == Naming::Hf) weight = permute_for_hf(weight, name, options, false);
-        out.push_back({name, weight});
+        sink(name, weight);
     }
     for (const auto& [name, tensor] : by_name)
         NL_REQUIRE(wanted.count(name) == 1, where, ": unexpected tensor '", translate(name, Naming::Normlab, naming, table),
                    "' (the architecture has ", options.n_layers, " layers)");
-    return out;
 }
 
 // ---- JSON reading with named paths ----
@@ -375,7 +381,8 @@ std::vector<uint32_t> gguf_char_vocab(const GgufFile& file, int64_t vocab_size) 
 
 // ---- reading ----
 
-PretrainedModel load_hf(const fs::path& dir, bool with_weights) {
+// `sink` null: the architecture and vocabulary only.
+PretrainedModel load_hf(const fs::path& dir, const WeightSink* sink) {
     PretrainedModel out;
     out.path = dir.string();
     out.format = "hf";
@@ -384,15 +391,15 @@ PretrainedModel load_hf(const fs::path& dir, bool with_weights) {
     const HfConfig config = read_hf_config(load_json_file(config_path.string()), config_path.string());
     out.options = config.options;
     out.char_vocab = hf_char_vocab(dir, out.options.vocab_size);
-    if (!with_weights) return out;
+    if (sink == nullptr) return out;
 
-    require_memory(2.0 * expected_weight_bytes(out.options), out.path + ": the model's weights (f32)");
+    // The files are memory-mapped: their tensors are views of the page cache until converted.
     std::vector<std::pair<std::string, Tensor>> found;
     const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
     std::error_code ec;
     if (fs::exists(fs::symlink_status(single, ec))) {
         require_plain_file(single, "model.safetensors");
-        found = load_safetensors(single.string()).tensors;
+        found = map_safetensors(single.string()).tensors;
     } else {
         NL_REQUIRE(fs::exists(fs::symlink_status(index, ec)), out.path,
                    ": neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read)");
@@ -413,7 +420,7 @@ PretrainedModel load_hf(const fs::path& dir, bool with_weights) {
         for (const std::string& shard : shards) {
             const fs::path file = shard_path(dir, shard, where);
             require_plain_file(file, "a shard named by " + where);
-            SafeTensorsFile st = load_safetensors(file.string());
+            SafeTensorsFile st = map_safetensors(file.string());
             for (auto& [name, tensor] : st.tensors) {
                 auto it = weight_map.find(name);
                 NL_REQUIRE(it != weight_map.end(), file.string(), ": tensor '", name, "' is not in ", where, "'s weight_map");
@@ -426,8 +433,8 @@ PretrainedModel load_hf(const fs::path& dir, bool with_weights) {
         for (const auto& [name, shard] : weight_map)
             NL_REQUIRE(seen.count(name) == 1, where, ": tensor '", name, "' is mapped to '", shard, "', which does not hold it");
     }
-    out.weights = collect_weights(found, Naming::Hf, hf_weight_names(config.arch), hf_class_name(config.arch), out.options,
-                                  config.tied, out.path);
+    collect_weights(found, Naming::Hf, hf_weight_names(config.arch), hf_class_name(config.arch), out.options, config.tied,
+                    out.path, *sink);
     return out;
 }
 
@@ -446,7 +453,8 @@ uint64_t gguf_uint(const GgufFile& f, const std::string& key, uint64_t lo, uint6
     return v;
 }
 
-PretrainedModel load_gguf_model(const std::string& path, bool with_weights) {
+// `sink` null: the architecture and vocabulary only.
+PretrainedModel load_gguf_model(const std::string& path, const WeightSink* sink) {
     require_plain_file(path, "a GGUF model");
     const GgufFile file = load_gguf(path);
     PretrainedModel out;
@@ -504,9 +512,9 @@ PretrainedModel load_gguf_model(const std::string& path, bool with_weights) {
     }
     o.validate();
     out.char_vocab = gguf_char_vocab(file, o.vocab_size);
-    if (with_weights) {
+    if (sink != nullptr) {
         const bool tied = !file.contains_tensor("output.weight");  // llama.cpp reuses token_embd then
-        out.weights = collect_weights(file.tensors, Naming::Gguf, kWeightNames, "LLaMA", o, tied, path);
+        collect_weights(file.tensors, Naming::Gguf, kWeightNames, "LLaMA", o, tied, path, *sink);
     }
     return out;
 }
@@ -867,16 +875,45 @@ bool is_pretrained_model(const std::string& path) {
     return fs::is_regular_file(path, ec) && starts_with_gguf_magic(path);
 }
 
-PretrainedModel load_pretrained(const std::string& path, bool with_weights) {
+namespace {
+
+PretrainedModel read_pretrained(const std::string& path, const WeightSink* sink) {
     std::error_code ec;
     NL_REQUIRE(fs::exists(path, ec), path, ": no such file or directory (expected a transformers model directory or a GGUF file)");
     if (fs::is_directory(path, ec)) {
         NL_REQUIRE(fs::exists(fs::path(path) / "config.json", ec), path,
                    ": a directory without config.json (expected a transformers model directory)");
-        return load_hf(path, with_weights);
+        return load_hf(path, sink);
     }
     NL_REQUIRE(starts_with_gguf_magic(path), path, ": neither a directory nor a GGUF file (no 'GGUF' magic)");
-    return load_gguf_model(path, with_weights);
+    return load_gguf_model(path, sink);
+}
+
+}  // namespace
+
+double model_weight_bytes(const TransformerOptions& options) { return expected_weight_bytes(options); }
+
+PretrainedModel load_pretrained(const std::string& path, bool with_weights) {
+    if (!with_weights) return read_pretrained(path, nullptr);
+    const TransformerOptions options = read_pretrained(path, nullptr).options;
+    require_memory(model_weight_bytes(options), path + ": the model's weights (f32)");
+    NamedTensors weights;
+    const WeightSink keep = [&](const std::string& name, const Tensor& weight) { weights.push_back({name, weight}); };
+    PretrainedModel out = read_pretrained(path, &keep);
+    out.weights = std::move(weights);
+    return out;
+}
+
+void load_pretrained_into(const std::string& path, Module& model) {
+    std::map<std::string, Tensor> params;
+    for (const auto& [name, param] : model.named_parameters()) params.emplace(name, param.data());
+    const WeightSink copy = [&](const std::string& name, const Tensor& weight) {
+        auto it = params.find(name);
+        NL_REQUIRE(it != params.end() && it->second.shape() == weight.shape(), path, ": weight '", name,
+                   "' does not fit the model (", it == params.end() ? "no such parameter" : shape_str(it->second.shape()), ")");
+        it->second.copy_(weight);
+    };
+    read_pretrained(path, &copy);
 }
 
 void adopt_pretrained_architecture(TrainConfig& config, const json& given_model, const PretrainedModel& pretrained) {

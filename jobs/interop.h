@@ -82,8 +82,8 @@ nlohmann::json hf_config_json(const TransformerOptions& options, DType dtype);
 
 // The Transformer options of a LlamaForCausalLM, Qwen3ForCausalLM or Olmo2ForCausalLM config.json
 // (its model_type), and whether its embeddings are tied. Everything those classes can be but normlab
-// cannot is refused by key (attention or MLP biases, an activation other than silu, rope_scaling, a
-// head_dim other than hidden_size / heads, dropout, pretraining_tp, Qwen3's sliding window); sizes
+// cannot is refused by key (attention or MLP biases, an activation other than silu, rope_scaling, an
+// OLMo 2 head_dim other than hidden_size / heads, dropout, pretraining_tp, Qwen3's sliding window); sizes
 // are bounded as the train config's are. `intermediate_size` H is held exactly: multiple_of 1 and
 // ffn_hidden_dim ceil(3H / 2) (swiglu_hidden_dim gives H back). Errors: "<where>: /key: expected
 // ..., got ...".
@@ -112,8 +112,16 @@ bool is_pretrained_model(const std::string& path);
 // A transformers directory (config.json, then model.safetensors or model.safetensors.index.json and
 // its shards, each a plain file name inside the directory) or a GGUF file (F32/F16/BF16 tensors,
 // quantized types refused by name). `with_weights` false reads only the architecture and vocab.
-// Missing, unexpected, duplicate or misshapen tensors are named.
+// Missing, unexpected, duplicate or misshapen tensors are named. Safetensors files are
+// memory-mapped, each tensor converted to f32 from the map.
 PretrainedModel load_pretrained(const std::string& path, bool with_weights = true);
+// The same file's weights copied into `model` (a Transformer built with load_pretrained(path,
+// false)'s options, f32, on the CPU) one tensor at a time, so loading holds the model and one
+// converted tensor, not a second copy of every weight. The same checks and errors.
+void load_pretrained_into(const std::string& path, Module& model);
+// The bytes of a Transformer's weights in f32 (every parameter, the output head counted apart from
+// the embedding as normlab holds it), for checks before allocating.
+double model_weight_bytes(const TransformerOptions& options);
 
 // ---- model.init_from ----
 

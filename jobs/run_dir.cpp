@@ -41,6 +41,14 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     }
 }
 
+std::string run_gnuplot(const std::string& dir) {
+    if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) return "gnuplot not found";
+    std::string quoted = "'";  // dir in single quotes for the shell, its own quotes escaped
+    for (char ch : dir) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    const std::string command = "cd " + quoted + "' && gnuplot plots.gp >/dev/null 2>&1";
+    return std::system(command.c_str()) == 0 ? "" : "gnuplot failed on plots.gp";
+}
+
 namespace {
 
 // The lock file inside a run directory: held (flock) by the one process using the directory.

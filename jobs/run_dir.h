@@ -19,6 +19,10 @@ namespace nl {
 // Writes `content` to path.tmp.<pid> then renames it over `path` (so readers never see half a file).
 void write_file_atomic(const std::string& path, const std::string& content);
 
+// Runs `gnuplot plots.gp` in `dir` (the PNGs every job's plots.gp draws): "" when it ran, else why
+// not ("gnuplot not found", "gnuplot failed on plots.gp").
+std::string run_gnuplot(const std::string& dir);
+
 class RunDir {
 public:
     // `out` empty: runs/<config file stem>-<YYYYmmdd-HHMMSS>. An existing non-empty directory is an

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "jobs/config.h"
 #include "jobs/interop.h"
 
 namespace fs = std::filesystem;
@@ -20,7 +21,8 @@ std::string resolve_checkpoint_path(const std::string& checkpoint) {
     std::error_code ec;
     if (fs::is_directory(path, ec)) {
         path = latest_checkpoint(checkpoint);
-        NL_REQUIRE(!path.empty(), checkpoint, ": no checkpoints/step_*.safetensors in this directory");
+        NL_REQUIRE(!path.empty(), checkpoint, ": no model in this directory (a run directory has "
+                   "checkpoints/step_*.safetensors, a transformers one config.json and model.safetensors)");
     }
     NL_REQUIRE(fs::exists(path, ec), path, ": no such checkpoint file",
                ec ? " (" + ec.message() + ")" : std::string());
@@ -62,8 +64,8 @@ namespace {
 
 // A transformers directory or GGUF file as a checkpoint at step 0: its architecture as the config,
 // its character tokenizer as a text vocab (else its ids are written as numbers), its whole context.
-TrainCheckpoint pretrained_checkpoint(const std::string& path) {
-    PretrainedModel pretrained = load_pretrained(path);
+TrainCheckpoint pretrained_checkpoint(const std::string& path, bool with_weights) {
+    const PretrainedModel pretrained = load_pretrained(path, false);  // the weights go straight into the model
     TrainCheckpoint ck;
     ck.path = path;
     ck.config.file = path;
@@ -77,16 +79,18 @@ TrainCheckpoint pretrained_checkpoint(const std::string& path) {
         ck.config.data.vocab_size = pretrained.options.vocab_size;
         ck.ids = std::make_unique<TokenIds>(pretrained.options.vocab_size);
     }
-    ck.model = std::make_unique<Transformer>(ck.config.model);
-    ck.model->load_state_dict(pretrained.weights);
     ck.context = pretrained.options.max_seq_len;
+    if (!with_weights) return ck;
+    require_memory(model_weight_bytes(ck.config.model), path + ": the model's weights (f32)");
+    ck.model = std::make_unique<Transformer>(ck.config.model);
+    load_pretrained_into(path, *ck.model);
     return ck;
 }
 
 }  // namespace
 
-TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
-    if (is_pretrained_model(checkpoint)) return pretrained_checkpoint(checkpoint);
+TrainCheckpoint load_train_checkpoint(const std::string& checkpoint, bool with_weights) {
+    if (is_pretrained_model(checkpoint)) return pretrained_checkpoint(checkpoint, with_weights);
     TrainCheckpoint ck;
     ck.path = resolve_checkpoint_path(checkpoint);
     const std::string& path = ck.path;
@@ -122,9 +126,10 @@ TrainCheckpoint load_train_checkpoint(const std::string& checkpoint) {
         ck.task = std::make_unique<SyntheticTask>(ck.config.data, path + " (config): /data");
         ck.config.model.vocab_size = model_vocab_size(ck.config, ck.task->vocab_size());
     }
+    ck.context = trained_context(ck.info, ck.config, path, &ck.note);
+    if (!with_weights) return ck;
     ck.model = std::make_unique<Transformer>(ck.config.model);
     load_checkpoint(path, *ck.model);
-    ck.context = trained_context(ck.info, ck.config, path, &ck.note);
     return ck;
 }
 

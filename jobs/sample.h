@@ -40,7 +40,9 @@ struct TrainCheckpoint {
 
 // `checkpoint`: a checkpoint file, or a run directory (its latest checkpoint). nl::Error naming the
 // path when it is missing, not a train checkpoint, or its config or vocab does not read.
-TrainCheckpoint load_train_checkpoint(const std::string& checkpoint);
+// `with_weights` false reads only what the file says of itself (config, vocab, context; `model` stays
+// null), so a caller can check its input against the model before taking the weights' memory.
+TrainCheckpoint load_train_checkpoint(const std::string& checkpoint, bool with_weights = true);
 
 struct SampleJob {
     std::string checkpoint;              // a checkpoint file or a run directory

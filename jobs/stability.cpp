@@ -508,12 +508,6 @@ std::string summary_table(const json& groups, const StabilityConfig& c) {
     return out;
 }
 
-bool have_program(const std::string& name) {
-    return std::system(("command -v " + name + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-std::string quote(const std::string& text) { return "'" + replace_all(text, "'", "'\\''") + "'"; }
-
 // plots.gp always (so the plots can be redrawn later); losses.png and grad_norms.png when gnuplot
 // is installed. One colour (and dash pattern) per (norm, depth, lr), its seeds sharing it and one
 // key entry, so a sweep's plot stays readable. Returns the note for the summary.
@@ -539,9 +533,8 @@ std::string write_plots(const RunDir& run, const std::vector<RunResult>& results
     script += "set output 'grad_norms.png'\nset ylabel 'gradient L2 norm, all parameters'\n" + grad_plot + "\n";
     run.write_text("plots.gp", script);
     if (!enabled) return "plots disabled (plots = false); plots.gp can draw them";
-    if (!have_program("gnuplot")) return "gnuplot not found: no PNG plots; the curves are in curves/*.csv and plots.gp draws them";
-    const std::string command = "cd " + quote(run.dir()) + " && gnuplot plots.gp >/dev/null 2>&1";
-    if (std::system(command.c_str()) != 0) return "gnuplot failed on plots.gp: no PNG plots; the curves are in curves/*.csv";
+    const std::string failed = run_gnuplot(run.dir());
+    if (!failed.empty()) return failed + ": no PNG plots; the curves are in curves/*.csv and plots.gp draws them";
     return "losses.png, grad_norms.png";
 }
 

@@ -532,16 +532,6 @@ json variant_json(const Variant& v, const VariantLosses& l, const VariantLosses*
 // plots
 // ---------------------------------------------------------------------------------------------
 
-bool have_program(const std::string& name) {
-    return std::system(("command -v " + name + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-std::string quote(const std::string& text) {
-    std::string out = "'";
-    for (char ch : text) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return out + "'";
-}
-
 // gnuplot's title text: single quotes doubled inside a single-quoted string.
 std::string title(const std::string& text) {
     std::string out;
@@ -642,9 +632,8 @@ std::string write_plots(const RunDir& run, const SweepConfig& c, const std::vect
     run.write_text("plots.gp", script);
     const std::string probes_note = any_probes ? "" : " (no probes: set train.probe_every for the attention and RMS plots)";
     if (!c.plots) return "plots disabled (plots = false); plots.gp can draw them" + probes_note;
-    if (!have_program("gnuplot")) return "gnuplot not found: no PNG plots; plots.gp draws them" + probes_note;
-    const std::string command = "cd " + quote(run.dir()) + " && gnuplot plots.gp >/dev/null 2>&1";
-    if (std::system(command.c_str()) != 0) return "gnuplot failed on plots.gp: no PNG plots";
+    const std::string failed = run_gnuplot(run.dir());
+    if (!failed.empty()) return failed + ": no PNG plots; plots.gp draws them" + probes_note;
     return drawn + probes_note;
 }
 

@@ -205,18 +205,29 @@ AttentionProbe attention_probe(const Tensor& q, const Tensor& k, double softcap)
     }
     double max_score = 0.0, entropy = 0.0, sink = 0.0;
     int64_t sink_rows = 0;
+    std::vector<double> head_entropy(static_cast<size_t>(H)), head_sink(static_cast<size_t>(H));  // (H,) sums
+    std::vector<int64_t> head_sink_rows(static_cast<size_t>(H));                                  // (H,)
     for (int64_t r = 0; r < rows; ++r) {
+        const size_t head = static_cast<size_t>(r / T % H);  // rows are (B, H, T)
         max_score = std::max(max_score, row_max[r]);
         entropy += row_entropy[r];
+        head_entropy[head] += row_entropy[r];
         if (L - T + r % T >= 1) {  // position 0 sees only itself
             sink += row_sink[r];
             ++sink_rows;
+            head_sink[head] += row_sink[r];
+            ++head_sink_rows[head];
         }
     }
+    const double nan = std::numeric_limits<double>::quiet_NaN();
     AttentionProbe probe;
     probe.max_score = max_score;
     probe.entropy = entropy / static_cast<double>(rows);
-    probe.sink = sink_rows > 0 ? sink / static_cast<double>(sink_rows) : std::numeric_limits<double>::quiet_NaN();
+    probe.sink = sink_rows > 0 ? sink / static_cast<double>(sink_rows) : nan;
+    for (size_t h = 0; h < static_cast<size_t>(H); ++h) {
+        probe.entropy_by_head.push_back(head_entropy[h] / static_cast<double>(B * T));
+        probe.sink_by_head.push_back(head_sink_rows[h] > 0 ? head_sink[h] / static_cast<double>(head_sink_rows[h]) : nan);
+    }
     return probe;
 }
 
@@ -328,9 +339,12 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
 Var Attention::qk_normalized(const char* name, const Var& x) {
     // Under autocast the projection is bf16 while the norm's parameters are the model's dtype: the
     // norm reads it widened and its output goes back to the projection's dtype for the products.
+    // The parameters' dtype, not options_.dtype: a model moved with to(dtype) keeps its options.
     auto norm = std::dynamic_pointer_cast<UnaryModule>(child(name));
-    if (x.dtype() == options_.dtype) return norm->forward(x);
-    return nl::to(norm->forward(nl::to(x, options_.dtype)), x.dtype());
+    const auto params = norm->named_parameters();
+    const DType norm_dtype = params.empty() ? x.dtype() : params.front().second.dtype();
+    if (x.dtype() == norm_dtype) return norm->forward(x);
+    return nl::to(norm->forward(nl::to(x, norm_dtype)), x.dtype());
 }
 
 // ---------------------------------------------------------------- causal attention
@@ -822,13 +836,24 @@ Var Transformer::forward_cached(const Tensor& ids, KVCache& cache) {
     return logits;
 }
 
-Var Transformer::run(const Tensor& ids, KVCache* cache) {
+Var Transformer::embed(const Tensor& ids) {
     NL_REQUIRE(ids.defined() && ids.dim() == 2, "Transformer: expected ids of shape (B, T), found ",
                ids.defined() ? shape_str(ids.shape()) : "undefined");
     NL_REQUIRE(ids.dtype() == DType::I64, "Transformer: expected i64 ids, found ", dtype_name(ids.dtype()));
     NL_REQUIRE(ids.size(1) <= options_.max_seq_len, "Transformer: sequence length ", ids.size(1),
                " exceeds max_seq_len ", options_.max_seq_len);
-    Var h = typed_child<Embedding>(*this, "tok_embeddings")->forward(ids);  // (B, T, dim)
+    return typed_child<Embedding>(*this, "tok_embeddings")->forward(ids);  // (B, T, dim)
+}
+
+Var Transformer::logits(const Var& h) {
+    Var out = has_child("norm") ? typed_child<UnaryModule>(*this, "norm")->forward(h) : h;
+    out = typed_child<UnaryModule>(*this, "output")->forward(out);  // (B, T, vocab)
+    if (options_.logit_softcap > 0.0) out = softcap(out, options_.logit_softcap);  // Gemma 2
+    return out;
+}
+
+Var Transformer::run(const Tensor& ids, KVCache* cache) {
+    Var h = embed(ids);  // (B, T, dim)
     const auto layers = typed_child<ModuleList>(*this, "layers");
     for (int64_t i = 0; i < layers->size(); ++i) {
         if (!cache) {
@@ -839,9 +864,7 @@ Var Transformer::run(const Tensor& ids, KVCache* cache) {
         slot.start = cache->length;
         h = layers->at<TransformerBlock>(i)->forward_cached(h, slot);
     }
-    if (has_child("norm")) h = typed_child<UnaryModule>(*this, "norm")->forward(h);
-    Var logits = typed_child<UnaryModule>(*this, "output")->forward(h);  // (B, T, vocab)
-    if (options_.logit_softcap > 0.0) logits = softcap(logits, options_.logit_softcap);  // Gemma 2
+    Var logits = this->logits(h);  // (B, T, vocab)
     if (probing_) {
         // The output's log-partition per row (Wortsman et al. 2023's output-logit drift; the z-loss
         // pulls it to 0), in at least f32.

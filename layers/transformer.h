@@ -129,6 +129,8 @@ struct AttentionProbe {
     // p on key position 0, mean over batch, heads and the query rows at positions >= 1 (position 0
     // sees only itself); Xiao et al. 2023's attention sink. NaN when no row is at a position >= 1.
     double sink = 0.0;
+    // The same two per query head (H,), in head order: each head's mean over batch and its rows.
+    std::vector<double> entropy_by_head, sink_by_head;
 };
 
 // Causal self-attention as LLaMA's Attention: wq (n_heads*hd, dim), wk and wv (n_kv_heads*hd, dim),
@@ -358,6 +360,11 @@ public:
     // the residual stream and the norms stay in the model's dtype, and the logits come out bf16
     // (cast them to f32 for the loss, as torch.autocast's cross_entropy does).
     Var forward(const Tensor& ids);
+    // forward() in its two ends, for a caller that runs the blocks itself (layer(i)->forward, as
+    // `normlab analyze` does to skip one): ids (B, T) -> the embedded stream (B, T, dim), and the
+    // stream after the last block -> logits (B, T, vocab_size) (final norm, output, logit soft-cap).
+    Var embed(const Tensor& ids);
+    Var logits(const Var& h);
     // A cache for `batch` sequences of up to `capacity` positions (<= max_seq_len), on the model's
     // device and in its dtype.
     KVCache make_cache(int64_t batch, int64_t capacity) const;

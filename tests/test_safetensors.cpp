@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops.h"
 #include "core/safetensors.h"
 #include "test_util.h"
 
@@ -470,4 +471,73 @@ TEST_CASE("safetensors: truncated and bit-flipped files fail cleanly", "[safeten
         }
     }
     REQUIRE(errors > 0);
+}
+
+TEST_CASE("safetensors: a memory-mapped file gives the loaded file's tensors, copy-on-write, outliving the file object", "[safetensors]") {
+    TempDir tmp("st_map");
+    const std::string path = tmp.file("m.safetensors");
+    std::vector<std::pair<std::string, Tensor>> tensors = {{"a", random_tensor({3, 5}, DType::F32, 1)},
+                                                           {"b", random_tensor({7}, DType::BF16, 2)},
+                                                           {"c", random_tensor({2, 2}, DType::F64, 3)},
+                                                           {"d", random_tensor({0, 4}, DType::F16, 4)},
+                                                           {"e", random_tensor({5}, DType::I64, 5)}};
+    nl::save_safetensors(path, tensors, {{"k", "v"}});
+    const std::string bytes = read_bytes(path);
+    Tensor kept;
+    {
+        const nl::SafeTensorsFile loaded = nl::load_safetensors(path);
+        const nl::SafeTensorsFile mapped = nl::map_safetensors(path);
+        REQUIRE(mapped.names() == loaded.names());
+        CHECK(mapped.metadata == loaded.metadata);
+        for (const auto& [name, tensor] : loaded.tensors) {
+            INFO(name);
+            CHECK(mapped.at(name).shape() == tensor.shape());
+            CHECK(mapped.at(name).dtype() == tensor.dtype());
+            CHECK(raw_bytes(mapped.at(name)) == raw_bytes(tensor));
+        }
+        kept = mapped.at("a");
+    }
+    // The map outlives the SafeTensorsFile; a write stays in this process (MAP_PRIVATE).
+    const std::string a_bytes = raw_bytes(kept);
+    kept.fill_(2.0);
+    CHECK(nl::sum(kept.to(DType::F64)).item() == 30.0);
+    CHECK(read_bytes(path) == bytes);
+    CHECK(raw_bytes(nl::load_safetensors(path).at("a")) == a_bytes);
+}
+
+TEST_CASE("safetensors: a mapped tensor at an offset that is not a multiple of its element size is copied out", "[safetensors]") {
+    TempDir tmp("st_map_unaligned");
+    const std::string path = tmp.file("u.safetensors");
+    // "h" (BF16, 2 bytes) first, so "f" (F32) starts 2 bytes into the data section, which itself
+    // starts at byte 8 + 48 (a multiple of 8): f sits at an offset that is not a multiple of 4.
+    std::string header = "{\"h\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]},"
+                         "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[2,10]}}";
+    header.append((8 - header.size() % 8) % 8, ' ');
+    const float values[2] = {1.5f, -2.25f};
+    std::string data = std::string("\x80\x3f", 2) + std::string(reinterpret_cast<const char*>(values), 8);
+    write_bytes(path, craft(header, data));
+    const nl::SafeTensorsFile mapped = nl::map_safetensors(path);
+    CHECK(nl::sum(mapped.at("f").to(DType::F64)).item() == -0.75);
+    CHECK(nl::sum(mapped.at("h").to(DType::F64)).item() == 1.0);
+    CHECK(raw_bytes(mapped.at("f")) == raw_bytes(nl::load_safetensors(path).at("f")));
+}
+
+TEST_CASE("safetensors: mapping checks the file as loading does", "[safetensors]") {
+    TempDir tmp("st_map_bad");
+    const std::string path = tmp.file("bad.safetensors");
+    write_bytes(path, craft("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", std::string(8, '\x01')));
+    std::string loading, mapping;
+    try {
+        nl::load_safetensors(path);
+    } catch (const nl::Error& e) {
+        loading = e.what();
+    }
+    try {
+        nl::map_safetensors(path);
+    } catch (const nl::Error& e) {
+        mapping = e.what();
+    }
+    CHECK_THAT(loading, Contains(path) && Contains("beyond the data section (8 bytes)"));
+    CHECK(mapping == loading);
+    REQUIRE_THROWS_WITH(nl::map_safetensors(tmp.file("nope.safetensors")), Contains("nope.safetensors") && Contains("cannot open"));
 }

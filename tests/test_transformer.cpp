@@ -448,3 +448,21 @@ TEST_CASE("Transformer LM runs in bf16 (softmax and RoPE in f32) close to f32", 
     // differ by at most ~7e-3; 2e-2 leaves room for that, not for a wrong op.
     check_close(b.data().to(DType::F32), a.data(), 0.02, 0.0, "bf16 logits");
 }
+
+TEST_CASE("Transformer with QK-norm moved to f64 and bf16 with to() runs its QK-norms in the new dtype", "[transformer]") {
+    for (const std::string qk : {"head", "full"}) {
+        INFO("qk_norm " << qk);
+        TransformerOptions o = lm_options();
+        o.qk_norm = qk;
+        Transformer f32(o), f64(o), bf16(o);
+        f64.to(DType::F64);
+        bf16.to(DType::BF16);
+        const Tensor ids = from_vector(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6}, {2, 4});
+        NoGradGuard no_grad;
+        const Var a = f32.forward(ids), b = f64.forward(ids), c = bf16.forward(ids);
+        REQUIRE(b.dtype() == DType::F64);
+        REQUIRE(c.dtype() == DType::BF16);
+        check_close(b.data().to(DType::F32), a.data(), 1e-5, 1e-5, "f64 logits");
+        check_close(c.data().to(DType::F32), a.data(), 0.05, 0.0, "bf16 logits");
+    }
+}

@@ -45,6 +45,9 @@ void register_export(CLI::App& app);
 // `normlab convert CHECKPOINT --to rmsnorm OUT`: a pre-norm LayerNorm model as the pre-norm RMSNorm
 // model with the same function (jobs/convert.h, examples/cli/convert_cmd.cpp).
 void register_convert(CLI::App& app);
+// `normlab analyze MODEL --tokens DIR --out OUTDIR`: a trained model's activations, attention sinks,
+// blocks and norm weights over held-out windows (jobs/analyze.h, examples/cli/analyze_cmd.cpp).
+void register_analyze(CLI::App& app);
 
 // `normlab stability CONFIG`: the seed article's norm stability experiment, swept (examples/cli/stability_cmd.cpp).
 void register_stability(CLI::App& app);

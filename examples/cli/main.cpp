@@ -145,6 +145,7 @@ int run_program(int argc, char** argv) {
     nl::cli::register_sample(app);
     nl::cli::register_export(app);
     nl::cli::register_convert(app);
+    nl::cli::register_analyze(app);
     nl::cli::register_stability(app);
     nl::cli::register_sweep(app);
     nl::cli::register_gradcheck(app);

@@ -19,7 +19,7 @@ from ._normlab import (  # noqa: F401
     matmul, softmax, log_softmax, where, cat, tril, sum, mean, max, min, var, std,
 )
 from . import autograd, nn, optim  # noqa: F401
-from ._jobs import train, stability, sweep, sample, export, convert, load_checkpoint, save_checkpoint, TrainSession  # noqa: F401
+from ._jobs import train, stability, sweep, sample, export, convert, analyze, load_checkpoint, save_checkpoint, TrainSession  # noqa: F401
 from ._jobs import config_schema, config_defaults, config_jobs  # noqa: F401
 from ._format import tensor_repr as _tensor_repr
 from ._indexing import getitem as _indexing_getitem, setitem as _indexing_setitem

@@ -645,6 +645,28 @@ def convert(checkpoint, to, out, force=False):
     return dict(_ext.convert_model(path, str(to), _path(out, "out"), bool(force)))
 
 
+def analyze(model, tokens=None, text=None, windows=8, seq_len=0, out=None, force=False, dtype="f32",
+            convert_check=False, token_dtype=None):
+    """A trained model under the microscope (``normlab analyze MODEL --tokens DIR``): forward passes
+    over the first ``windows`` windows of ``seq_len`` tokens, returning analysis.json's fields as a
+    dict (docs/analyze.md): loss; layers (per block act_max, act_max_channel, act_kurtosis,
+    attn_sink and attn_entropy per query head, drop_delta_loss); norms (each norm weight's
+    weight_max_abs, weight_mean_abs, weight_top_channels); convert_check with convert_check=True.
+
+    model: a checkpoint file, a run directory, a Checkpoint, a transformers LLaMA, Qwen3 or OLMo 2
+    directory or a GGUF file. tokens: a directory holding val.bin (its ids ``token_dtype``, "uint16"
+    or "uint32"; None: meta.json's, else by the vocabulary's size); or text: a UTF-8 file for a model
+    with a character tokenizer. seq_len 0: the model's context, at most 512. dtype: "f32", "bf16" or
+    "f64". out: a directory to write analysis.json, plots.gp and the PNGs into (None: nothing
+    written); an existing one is replaced only with force=True.
+    """
+    path = model.path if isinstance(model, Checkpoint) else _path(model, "model")
+    return _ext.analyze(path, "" if tokens is None else _path(tokens, "tokens"),
+                        "" if text is None else _path(text, "text"), "" if token_dtype is None else str(token_dtype),
+                        int(windows), int(seq_len), str(dtype), bool(convert_check),
+                        "" if out is None else _path(out, "out"), bool(force))
+
+
 # ---- checkpoints ----
 
 def load_checkpoint(path):

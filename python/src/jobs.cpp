@@ -32,6 +32,7 @@
 #include "core/dist.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "jobs/analyze.h"
 #include "jobs/config_schema.h"
 #include "jobs/convert.h"
 #include "jobs/export.h"
@@ -866,6 +867,36 @@ void bind_convert(nb::module_& m) {
         "source, step, norms, recentered, parameters, out.");
 }
 
+void bind_analyze(nb::module_& m) {
+    m.def(
+        "analyze",
+        [](const std::string& model, const std::string& tokens, const std::string& text, const std::string& token_dtype,
+           int64_t windows, int64_t seq_len, const std::string& dtype, bool convert_check, const std::string& out,
+           bool force) {
+            AnalyzeOptions o;
+            o.model = model;
+            o.tokens = tokens;
+            o.text = text;
+            o.token_dtype = token_dtype;
+            o.windows = windows;
+            o.seq_len = seq_len;
+            o.dtype = dtype;
+            o.convert_check = convert_check;
+            o.out = out;
+            o.force = force;
+            AnalyzeResult r;
+            {
+                nb::gil_scoped_release release;
+                r = run_analyze(o);
+            }
+            return to_python(r.analysis);
+        },
+        nb::arg("model"), nb::arg("tokens"), nb::arg("text"), nb::arg("token_dtype"), nb::arg("windows"),
+        nb::arg("seq_len"), nb::arg("dtype"), nb::arg("convert_check"), nb::arg("out"), nb::arg("force"),
+        "Runs the analyze job (jobs/analyze.h) with the GIL released; normlab.analyze wraps it. Returns analysis.json's "
+        "object as a dict.");
+}
+
 // The config schema (jobs/config_schema.h) as JSON text: normlab.config_schema and config_defaults
 // parse it, so Python states no default of its own.
 void bind_config_schema(nb::module_& m) {
@@ -889,6 +920,7 @@ void bind_jobs(nb::module_& m) {
     bind_sample(m);
     bind_export(m);
     bind_convert(m);
+    bind_analyze(m);
 }
 
 }  // namespace nl::py
