@@ -428,51 +428,57 @@ void read_tensors(std::ifstream& in, const std::string& path, const std::vector<
     }
 }
 
-}  // namespace
+// A file opened and its header read and checked against its size (both readers start here); `in`
+// is left at the data section.
+struct CheckedHeader {
+    uint64_t file_size = 0;
+    uint64_t data_start = 0;         // 8 + the header's length
+    std::vector<EntryInfo> entries;  // sorted by offset (check_data_layout)
+};
 
-SafeTensorsFile load_safetensors(const std::string& path) {
+CheckedHeader read_checked_header(const std::string& path, std::ifstream& in, SafeTensorsFile& file) {
     struct stat st {};
     NL_REQUIRE(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open ", path, ": ", errno_text());
     NL_REQUIRE(S_ISREG(st.st_mode), "load_safetensors: ", path, " is not a regular file");
-    std::ifstream in(path, std::ios::binary);
+    in.open(path, std::ios::binary);
     NL_REQUIRE(in.good(), "load_safetensors: cannot open ", path, ": ", errno_text());
-    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-
-    const uint64_t header_size = read_header_length(in, path, file_size);
+    CheckedHeader out;
+    out.file_size = static_cast<uint64_t>(st.st_size);
+    const uint64_t header_size = read_header_length(in, path, out.file_size);
     const json header = read_header(in, path, header_size);
-    SafeTensorsFile file;
     file.path = path;
-    std::vector<EntryInfo> entries = parse_header_entries(path, header, file.metadata);
-    check_data_layout(path, entries, file_size - 8 - header_size);
-    read_tensors(in, path, entries, file.tensors);
+    out.entries = parse_header_entries(path, header, file.metadata);
+    out.data_start = 8 + header_size;
+    check_data_layout(path, out.entries, out.file_size - out.data_start);
+    return out;
+}
+
+}  // namespace
+
+SafeTensorsFile load_safetensors(const std::string& path) {
+    SafeTensorsFile file;
+    std::ifstream in;
+    const CheckedHeader checked = read_checked_header(path, in, file);
+    read_tensors(in, path, checked.entries, file.tensors);
     return file;
 }
 
 SafeTensorsFile map_safetensors(const std::string& path) {
-    struct stat st {};
-    NL_REQUIRE(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open ", path, ": ", errno_text());
-    NL_REQUIRE(S_ISREG(st.st_mode), "load_safetensors: ", path, " is not a regular file");
-    std::ifstream in(path, std::ios::binary);
-    NL_REQUIRE(in.good(), "load_safetensors: cannot open ", path, ": ", errno_text());
-    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-    const uint64_t header_size = read_header_length(in, path, file_size);
-    const json header = read_header(in, path, header_size);
     SafeTensorsFile file;
-    file.path = path;
-    std::vector<EntryInfo> entries = parse_header_entries(path, header, file.metadata);
-    check_data_layout(path, entries, file_size - 8 - header_size);
-    if (file_size == 0) return file;
+    const CheckedHeader checked = [&] {
+        std::ifstream in;
+        return read_checked_header(path, in, file);
+    }();
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     NL_REQUIRE(fd >= 0, "load_safetensors: cannot open ", path, ": ", errno_text());
-    void* map = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    void* map = ::mmap(nullptr, checked.file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     const std::string map_error = map == MAP_FAILED ? errno_text() : std::string();
     ::close(fd);  // the map keeps the file
     NL_REQUIRE(map != MAP_FAILED, "load_safetensors: cannot map ", path, ": ", map_error);
-    const size_t mapped = static_cast<size_t>(file_size);
+    const size_t mapped = static_cast<size_t>(checked.file_size);
     auto storage = std::make_shared<Storage>(map, mapped, Device::cpu(), [map, mapped] { ::munmap(map, mapped); });
-    const uint64_t data_start = 8 + header_size;
-    for (const EntryInfo& info : entries) {
-        const uint64_t byte_offset = data_start + info.begin;
+    for (const EntryInfo& info : checked.entries) {
+        const uint64_t byte_offset = checked.data_start + info.begin;
         const uint64_t element = dtype_size(info.dtype);
         if (byte_offset % element != 0) {  // Tensor offsets count elements: copy this one out
             Tensor tensor = Tensor::empty(info.shape, info.dtype);
