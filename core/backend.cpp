@@ -50,6 +50,15 @@ void check_attention(DType dtype, const AttentionDims& s) {
 
 }  // namespace
 
+const std::vector<const char*>& kernel_names() {
+    static const std::vector<const char*> names = {
+#define NL_KERNEL(name, params, args, profile_label, flops, bytes) #name,
+#include "core/kernels.def"
+#undef NL_KERNEL
+    };
+    return names;
+}
+
 Backend& backend_for(Device device) {
     // The profiler's switch (core/profiler.h): one branch when it is off.
     if (profiler::enabled()) return profiler::profiled(unprofiled_backend_for(device));

@@ -257,95 +257,16 @@ public:
     virtual ~Backend() = default;
     virtual Device device() const = 0;
 
-    // ---- memory ----
-    // dst[i] = convert(src[i]) over `shape`; any dtype to any dtype (rounding to nearest even).
-    virtual void copy(const Shape& shape, const StridedArg& dst, const StridedArg& src) = 0;
-    virtual void fill(const Shape& shape, const StridedArg& dst, double value) = 0;
-
-    // ---- elementwise (out, a, b share the dtype; comparisons write 1/0) ----
-    // One exception: Add with f32 out and a takes b in bf16 or f16, widened (exactly) as it is read:
-    // autocast's f32 residual stream plus a half branch, in one pass (core/ops.h: add_widened).
-    virtual void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
-                        const StridedArg& b) = 0;
-    virtual void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) = 0;
-    // out = cond != 0 ? a : b; cond may be any dtype, out/a/b share one.
-    virtual void where(const Shape& shape, const StridedArg& out, const StridedArg& cond,
-                       const StridedArg& a, const StridedArg& b) = 0;
-
-    // ---- reductions: in is contiguous (outer, len, inner); out is contiguous (outer, inner) ----
-    // Var uses two passes with `correction` (1 unbiased, 0 biased). ArgMax writes i64.
-    virtual void reduce(ReduceOp op, DType dtype, const void* in, void* out, int64_t outer, int64_t len,
-                        int64_t inner, int64_t correction) = 0;
-
-    // ---- softmax rows: x, y, dy, dx contiguous (rows, cols) ----
-    virtual void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t cols,
-                                 bool log) = 0;
-    // dx = y * (dy - sum(dy * y)) for softmax; dx = dy - exp(y) * sum(dy) for log_softmax.
-    virtual void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows,
-                                  int64_t cols, bool log) = 0;
-
-    // ---- matrix multiply, row-major, batched by element strides (stride 0 broadcasts) ----
-    // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]; op(A) is (m, k), op(B) is (k, n); A and B in
-    // dtype, C in c_dtype. f32 and f64 everywhere, c_dtype == dtype; bf16 on the CPU, with C in bf16
-    // (the f32 sums rounded once) or f32 (the sums as they are: autocast's gradients). ops/matmul sends
-    // bf16 elsewhere through f32.
-    virtual void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                      double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
-                      int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
-                      int64_t stride_c, int64_t batch) = 0;
-
-    // ---- indexing: contiguous operands viewed as (outer, size, inner) along the indexed dim ----
-    // out(outer, n, inner) = src(outer, index[j], inner)
-    virtual void index_select(DType dtype, const void* src, const int64_t* index, void* out,
-                              int64_t outer, int64_t src_size, int64_t inner, int64_t n) = 0;
-    // dst(outer, index[j], inner) += src(outer, j, inner), in order of j (deterministic)
-    virtual void index_add(DType dtype, void* dst, const int64_t* index, const void* src,
-                           int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
-    // out(o, j, i) = src(o, index(o, j, i), i); index and out are (outer, n, inner)
-    virtual void gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
-                        int64_t src_size, int64_t inner, int64_t n) = 0;
-    // dst(o, index(o, j, i), i) += src(o, j, i), in order of j (deterministic)
-    virtual void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src,
-                             int64_t outer, int64_t dst_size, int64_t inner, int64_t n) = 0;
-
-    // ---- fused kernels: their arguments and formulas are the structs above ----
-    virtual void norm_forward(const NormForwardArgs& a) = 0;
-    virtual void norm_backward(const NormBackwardArgs& a) = 0;
-    virtual void dyt_forward(const DytForwardArgs& a) = 0;
-    virtual void dyt_backward(const DytBackwardArgs& a) = 0;
-    virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
-    virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
-    virtual void adam_step(const AdamStepArgs& a) = 0;
-    virtual void sgd_step(const SgdStepArgs& a) = 0;
-    virtual void attention_forward(const AttentionForwardArgs& a) = 0;
-    virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
-
-    // Rotary position embedding (RoFormer; LLaMA's apply_rotary_emb): x and out (batch, seq, heads,
-    // head_dim) contiguous of `dtype` (f32 or f64; bf16 too on the CPU, with f32 math), cos and sin
-    // (seq, head_dim / 2) of its compute dtype (f32 for bf16). Each (even, odd)
-    // pair i of position t turns by angle t * theta_i, in the order of torch's complex product:
-    //   out[2i] = x[2i] cos - x[2i+1] sin,  out[2i+1] = x[2i] sin + x[2i+1] cos
-    // With `inverse`, by -angle (sin negated): the backward, since a rotation's transpose is its inverse.
-    virtual void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch,
-                      int64_t seq, int64_t heads, int64_t head_dim, bool inverse) = 0;
-    // SwiGLU's gate (Shazeer 2020, "GLU Variants Improve Transformer"; LLaMA's FeedForward): over n
-    // contiguous elements of f32 or f64 (bf16 too on the CPU, with f32 math and each output rounded
-    // once), with s = sigmoid(a) and silu(a) = a * s,
-    //   forward:  out = silu(a) * b
-    //   backward: da = dout * b * s * (1 + a * (1 - s)),  db = dout * silu(a)
-    // One pass each way instead of silu, mul and their backwards.
-    virtual void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) = 0;
-    virtual void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
-                                 int64_t n) = 0;
-    // Soft-capping (Gemma 2, Gemma Team 2024, its final logits and attention scores; Grok-1) over n
-    // contiguous elements, with SwiGLU's dtypes (f32 or f64; bf16 too on the CPU, f32 math, each output
-    // rounded once) and cap > 0 (cap converted to the compute dtype, as a scalar operand of x / cap is):
-    //   forward:  y = cap * tanh(x / cap)
-    //   backward: dx = dy * (1 - (y / cap)^2), from the saved output y (d tanh(u) / du = 1 - tanh(u)^2),
-    //             evaluated as dy * ((cap - y) * (cap + y)) / cap^2 (the kernels say why)
-    virtual void softcap_forward(DType dtype, const void* x, void* y, int64_t n, double cap) = 0;
-    virtual void softcap_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, double cap) = 0;
+    // Every kernel of the kernel table (core/kernels.def: each row's signature and what it computes),
+    // pure virtual: a backend that lacks one cannot be instantiated, so it fails to compile.
+#define NL_KERNEL(name, params, args, profile_label, flops, bytes) virtual void name params = 0;
+#include "core/kernels.def"
+#undef NL_KERNEL
 };
+
+// The kernel table's names, in its order ("copy", "fill", ..., "softcap_backward"), for tests that
+// check every kernel is covered.
+const std::vector<const char*>& kernel_names();
 
 // The backend for a device; throws nl::Error for CUDA when built without it or with no GPU present.
 Backend& backend_for(Device device);

@@ -26,6 +26,7 @@ thread_local Phase g_phase = Phase::Other;  // per thread: a sweep's threads eac
 // Keyed by the kind's address: every kind is a string literal of this file, so no string is built
 // per kernel call.
 std::map<std::pair<const char*, Phase>, OpStats> g_stats;
+std::map<std::string, int64_t> g_kernel_calls;  // kernel table row -> calls
 
 const char* binary_name(BinaryOp op) {
     switch (op) {
@@ -97,132 +98,15 @@ public:
     explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
     Device device() const override { return inner_.device(); }
 
-    void copy(const Shape& shape, const StridedArg& dst, const StridedArg& src) override {
-        const int64_t n = shape_numel(shape);
-        timed("copy", 0, bytes_of(dst.dtype, n) + bytes_of(src.dtype, n), [&] { inner_.copy(shape, dst, src); });
-    }
-    void fill(const Shape& shape, const StridedArg& dst, double value) override {
-        timed("fill", 0, bytes_of(dst.dtype, shape_numel(shape)), [&] { inner_.fill(shape, dst, value); });
-    }
-    void binary(BinaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& a,
-                const StridedArg& b) override {
-        timed(binary_name(op), 0, 3 * bytes_of(out.dtype, shape_numel(shape)),
-              [&] { inner_.binary(op, shape, out, a, b); });
-    }
-    void unary(UnaryOp op, const Shape& shape, const StridedArg& out, const StridedArg& in) override {
-        timed(unary_name(op), 0, 2 * bytes_of(out.dtype, shape_numel(shape)), [&] { inner_.unary(op, shape, out, in); });
-    }
-    void where(const Shape& shape, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
-               const StridedArg& b) override {
-        const int64_t n = shape_numel(shape);
-        timed("where", 0, 3 * bytes_of(out.dtype, n) + bytes_of(cond.dtype, n),
-              [&] { inner_.where(shape, out, cond, a, b); });
-    }
-    void reduce(ReduceOp op, DType dtype, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
-                int64_t correction) override {
-        timed(reduce_name(op), 0, bytes_of(dtype, outer * len * inner + outer * inner),
-              [&] { inner_.reduce(op, dtype, in, out, outer, len, inner, correction); });
-    }
-    void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, bool log) override {
-        timed(log ? "log_softmax" : "softmax", 0, 2 * bytes_of(dtype, rows * cols),
-              [&] { inner_.softmax_forward(dtype, x, y, rows, cols, log); });
-    }
-    void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols,
-                          bool log) override {
-        timed(log ? "log_softmax_backward" : "softmax_backward", 0, 3 * bytes_of(dtype, rows * cols),
-              [&] { inner_.softmax_backward(dtype, y, dy, dx, rows, cols, log); });
-    }
-    void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
-              int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
-              int64_t ldc, int64_t stride_c, int64_t batch) override {
-        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
-                             static_cast<double>(batch);
-        timed("matmul", flops, 0, [&] {
-            inner_.gemm(dtype, c_dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                        stride_c, batch);
-        });
-    }
-    void index_select(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer,
-                      int64_t src_size, int64_t inner, int64_t n) override {
-        timed("index_select", 0, 2 * bytes_of(dtype, outer * n * inner),
-              [&] { inner_.index_select(dtype, src, index, out, outer, src_size, inner, n); });
-    }
-    void index_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer, int64_t dst_size,
-                   int64_t inner, int64_t n) override {
-        timed("index_add", 0, 3 * bytes_of(dtype, outer * n * inner),
-              [&] { inner_.index_add(dtype, dst, index, src, outer, dst_size, inner, n); });
-    }
-    void gather(DType dtype, const void* src, const int64_t* index, void* out, int64_t outer, int64_t src_size,
-                int64_t inner, int64_t n) override {
-        timed("gather", 0, 2 * bytes_of(dtype, outer * n * inner),
-              [&] { inner_.gather(dtype, src, index, out, outer, src_size, inner, n); });
-    }
-    void scatter_add(DType dtype, void* dst, const int64_t* index, const void* src, int64_t outer, int64_t dst_size,
-                     int64_t inner, int64_t n) override {
-        timed("scatter_add", 0, 3 * bytes_of(dtype, outer * n * inner),
-              [&] { inner_.scatter_add(dtype, dst, index, src, outer, dst_size, inner, n); });
-    }
-    void norm_forward(const NormForwardArgs& a) override {
-        timed(a.subtract_mean ? "layer_norm" : "rms_norm", 0, 2 * bytes_of(a.dtype, a.rows * a.d),
-              [&] { inner_.norm_forward(a); });
-    }
-    void norm_backward(const NormBackwardArgs& a) override {
-        timed(a.subtract_mean ? "layer_norm_backward" : "rms_norm_backward", 0, 3 * bytes_of(a.dtype, a.rows * a.d),
-              [&] { inner_.norm_backward(a); });
-    }
-    void dyt_forward(const DytForwardArgs& a) override {
-        timed("dyt", 0, 2 * bytes_of(a.dtype, a.rows * a.d), [&] { inner_.dyt_forward(a); });
-    }
-    void dyt_backward(const DytBackwardArgs& a) override {
-        timed("dyt_backward", 0, 3 * bytes_of(a.dtype, a.rows * a.d), [&] { inner_.dyt_backward(a); });
-    }
-    void cross_entropy_forward(const CrossEntropyForwardArgs& a) override {
-        timed("cross_entropy", 0, bytes_of(a.dtype, a.rows * a.classes), [&] { inner_.cross_entropy_forward(a); });
-    }
-    void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override {
-        timed("cross_entropy_backward", 0, 2 * bytes_of(a.dtype, a.rows * a.classes),
-              [&] { inner_.cross_entropy_backward(a); });
-    }
-    void adam_step(const AdamStepArgs& a) override {
-        // param, exp_avg, exp_avg_sq read and written, grad read (AMSGrad's max too).
-        const int64_t accesses = a.max_exp_avg_sq ? 9 : 7;
-        timed(a.decoupled ? "adamw" : "adam", 0, accesses * bytes_of(a.dtype, a.n), [&] { inner_.adam_step(a); });
-    }
-    void sgd_step(const SgdStepArgs& a) override {
-        const int64_t accesses = a.momentum_buffer ? 5 : 3;
-        timed("sgd", 0, accesses * bytes_of(a.dtype, a.n), [&] { inner_.sgd_step(a); });
-    }
-    void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t batch, int64_t seq,
-              int64_t heads, int64_t head_dim, bool inverse) override {
-        timed(inverse ? "rope_backward" : "rope", 0, 2 * bytes_of(dtype, batch * seq * heads * head_dim),
-              [&] { inner_.rope(dtype, x, cos, sin, out, batch, seq, heads, head_dim, inverse); });
-    }
-    void swiglu_forward(DType dtype, const void* a, const void* b, void* out, int64_t n) override {
-        timed("swiglu", 0, 3 * bytes_of(dtype, n), [&] { inner_.swiglu_forward(dtype, a, b, out, n); });
-    }
-    void swiglu_backward(DType dtype, const void* a, const void* b, const void* dout, void* da, void* db,
-                         int64_t n) override {
-        timed("swiglu_backward", 0, 5 * bytes_of(dtype, n), [&] { inner_.swiglu_backward(dtype, a, b, dout, da, db, n); });
-    }
-    void softcap_forward(DType dtype, const void* x, void* y, int64_t n, double cap) override {
-        timed("softcap", 0, 2 * bytes_of(dtype, n), [&] { inner_.softcap_forward(dtype, x, y, n, cap); });
-    }
-    void softcap_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, double cap) override {
-        timed("softcap_backward", 0, 3 * bytes_of(dtype, n),
-              [&] { inner_.softcap_backward(dtype, y, dy, dx, n, cap); });
-    }
-    // FLOPs: each (query, visible key) pair costs 2 * head_dim per product; the forward does two
-    // products (q k, p v), the backward five (s, dp, dv, dk, dq).
-    void attention_forward(const AttentionForwardArgs& a) override {
-        timed("attention", 2 * attention_pair_flops(a.dims), 0, [&] { inner_.attention_forward(a); });
-    }
-    void attention_backward(const AttentionBackwardArgs& a) override {
-        timed("attention_backward", 5 * attention_pair_flops(a.dims), 0, [&] { inner_.attention_backward(a); });
-    }
+    // Each row of the kernel table: its label, FLOPs and bytes (core/kernels.def), the call timed.
+#define NL_KERNEL(name, params, args, profile_label, flops, bytes) \
+    void name params override { timed(#name, profile_label, flops, bytes, [&] { inner_.name args; }); }
+#include "core/kernels.def"
+#undef NL_KERNEL
 
 private:
     template <typename Call>
-    void timed(const char* kind, double flops, double bytes, const Call& call) {
+    void timed(const char* kernel, const char* kind, double flops, double bytes, const Call& call) {
         const auto t0 = std::chrono::steady_clock::now();
         call();
 #ifdef NORMLAB_HAVE_CUDA
@@ -235,6 +119,7 @@ private:
             row.phase = g_phase;
         }
         ++row.calls;
+        ++g_kernel_calls[kernel];
         row.seconds += seconds;
         row.flops += flops;
         row.bytes += bytes;
@@ -272,7 +157,19 @@ const char* phase_name(Phase phase) {
 }
 
 void set_enabled(bool on) { g_enabled = on; }
-void reset() { g_stats.clear(); }
+void reset() {
+    g_stats.clear();
+    g_kernel_calls.clear();
+}
+
+std::vector<std::pair<std::string, int64_t>> kernel_calls() {
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const char* name : kernel_names()) {
+        auto it = g_kernel_calls.find(name);
+        out.emplace_back(name, it == g_kernel_calls.end() ? 0 : it->second);
+    }
+    return out;
+}
 Phase current_phase() { return g_phase; }
 
 PhaseGuard::PhaseGuard(Phase phase) : previous_(g_phase) { g_phase = phase; }

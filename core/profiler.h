@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nl {
@@ -75,6 +76,9 @@ struct OpStats {
 
 // What has been collected, the slowest row first.
 std::vector<OpStats> collected();
+// Calls per kernel of the kernel table (core/kernels.def) since the last reset, in the table's order,
+// 0 for a kernel not called: which kernels a workload reaches.
+std::vector<std::pair<std::string, int64_t>> kernel_calls();
 
 // The table (fixed-width text) and the same rows as CSV. `measured_seconds` is the time the caller
 // measured over `steps` steps (the denominator of "% of step"); the table also shows the kernels'
