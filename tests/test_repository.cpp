@@ -5,7 +5,7 @@
 // path its text names in backticks, exists. The files are those `git ls-files` lists in
 // NORMLAB_SOURCE_DIR; the scanners are checked on small texts first, so a scanner that finds
 // nothing cannot pass for a clean repository. Also: every test case's name is one CTest can run, and the
-// README stays under 16 KB without counting tests.
+// README stays under 16 KB without counting tests, docs/benchmarks.md under 500 lines.
 #include <catch2/catch.hpp>
 
 #include "cli_test_util.h"
@@ -14,6 +14,7 @@
 
 #include <regex>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdio>
@@ -498,6 +499,12 @@ TEST_CASE("no test case name contains a semicolon, which would make CTest run no
         if (test.getTestCaseInfo().name.find(';') != std::string::npos) offending += test.getTestCaseInfo().name + "\n";
     INFO("test cases whose names contain ';':\n" << offending);
     CHECK(offending.empty());
+}
+
+TEST_CASE("docs/benchmarks.md stays a reference: under 500 lines", "[repository]") {
+    const std::string page = nl_test::read_text(std::string(NORMLAB_SOURCE_DIR) + "/docs/benchmarks.md");
+    REQUIRE(!page.empty());
+    CHECK(std::count(page.begin(), page.end(), '\n') < 500);
 }
 
 TEST_CASE("the README stays a front door: under 16 KB, and no count of tests that no test keeps true", "[repository]") {
