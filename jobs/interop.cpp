@@ -131,7 +131,7 @@ std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOpt
     std::vector<std::pair<std::string, Shape>> out = {{"tok_embeddings.weight", {V, D}}};
     for (int64_t i = 0; i < o.n_layers; ++i) {
         const std::string p = "layers." + std::to_string(i) + ".";
-        const std::string placement = o.block_placement(i);
+        const NormPlacement& placement = norm_placement(o.block_placement(i));
         out.push_back({p + "attention.wq.weight", {o.n_heads * hd, D}});
         out.push_back({p + "attention.wk.weight", {kv * hd, D}});
         out.push_back({p + "attention.wv.weight", {kv * hd, D}});
@@ -143,11 +143,11 @@ std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOpt
         out.push_back({p + "feed_forward.w1.weight", {F, D}});
         out.push_back({p + "feed_forward.w2.weight", {D, F}});
         out.push_back({p + "feed_forward.w3.weight", {F, D}});
-        if (placement != "output" && placement != "none") {
+        if (placement.input_norms || placement.sum_norms) {
             out.push_back({p + "attention_norm.weight", {D}});
             out.push_back({p + "ffn_norm.weight", {D}});
         }
-        if (placement == "peri" || placement == "output") {
+        if (placement.output_norms) {
             out.push_back({p + "attention_out_norm.weight", {D}});
             out.push_back({p + "ffn_out_norm.weight", {D}});
         }
@@ -712,7 +712,7 @@ HfArch hf_architecture(const TransformerOptions& o) {
     const auto [option, held] = unexportable_option(o);
     NL_REQUIRE(option.empty(), "export --to hf: ", option, " has no Hugging Face architecture (LLaMA, Qwen3 and OLMo 2: ",
                held, ")");
-    NL_REQUIRE(o.norm_placement == "pre" || o.norm_placement == "output", "export --to hf: model.norm_placement \"",
+    NL_REQUIRE(norm_placement(o.norm_placement).hf_export, "export --to hf: model.norm_placement \"",
                o.norm_placement, "\" has no Hugging Face architecture (", kHfClasses, ")");
     if (o.norm_placement == "pre" && o.qk_norm == "none") return HfArch::Llama;
     if (o.norm_placement == "pre" && o.qk_norm == "head") return HfArch::Qwen3;
@@ -735,7 +735,8 @@ void check_exportable(const TransformerOptions& o, const std::string& to) {
     }
     // llama.cpp's "llama" is LlamaForCausalLM.
     std::string option = unexportable_option(o).first;
-    if (option.empty() && o.norm_placement != "pre") option = fmt::format("model.norm_placement \"{}\"", o.norm_placement);
+    if (option.empty() && !norm_placement(o.norm_placement).gguf_export)
+        option = fmt::format("model.norm_placement \"{}\"", o.norm_placement);
     if (option.empty() && o.qk_norm != "none") option = fmt::format("model.qk_norm \"{}\"", o.qk_norm);
     NL_REQUIRE(option.empty(), "export --to gguf: ", option, " has no form in llama.cpp's \"llama\" (pre-norm RMSNorm with a "
                "learned weight, no QK-norm, no soft-capping, no LayerNorm Scaling)");

@@ -113,14 +113,16 @@ static TransformerOptions read_model(ConfigReader reader, uint64_t seed, TrainCo
         model.norm_placement = placement;
         reader.set_resolved("norm_placement", placement);
     }
-    if (model.norm_placement == "mix") model.mix_fraction = reader.get_double("mix_fraction");
+    const NormPlacement& placement = norm_placement(model.norm_placement);
+    if (placement.mixed) model.mix_fraction = reader.get_double("mix_fraction");
     model.norm_scaling = reader.get_string("norm_scaling");
-    if (model.norm_scaling == "depth" && model.norm_placement != "pre" && model.norm_placement != "peri" &&
-        model.norm_placement != "mix")
+    if (model.norm_scaling == "depth" && !placement.input_norms && !placement.mixed)
         reader.fail("norm_scaling", fmt::format("\"depth\" scales the pre-norms' outputs, which norm_placement \"{}\" "
-                                                "does not have (pre, peri or mix do)", model.norm_placement));
-    if (model.norm_placement == "deepnorm" && model.n_layers == 0)
-        reader.fail("norm_placement", "\"deepnorm\" needs n_layers > 0 (alpha = (2 n_layers)^(1/4)), found n_layers 0");
+                                                "does not have ({} do)",
+                                                model.norm_placement, depth_scalable_placements()));
+    if (placement.scaled_residual && model.n_layers == 0)
+        reader.fail("norm_placement", "\"" + model.norm_placement + "\" needs n_layers > 0 (alpha = (2 n_layers)^(1/4)), "
+                    "found n_layers 0");
     model.qk_norm = reader.get_string("qk_norm");
     if (model.qk_norm != "none" && model.norm.type != "rmsnorm" && model.norm.type != "layernorm")
         reader.fail("qk_norm", fmt::format("\"{}\" needs /model/norm/type rmsnorm or layernorm, found \"{}\"",

@@ -425,17 +425,37 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, bool fused, doubl
 
 const std::vector<NormPlacement>& norm_placements() {
     static const std::vector<NormPlacement> placements = {
-        {"pre", "h = x + f(N(x)); a final norm", "LLaMA (Touvron et al. 2023); Xiong et al. 2020"},
-        {"post", "h = N(x + f(x))", "the original Transformer (Vaswani et al. 2017)"},
-        {"peri", "h = x + N_out(f(N_in(x))); a final norm",
-         "Peri-LN (Kim et al. 2025); Gemma 2 and 3's sandwich norms"},
-        {"output", "h = x + N_out(f(x)); a final norm", "OLMo 2's reordered norm (OLMo et al. 2024)"},
-        {"mix", "post in the first ceil(mix_fraction * n_layers) blocks, pre after; a final norm",
-         "Mix-LN (Li et al. 2024)"},
-        {"deepnorm", "h = N(alpha * x + f(x)), alpha = (2 n_layers)^(1/4); value, output and feed-forward weights "
-                     "initialized times beta = (8 n_layers)^(-1/4)",
-         "DeepNet (Wang et al. 2022), decoder-only"},
-        {"none", "h = x + f(x); no norm anywhere", "the control"},
+        {.name = "pre",
+         .formula = "h = x + f(N(x)); a final norm",
+         .reference = "LLaMA (Touvron et al. 2023); Xiong et al. 2020",
+         .input_norms = true,
+         .hf_export = true,
+         .gguf_export = true},
+        {.name = "post",
+         .formula = "h = N(x + f(x))",
+         .reference = "the original Transformer (Vaswani et al. 2017)",
+         .sum_norms = true},
+        {.name = "peri",
+         .formula = "h = x + N_out(f(N_in(x))); a final norm",
+         .reference = "Peri-LN (Kim et al. 2025); Gemma 2 and 3's sandwich norms",
+         .input_norms = true,
+         .output_norms = true},
+        {.name = "output",
+         .formula = "h = x + N_out(f(x)); a final norm",
+         .reference = "OLMo 2's reordered norm (OLMo et al. 2024)",
+         .output_norms = true,
+         .hf_export = true},
+        {.name = "mix",
+         .formula = "post in the first ceil(mix_fraction * n_layers) blocks, pre after; a final norm",
+         .reference = "Mix-LN (Li et al. 2024)",
+         .mixed = true},
+        {.name = "deepnorm",
+         .formula = "h = N(alpha * x + f(x)), alpha = (2 n_layers)^(1/4); value, output and feed-forward weights "
+                    "initialized times beta = (8 n_layers)^(-1/4)",
+         .reference = "DeepNet (Wang et al. 2022), decoder-only",
+         .sum_norms = true,
+         .scaled_residual = true},
+        {.name = "none", .formula = "h = x + f(x); no norm anywhere", .reference = "the control", .final_norm = false},
     };
     return placements;
 }
@@ -446,16 +466,24 @@ std::vector<std::string> norm_placement_names() {
     return names;
 }
 
-namespace {
-// Which norms a block placement has: the input (or post-sum) norms attention_norm and ffn_norm,
-// and the output norms attention_out_norm and ffn_out_norm.
-bool has_main_norms(const std::string& placement) { return placement != "output" && placement != "none"; }
-bool has_output_norms(const std::string& placement) { return placement == "peri" || placement == "output"; }
-bool norms_after_sum(const std::string& placement) { return placement == "post" || placement == "deepnorm"; }
-}  // namespace
+std::string depth_scalable_placements() {
+    std::vector<std::string> names;
+    for (const NormPlacement& p : norm_placements())
+        if (p.input_norms || p.mixed) names.push_back(p.name);
+    std::string out;
+    for (size_t i = 0; i < names.size(); ++i)
+        out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+    return out;
+}
+
+const NormPlacement& norm_placement(const std::string& name) {
+    for (const NormPlacement& p : norm_placements())
+        if (p.name == name) return p;
+    throw Error("norm_placement must be one of " + joined(norm_placement_names()) + ", found \"" + name + "\"");
+}
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : options_(options) {
-    NL_REQUIRE(contains(norm_placement_names(), options.norm_placement) && options.norm_placement != "mix",
+    NL_REQUIRE(contains(norm_placement_names(), options.norm_placement) && !norm_placement(options.norm_placement).mixed,
                "TransformerBlock: norm_placement must be one of pre, post, peri, output, deepnorm, none (mix is "
                "the model's), found \"", options.norm_placement, "\"");
     NL_REQUIRE(std::isfinite(options.pre_norm_scale) && options.pre_norm_scale > 0.0,
@@ -493,15 +521,15 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options) : opt
     // LLaMA's order (named_parameters and init): attention, feed_forward, attention_norm, ffn_norm.
     auto attention = register_module("attention", std::make_shared<Attention>(ao));
     auto feed_forward = register_module("feed_forward", std::make_shared<FeedForward>(fo));
-    const std::string& placement = options_.norm_placement;
-    if (has_main_norms(placement)) {
+    const NormPlacement& placement = norm_placement(options_.norm_placement);
+    if (placement.input_norms || placement.sum_norms) {
         NormOptions attention_input = options_.norm;
-        if (!norms_after_sum(placement) && options_.alpha_init_attention)
+        if (placement.input_norms && options_.alpha_init_attention)
             attention_input.alpha_init = *options_.alpha_init_attention;
         register_module("attention_norm", make_norm(attention_input));
         register_module("ffn_norm", make_norm(options_.norm));
     }
-    if (has_output_norms(placement)) {
+    if (placement.output_norms) {
         register_module("attention_out_norm", make_norm(options_.norm));
         register_module("ffn_out_norm", make_norm(options_.norm));
     }
@@ -604,29 +632,18 @@ Var TransformerBlock::run(const Var& x, const KVSlot* slot) {
         return slot ? attention()->forward_cached(in, *slot) : attention()->forward(in);
     };
     auto ffn = [&](const Var& in) { return feed_forward()->forward(in); };
-    const std::string& placement = options_.norm_placement;
+    const NormPlacement& placement = norm_placement(options_.norm_placement);
     const DType stream = x.dtype();
-    Var out;
-    if (placement == "pre") {
-        const Var h = residual_add(x, attend(input_norm("attention_norm", x)));
-        out = residual_add(h, ffn(input_norm("ffn_norm", h)));
-    } else if (placement == "post") {
-        const Var h = attention_norm()->forward(residual_add(x, attend(x)));
-        out = ffn_norm()->forward(residual_add(h, ffn(h)));
-    } else if (placement == "peri") {
-        const Var h = residual_add(x, output_norm("attention_out_norm", attend(input_norm("attention_norm", x)), stream));
-        out = residual_add(h, output_norm("ffn_out_norm", ffn(input_norm("ffn_norm", h)), stream));
-    } else if (placement == "output") {
-        const Var h = residual_add(x, output_norm("attention_out_norm", attend(x), stream));
-        out = residual_add(h, output_norm("ffn_out_norm", ffn(h), stream));
-    } else if (placement == "deepnorm") {
-        const double alpha = options_.deepnorm_alpha;
-        const Var h = attention_norm()->forward(residual_add(x * alpha, attend(x)));
-        out = ffn_norm()->forward(residual_add(h * alpha, ffn(h)));
-    } else {  // none
-        const Var h = residual_add(x, attend(x));
-        out = residual_add(h, ffn(h));
-    }
+    // One sublayer as the placement's row says: its input norm, its output norm, the residual's
+    // scale, the norm after the sum.
+    auto sublayer = [&](const Var& in, const char* norm, const char* out_norm, const auto& f) {
+        Var branch = f(placement.input_norms ? input_norm(norm, in) : in);
+        if (placement.output_norms) branch = output_norm(out_norm, branch, stream);
+        const Var sum = residual_add(placement.scaled_residual ? in * options_.deepnorm_alpha : in, branch);
+        return placement.sum_norms ? typed_child<UnaryModule>(*this, norm)->forward(sum) : sum;
+    };
+    const Var h = sublayer(x, "attention_norm", "attention_out_norm", attend);
+    const Var out = sublayer(h, "ffn_norm", "ffn_out_norm", ffn);
     if (probing_) last_residual_probe_ = residual_probe(out.data());
     return out;
 }
@@ -668,7 +685,7 @@ static void reinitialize(Transformer& model, const TransformerOptions& options) 
         p.data().copy_(drawn);
     }
     // DeepNet's beta on the value, output and feed-forward projections, as the blocks apply it to PyTorch's init.
-    if (options.norm_placement != "deepnorm") return;
+    if (!norm_placement(options.norm_placement).scaled_residual) return;
     const double beta = std::pow(8.0 * static_cast<double>(options.n_layers), -0.25);
     for (auto& [name, p] : model.named_parameters())
         for (const char* tail : {"attention.wv.weight", "attention.wo.weight", "feed_forward.w1.weight",
@@ -697,14 +714,15 @@ void TransformerOptions::validate() const {
                joined(norm_placement_names()), ", found \"", norm_placement, "\"");
     NL_REQUIRE(mix_fraction > 0.0 && mix_fraction <= 1.0, "TransformerOptions: mix_fraction must be in (0, 1], found ",
                mix_fraction);
-    NL_REQUIRE(norm_placement != "deepnorm" || n_layers > 0,
-               "TransformerOptions: norm_placement \"deepnorm\" needs n_layers > 0 (its alpha and beta are "
+    NL_REQUIRE(!nl::norm_placement(norm_placement).scaled_residual || n_layers > 0,
+               "TransformerOptions: norm_placement \"", norm_placement, "\" needs n_layers > 0 (its alpha and beta are "
                "(2 n_layers)^(1/4) and (8 n_layers)^(-1/4)), found ", n_layers);
     NL_REQUIRE(norm_scaling == "none" || norm_scaling == "depth",
                "TransformerOptions: norm_scaling must be none or depth, found \"", norm_scaling, "\"");
-    NL_REQUIRE(norm_scaling == "none" || norm_placement == "pre" || norm_placement == "peri" || norm_placement == "mix",
+    NL_REQUIRE(norm_scaling == "none" || nl::norm_placement(norm_placement).input_norms ||
+                   nl::norm_placement(norm_placement).mixed,
                "TransformerOptions: norm_scaling \"depth\" scales pre-norms, which norm_placement \"", norm_placement,
-               "\" does not have (pre, peri or mix do)");
+               "\" does not have (", depth_scalable_placements(), " do)");
     check_qk_norm(qk_norm, norm.type, "TransformerOptions");
     NL_REQUIRE(contains(init_choices(), init), "TransformerOptions: init must be one of ", joined(init_choices()),
                ", found \"", init, "\"");
@@ -721,7 +739,7 @@ void TransformerOptions::validate() const {
 }
 
 std::string TransformerOptions::block_placement(int64_t layer) const {
-    if (norm_placement != "mix") return norm_placement;
+    if (!nl::norm_placement(norm_placement).mixed) return norm_placement;
     const auto post_blocks = static_cast<int64_t>(std::ceil(mix_fraction * static_cast<double>(n_layers) - 1e-9));
     return layer < post_blocks ? "post" : "pre";
 }
@@ -752,7 +770,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.norm = options_.norm;
         bo.norm_placement = options.block_placement(i);
         if (options.norm_scaling == "depth") bo.pre_norm_scale = 1.0 / std::sqrt(static_cast<double>(i + 1));
-        if (options.norm_placement == "deepnorm") {
+        if (norm_placement(options.norm_placement).scaled_residual) {
             const auto n = static_cast<double>(options.n_layers);
             bo.deepnorm_alpha = std::pow(2.0 * n, 0.25);
             bo.deepnorm_beta = std::pow(8.0 * n, -0.25);
@@ -768,7 +786,7 @@ Transformer::Transformer(const TransformerOptions& options) : options_(options) 
         bo.generator = &gen;
         layers->push_back(std::make_shared<TransformerBlock>(bo));
     }
-    if (options.norm_placement != "none") register_module("norm", make_norm(options_.norm));
+    if (norm_placement(options.norm_placement).final_norm) register_module("norm", make_norm(options_.norm));
 
     LinearOptions lo;
     lo.in_features = options.dim;

@@ -193,16 +193,33 @@ struct ResidualProbe {
 };
 ResidualProbe residual_probe(const Tensor& h);
 
-// Where a block's norms sit. N is a norm, f the sublayer (attention, then the feed-forward), x the
-// residual stream; each line is one sublayer's step. The name is the config's model.norm_placement.
+// Where a block's norms sit: one row per model.norm_placement (norm_placements()). N is a norm, f
+// the sublayer (attention, then the feed-forward), x the residual stream; each line is one sublayer's
+// step. TransformerBlock builds and runs its norms from the row, and the model, the config checks and
+// interop read it; a new placement is a row plus its PyTorch formula in the replay's model
+// (examples/python/torch_model.py). A block's norms are always named attention_norm and ffn_norm
+// (on the sublayer's input, or on the residual sum) and attention_out_norm and ffn_out_norm (on the
+// sublayer's output).
 struct NormPlacement {
     std::string name;
     std::string formula;    // one line, for help texts and docs/norms.md
     std::string reference;  // the paper or model it comes from
+    bool input_norms = false;      // attention_norm, ffn_norm on each sublayer's input: h = x + f(N(x))
+    bool sum_norms = false;        // attention_norm, ffn_norm on the residual sum: h = N(x + f(x))
+    bool output_norms = false;     // attention_out_norm, ffn_out_norm on each sublayer's output: h = x + N(f(x))
+    bool scaled_residual = false;  // the residual times deepnorm_alpha before the sum, alpha and beta from n_layers
+    bool final_norm = true;        // the model's norm before the output head
+    bool mixed = false;            // the model's only: its blocks are post, then pre (TransformerOptions::block_placement)
+    bool hf_export = false;        // a transformers class holds it (which one also depends on qk_norm: jobs/interop.h)
+    bool gguf_export = false;      // llama.cpp's "llama" holds it (with qk_norm none)
 };
 // pre, post, peri, output, mix, deepnorm, none (mix is the model's: its blocks are post or pre).
 const std::vector<NormPlacement>& norm_placements();
 std::vector<std::string> norm_placement_names();
+// The row of `name`; nl::Error naming the accepted names for any other.
+const NormPlacement& norm_placement(const std::string& name);
+// The placements with pre-norms for LayerNorm Scaling (norm_scaling "depth") to scale: "pre, peri or mix".
+std::string depth_scalable_placements();
 
 struct TransformerBlockOptions {
     int64_t dim = 0;
