@@ -477,7 +477,7 @@ PretrainedModel load_gguf_model(const std::string& path, const WeightSink* sink)
     o.norm.eps = shortest_decimal(file.real_at("llama.attention.layer_norm_rms_epsilon"));
     NL_REQUIRE(*o.norm.eps >= 0 && *o.norm.eps <= 1, path, ": metadata 'llama.attention.layer_norm_rms_epsilon': expected [0, 1], got ",
                *o.norm.eps);
-    o.rope_theta = file.find("llama.rope.freq_base") ? shortest_decimal(file.real_at("llama.rope.freq_base")) : 10000.0;
+    o.rope_theta = file.find("llama.rope.freq_base") ? shortest_decimal(file.real_at("llama.rope.freq_base")) : kDefaultRopeTheta;
     NL_REQUIRE(std::isfinite(o.rope_theta) && o.rope_theta > 0, path, ": metadata 'llama.rope.freq_base': expected > 0, got ",
                o.rope_theta);
     // llama.cpp's head size: llama.attention.key_length (= value_length), else embedding_length / head_count.
@@ -835,7 +835,7 @@ HfConfig read_hf_config(const json& config, const std::string& where) {
     o.norm.type = "rmsnorm";
     o.norm.eps = f.real("rms_norm_eps", 0.0, 1.0, out.arch == HfArch::Olmo2 ? 1e-5 : 1e-6);
     // transformers 5 keeps RoPE's settings in rope_parameters; earlier versions at the top level.
-    o.rope_theta = f.real("rope_theta", 1e-9, 1e300, 10000.0);
+    o.rope_theta = f.real("rope_theta", 1e-9, 1e300, kDefaultRopeTheta);
     if (f.has("rope_parameters")) {
         const json& rp = config["rope_parameters"];
         if (!rp.is_object()) f.fail("rope_parameters", "expected an object, got " + json_kind(rp));

@@ -71,7 +71,7 @@ void add_layer_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "layernorm",
         .class_name = "LayerNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::Variance,
         .fused = FusedForm::OneKernelNode,
         .parameters = {weight_in(""), bias_in("", ParameterPresence::AffineAndBias)},
@@ -94,7 +94,7 @@ void add_rms_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "rmsnorm",
         .class_name = "RMSNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::RootMeanSquare,
         .fused = FusedForm::OneKernelNode,
         .parameters = {weight_in("")},
@@ -113,7 +113,7 @@ void add_rms_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "rmsnorm_bias",
         .class_name = "RMSNormWithBias",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::RootMeanSquare,
         .fused = FusedForm::OneKernelNode,
         .parameters = {weight_in(""), bias_in("", ParameterPresence::Affine)},
@@ -132,7 +132,7 @@ void add_rms_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "prmsnorm",
         .class_name = "PRMSNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::RootMeanSquare,
         .partial_row = true,
         .fused = FusedForm::OneKernelNode,
@@ -155,7 +155,7 @@ void add_article_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "adaptive_rmsnorm",
         .class_name = "AdaptiveRMSNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::RootMeanSquare,
         .fused = FusedForm::KernelAndOps,
         .parameters = {weight_in(""), {"", "alpha", ParameterShape::One, ParameterInit::Ones, ParameterPresence::Always}},
@@ -177,7 +177,7 @@ void add_article_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "hybridnorm",
         .class_name = "HybridNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::Both,
         .fused = FusedForm::KernelAndOps,
         .parameters = {weight_in("rms_norm"), weight_in("layer_norm"), bias_in("layer_norm", ParameterPresence::AffineAndBias)},
@@ -203,7 +203,7 @@ void add_composed_norms(std::vector<NormType>& types) {
     types.push_back({
         .name = "scalenorm",
         .class_name = "ScaleNorm",
-        .default_eps = 1e-5,
+        .default_eps = kDefaultNormEps,
         .statistic = NormStatistic::L2Norm,
         .fused = FusedForm::Composed,
         .parameters = {{"", "g", ParameterShape::One, ParameterInit::SqrtDim, ParameterPresence::Always}},
@@ -229,7 +229,7 @@ void add_norm_replacements(std::vector<NormType>& types) {
     types.push_back({
         .name = "dyt",
         .class_name = "DyT",
-        .default_eps = 1e-5,  // unread: the formula has no eps
+        .default_eps = kDefaultNormEps,  // unread: the formula has no eps
         .statistic = NormStatistic::Elementwise,
         .fused = FusedForm::OneKernelNode,
         // The paper's module declares alpha, weight, bias in this order.

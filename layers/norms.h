@@ -30,6 +30,10 @@
 
 namespace nl {
 
+// A norm's eps where none is given, for every type: PyTorch's nn.LayerNorm default and LLaMA's
+// ModelArgs.norm_eps.
+inline constexpr double kDefaultNormEps = 1e-5;
+
 // ---- functional forms (weight/bias: undefined Var for none, else shape [d] with x's dtype) ----
 
 // LayerNorm (Ba et al. 2016; PyTorch F.layer_norm): y = (x - mean) / sqrt(var + eps) * w + b,
@@ -147,7 +151,7 @@ public:
 class LayerNorm : public Norm {
 public:
     explicit LayerNorm(const NormOptions& options);
-    explicit LayerNorm(int64_t dim, double eps = 1e-5);
+    explicit LayerNorm(int64_t dim, double eps = kDefaultNormEps);
     Var weight() const;  // undefined without elementwise_affine
     Var bias() const;    // undefined without elementwise_affine or bias
 };
@@ -162,7 +166,7 @@ public:
 class RMSNorm : public Norm {
 public:
     explicit RMSNorm(const NormOptions& options);
-    explicit RMSNorm(int64_t dim, double eps = 1e-5);
+    explicit RMSNorm(int64_t dim, double eps = kDefaultNormEps);
     Var weight() const;
     Var bias() const;                 // defined where the entry lists a bias (rmsnorm_bias)
     int64_t stat_count() const;       // d, or partial_stat_count(d, p) for a partial row (prmsnorm)

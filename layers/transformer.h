@@ -104,12 +104,15 @@ struct KVSlot {
 //   "full": the whole projected q (n_heads * head_dim) and k (n_kv_heads * head_dim) (OLMo 2).
 const std::vector<std::string>& qk_norm_choices();
 
+// RoPE's base where none is given: LLaMA's ModelArgs.rope_theta (RoFormer's 10000).
+inline constexpr double kDefaultRopeTheta = 10000.0;
+
 struct AttentionOptions {
     int64_t dim = 0;
     int64_t n_heads = 1;
     int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention); must divide n_heads
     int64_t head_dim = 0;    // each head's size; 0: dim / n_heads (which n_heads must then divide). Qwen3's is its own
-    double rope_theta = 10000.0;
+    double rope_theta = kDefaultRopeTheta;
     int64_t max_seq_len = 4096;  // longer inputs are an error
     bool fused = true;           // causal_attention's fused form (else the composed reference)
     std::string qk_norm = "none";  // qk_norm_choices(); the norm is qk_norm_options' type
@@ -243,7 +246,7 @@ struct TransformerBlockOptions {
     // norm.alpha_init. Zhu et al. 2025 give the norms before attention their own value in LLaMA.
     std::optional<double> alpha_init_attention;
     double attn_softcap = 0.0;     // AttentionOptions::softcap
-    double rope_theta = 10000.0;
+    double rope_theta = kDefaultRopeTheta;
     int64_t max_seq_len = 4096;
     bool fused_attention = true;  // AttentionOptions::fused
     bool fused_swiglu = true;     // FeedForwardOptions::fused
@@ -328,7 +331,7 @@ struct TransformerOptions {
     // before softmax; 0 is off.
     double logit_softcap = 0.0;
     double attn_softcap = 0.0;
-    double rope_theta = 10000.0;
+    double rope_theta = kDefaultRopeTheta;
     int64_t max_seq_len = 256;
     bool fused_attention = true;  // AttentionOptions::fused
     bool fused_swiglu = true;     // FeedForwardOptions::fused
