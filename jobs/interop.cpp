@@ -157,7 +157,9 @@ std::vector<std::pair<std::string, Shape>> expected_weights(const TransformerOpt
     return out;
 }
 
-double expected_weight_bytes(const TransformerOptions& o) {
+}  // namespace
+
+double model_weight_bytes(const TransformerOptions& o) {
     double total = 0;
     for (const auto& [name, shape] : expected_weights(o)) {
         double n = 1;
@@ -166,6 +168,8 @@ double expected_weight_bytes(const TransformerOptions& o) {
     }
     return total;
 }
+
+namespace {
 
 // The number of heads whose RoPE layout a weight carries in its rows (its elements for a 1-D
 // QK-norm weight): wq and a full q_norm n_heads, wk and a full k_norm n_kv_heads, a per-head q_norm
@@ -197,6 +201,10 @@ Tensor permute_for_hf(const Tensor& weight, const std::string& normlab_name, con
 // with its own storage: into a NamedTensors, or copied into a model's parameter and dropped, so a
 // model loads holding one converted weight beside its own at a time.
 using WeightSink = std::function<void(const std::string& name, const Tensor& weight)>;
+// Called by a loader once it knows the architecture, before it reads a weight: the sink for the
+// weights, or an empty one for the architecture and vocabulary only. So a model can be built from
+// the file's options and filled in one reading of the file.
+using SinkFor = std::function<WeightSink(const TransformerOptions& options)>;
 
 // Weights read under another naming (transformers' under `hf_names`), translated, checked against
 // the architecture (every one present once, with its shape, of a float dtype), converted to f32 and
@@ -381,8 +389,7 @@ std::vector<uint32_t> gguf_char_vocab(const GgufFile& file, int64_t vocab_size) 
 
 // ---- reading ----
 
-// `sink` null: the architecture and vocabulary only.
-PretrainedModel load_hf(const fs::path& dir, const WeightSink* sink) {
+PretrainedModel load_hf(const fs::path& dir, const SinkFor& sink_for) {
     PretrainedModel out;
     out.path = dir.string();
     out.format = "hf";
@@ -391,7 +398,8 @@ PretrainedModel load_hf(const fs::path& dir, const WeightSink* sink) {
     const HfConfig config = read_hf_config(load_json_file(config_path.string()), config_path.string());
     out.options = config.options;
     out.char_vocab = hf_char_vocab(dir, out.options.vocab_size);
-    if (sink == nullptr) return out;
+    const WeightSink sink = sink_for ? sink_for(out.options) : WeightSink();
+    if (!sink) return out;
 
     // The files are memory-mapped: their tensors are views of the page cache until converted.
     std::vector<std::pair<std::string, Tensor>> found;
@@ -434,7 +442,7 @@ PretrainedModel load_hf(const fs::path& dir, const WeightSink* sink) {
             NL_REQUIRE(seen.count(name) == 1, where, ": tensor '", name, "' is mapped to '", shard, "', which does not hold it");
     }
     collect_weights(found, Naming::Hf, hf_weight_names(config.arch), hf_class_name(config.arch), out.options, config.tied,
-                    out.path, *sink);
+                    out.path, sink);
     return out;
 }
 
@@ -453,8 +461,7 @@ uint64_t gguf_uint(const GgufFile& f, const std::string& key, uint64_t lo, uint6
     return v;
 }
 
-// `sink` null: the architecture and vocabulary only.
-PretrainedModel load_gguf_model(const std::string& path, const WeightSink* sink) {
+PretrainedModel load_gguf_model(const std::string& path, const SinkFor& sink_for) {
     require_plain_file(path, "a GGUF model");
     const GgufFile file = load_gguf(path);
     PretrainedModel out;
@@ -512,9 +519,10 @@ PretrainedModel load_gguf_model(const std::string& path, const WeightSink* sink)
     }
     o.validate();
     out.char_vocab = gguf_char_vocab(file, o.vocab_size);
-    if (sink != nullptr) {
+    const WeightSink sink = sink_for ? sink_for(o) : WeightSink();
+    if (sink) {
         const bool tied = !file.contains_tensor("output.weight");  // llama.cpp reuses token_embd then
-        collect_weights(file.tensors, Naming::Gguf, kWeightNames, "LLaMA", o, tied, path, *sink);
+        collect_weights(file.tensors, Naming::Gguf, kWeightNames, "LLaMA", o, tied, path, sink);
     }
     return out;
 }
@@ -878,43 +886,46 @@ bool is_pretrained_model(const std::string& path) {
 
 namespace {
 
-PretrainedModel read_pretrained(const std::string& path, const WeightSink* sink) {
+PretrainedModel read_pretrained(const std::string& path, const SinkFor& sink_for) {
     std::error_code ec;
     NL_REQUIRE(fs::exists(path, ec), path, ": no such file or directory (expected a transformers model directory or a GGUF file)");
     if (fs::is_directory(path, ec)) {
         NL_REQUIRE(fs::exists(fs::path(path) / "config.json", ec), path,
                    ": a directory without config.json (expected a transformers model directory)");
-        return load_hf(path, sink);
+        return load_hf(path, sink_for);
     }
     NL_REQUIRE(starts_with_gguf_magic(path), path, ": neither a directory nor a GGUF file (no 'GGUF' magic)");
-    return load_gguf_model(path, sink);
+    return load_gguf_model(path, sink_for);
 }
 
 }  // namespace
 
-double model_weight_bytes(const TransformerOptions& options) { return expected_weight_bytes(options); }
-
 PretrainedModel load_pretrained(const std::string& path, bool with_weights) {
-    if (!with_weights) return read_pretrained(path, nullptr);
-    const TransformerOptions options = read_pretrained(path, nullptr).options;
-    require_memory(model_weight_bytes(options), path + ": the model's weights (f32)");
+    if (!with_weights) return read_pretrained(path, {});
     NamedTensors weights;
     const WeightSink keep = [&](const std::string& name, const Tensor& weight) { weights.push_back({name, weight}); };
-    PretrainedModel out = read_pretrained(path, &keep);
+    PretrainedModel out = read_pretrained(path, [&](const TransformerOptions& options) {
+        require_memory(model_weight_bytes(options), path + ": the model's weights (f32)");
+        return keep;
+    });
     out.weights = std::move(weights);
     return out;
 }
 
-void load_pretrained_into(const std::string& path, Module& model) {
-    std::map<std::string, Tensor> params;
-    for (const auto& [name, param] : model.named_parameters()) params.emplace(name, param.data());
+PretrainedModel load_pretrained_into(const std::string& path, std::unique_ptr<Transformer>& model) {
+    std::map<std::string, Tensor> params;  // the model's parameters by name, once it is built
     const WeightSink copy = [&](const std::string& name, const Tensor& weight) {
         auto it = params.find(name);
         NL_REQUIRE(it != params.end() && it->second.shape() == weight.shape(), path, ": weight '", name,
                    "' does not fit the model (", it == params.end() ? "no such parameter" : shape_str(it->second.shape()), ")");
         it->second.copy_(weight);
     };
-    read_pretrained(path, &copy);
+    return read_pretrained(path, [&](const TransformerOptions& options) {
+        require_memory(model_weight_bytes(options), path + ": the model's weights (f32)");
+        model = std::make_unique<Transformer>(options);
+        for (const auto& [name, param] : model->named_parameters()) params.emplace(name, param.data());
+        return copy;
+    });
 }
 
 void adopt_pretrained_architecture(TrainConfig& config, const json& given_model, const PretrainedModel& pretrained) {

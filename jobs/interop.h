@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -115,10 +116,11 @@ bool is_pretrained_model(const std::string& path);
 // Missing, unexpected, duplicate or misshapen tensors are named. Safetensors files are
 // memory-mapped, each tensor converted to f32 from the map.
 PretrainedModel load_pretrained(const std::string& path, bool with_weights = true);
-// The same file's weights copied into `model` (a Transformer built with load_pretrained(path,
-// false)'s options, f32, on the CPU) one tensor at a time, so loading holds the model and one
-// converted tensor, not a second copy of every weight. The same checks and errors.
-void load_pretrained_into(const std::string& path, Module& model);
+// The same file read once into a Transformer built from its options (f32, on the CPU; `model` is set
+// as soon as the architecture is read), each weight converted and copied in one tensor at a time, so
+// loading holds the model and one converted tensor, not a second copy of every weight. Returns what
+// load_pretrained(path, false) does. The same checks and errors.
+PretrainedModel load_pretrained_into(const std::string& path, std::unique_ptr<Transformer>& model);
 // The bytes of a Transformer's weights in f32 (every parameter, the output head counted apart from
 // the embedding as normlab holds it), for checks before allocating.
 double model_weight_bytes(const TransformerOptions& options);

@@ -5,7 +5,6 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "jobs/config.h"
 #include "jobs/interop.h"
 
 namespace fs = std::filesystem;
@@ -65,8 +64,9 @@ namespace {
 // A transformers directory or GGUF file as a checkpoint at step 0: its architecture as the config,
 // its character tokenizer as a text vocab (else its ids are written as numbers), its whole context.
 TrainCheckpoint pretrained_checkpoint(const std::string& path, bool with_weights) {
-    const PretrainedModel pretrained = load_pretrained(path, false);  // the weights go straight into the model
     TrainCheckpoint ck;
+    // With weights, one reading of the file builds the model and fills it.
+    const PretrainedModel pretrained = with_weights ? load_pretrained_into(path, ck.model) : load_pretrained(path, false);
     ck.path = path;
     ck.config.file = path;
     ck.config.model = pretrained.options;
@@ -80,10 +80,6 @@ TrainCheckpoint pretrained_checkpoint(const std::string& path, bool with_weights
         ck.ids = std::make_unique<TokenIds>(pretrained.options.vocab_size);
     }
     ck.context = pretrained.options.max_seq_len;
-    if (!with_weights) return ck;
-    require_memory(model_weight_bytes(ck.config.model), path + ": the model's weights (f32)");
-    ck.model = std::make_unique<Transformer>(ck.config.model);
-    load_pretrained_into(path, *ck.model);
     return ck;
 }
 

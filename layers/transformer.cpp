@@ -339,10 +339,9 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
 Var Attention::qk_normalized(const char* name, const Var& x) {
     // Under autocast the projection is bf16 while the norm's parameters are the model's dtype: the
     // norm reads it widened and its output goes back to the projection's dtype for the products.
-    // The parameters' dtype, not options_.dtype: a model moved with to(dtype) keeps its options.
+    // The weights' dtype, not options_.dtype: a model moved with to(dtype) keeps its options.
     auto norm = std::dynamic_pointer_cast<UnaryModule>(child(name));
-    const auto params = norm->named_parameters();
-    const DType norm_dtype = params.empty() ? x.dtype() : params.front().second.dtype();
+    const DType norm_dtype = wq_->weight().dtype();
     if (x.dtype() == norm_dtype) return norm->forward(x);
     return nl::to(norm->forward(nl::to(x, norm_dtype)), x.dtype());
 }
