@@ -45,7 +45,8 @@ void check_options(const AnalyzeOptions& o) {
     NL_REQUIRE(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f64", "analyze: --dtype must be f32, bf16 or f64, got '",
                o.dtype, "'");
     NL_REQUIRE(o.token_dtype.empty() || o.text.empty(), "analyze: --token-dtype is for --tokens, not --text");
-    if (!o.token_dtype.empty()) token_dtype_bytes(o.token_dtype);  // names the accepted ones
+    NL_REQUIRE(o.token_dtype.empty() || o.token_dtype == "uint16" || o.token_dtype == "uint32",
+               "analyze: --token-dtype must be uint16 or uint32, got '", o.token_dtype, "'");
     std::error_code ec;
     NL_REQUIRE(o.out.empty() || o.force || !fs::exists(fs::symlink_status(o.out, ec)), "analyze: ", o.out,
                " exists (--force replaces it)");

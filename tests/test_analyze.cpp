@@ -287,6 +287,12 @@ TEST_CASE("analyze: mistakes are one line and exit 2, before the weights are rea
     refused(qwen + " --tokens " + tokens + " --seq-len 100", {"--seq-len 100 exceeds the model's max_seq_len 64"});
     refused(qwen + " --tokens " + tokens + " --windows 0", {"--windows must be in [1, 100000], got 0"});
     refused(qwen + " --tokens " + tokens + " --dtype f16", {"--dtype must be f32, bf16 or f64, got 'f16'"});
+    refused(qwen + " --tokens " + tokens + " --token-dtype int8", {"--token-dtype must be uint16 or uint32, got 'int8'"});
+    // A meta.json whose dtype is not a token dtype names the file and the key.
+    fs::create_directories(dir / "meta");
+    fs::copy_file(tokens + "/val.bin", dir / "meta/val.bin");
+    write_text(dir / "meta/meta.json", "{\"dtype\": 16}");
+    refused(qwen + " --tokens meta --windows 1 --seq-len 8", {"meta/meta.json", "/dtype"});
     refused(qwen + " --tokens " + tokens + " --text t.txt", {"exactly one of --tokens DIR and --text FILE"});
     // --convert-check on a model without LayerNorms names the key.
     refused(qwen + " --tokens " + tokens + " --windows 1 --seq-len 8 --convert-check", {"/model/norm/type"});
