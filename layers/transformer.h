@@ -113,7 +113,9 @@ struct AttentionOptions {
     int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention); must divide n_heads
     int64_t head_dim = 0;    // each head's size; 0: dim / n_heads (which n_heads must then divide). Qwen3's is its own
     double rope_theta = kDefaultRopeTheta;
-    int64_t max_seq_len = 4096;  // longer inputs are an error
+    // Longer inputs are an error; 0: no bound. Only a Transformer has a context of its own
+    // (TransformerOptions::max_seq_len, which it passes down); a module alone takes none by default.
+    int64_t max_seq_len = 0;
     bool fused = true;           // causal_attention's fused form (else the composed reference)
     std::string qk_norm = "none";  // qk_norm_choices(); the norm is qk_norm_options' type
     NormOptions qk_norm_options;   // type rmsnorm or layernorm; dim and dtype are set by Attention
@@ -247,7 +249,7 @@ struct TransformerBlockOptions {
     std::optional<double> alpha_init_attention;
     double attn_softcap = 0.0;     // AttentionOptions::softcap
     double rope_theta = kDefaultRopeTheta;
-    int64_t max_seq_len = 4096;
+    int64_t max_seq_len = 0;  // AttentionOptions::max_seq_len
     bool fused_attention = true;  // AttentionOptions::fused
     bool fused_swiglu = true;     // FeedForwardOptions::fused
     DType dtype = DType::F32;

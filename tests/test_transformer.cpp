@@ -284,6 +284,23 @@ TEST_CASE("grouped-query attention equals MHA with each kv head repeated", "[tra
     REQUIRE_THROWS_WITH(gqa.forward(Var(zeros({2, 3, 5}))), Catch::Contains("expected x of shape (B, T, 12)"));
 }
 
+TEST_CASE("attention alone has no context bound unless given one, and a Transformer passes its own", "[transformer]") {
+    Generator gen(3);
+    AttentionOptions o = attention_options(8, 2, 0, 6, gen);
+    const AttentionOptions attention_defaults;
+    const TransformerBlockOptions block_defaults;
+    CHECK(attention_defaults.max_seq_len == 0);
+    CHECK(block_defaults.max_seq_len == 0);
+    o.max_seq_len = 0;
+    Attention unbounded(o);
+    CHECK(unbounded.forward(Var(randn({1, 300, 8}, gen))).data().size(1) == 300);
+    o.max_seq_len = 5;
+    Attention bounded(o);
+    REQUIRE_THROWS_WITH(bounded.forward(Var(randn({1, 6, 8}, gen))), Catch::Contains("sequence length 6 exceeds max_seq_len 5"));
+    o.max_seq_len = -1;
+    REQUIRE_THROWS_WITH(Attention(o), Catch::Contains("max_seq_len must be >= 0 (0: no bound), found -1"));
+}
+
 TEST_CASE("attention is causal: a future token never changes earlier outputs", "[transformer]") {
     Generator gen(6);
     Attention attn(attention_options(8, 2, 1, 6, gen));
