@@ -192,11 +192,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-const std::vector<std::string> kMetricsColumns = {"step",          "lr",           "train_loss",
-                                                  "grad_norm",     "val_loss",     "val_accuracy",
-                                                  "val_token_accuracy", "tokens_per_s", "elapsed_s",
-                                                  "z_loss"};
-
 }  // namespace
 
 // ---- the session's state ----
@@ -400,7 +395,7 @@ void open_run(State& s) {
     s.end_step = s.job.stop_after > 0 ? std::min(s.job.stop_after, steps) : steps;
     s.metadata = {{"config", s.config.resolved.dump()}, {kTrainedSeqLenKey, std::to_string(s.data->seq_len())}};
     if (!s.data->vocab_metadata().is_null()) s.metadata["vocab"] = s.data->vocab_metadata().dump();
-    if (s.root_rank) s.metrics = CsvWriter(s.run->path("metrics.csv"), kMetricsColumns, s.job.resume);
+    if (s.root_rank) s.metrics = CsvWriter(s.run->path("metrics.csv"), metrics_columns(), s.job.resume);
 }
 
 // probes.csv's header and writer (rank 0, train.probe_every or train.sharpness_every > 0): the
@@ -610,11 +605,9 @@ TrainStep train_step(State& s, int64_t step) {
 
 void write_metrics_row(State& s, const TrainStep& t) {
     if (!s.root_rank) return;
-    const bool e = t.evaluated;
-    s.metrics.row({std::to_string(t.step), format_number(t.lr), format_number(t.train_loss),
-                   format_number(t.grad_norm), e ? format_number(t.eval.loss) : "", e ? format_cell(t.eval.accuracy) : "",
-                   e ? format_number(t.eval.token_accuracy) : "", format_number(t.tokens_per_s),
-                   format_number(t.elapsed_seconds), format_number(t.z_loss)});
+    std::vector<std::string> cells;
+    for (const MetricsCell& cell : metrics_row(t)) cells.push_back(cell.value ? format_number(*cell.value) : "");
+    s.metrics.row(cells);
 }
 
 void write_probes_row(State& s, const TrainStep& t) {
@@ -656,6 +649,31 @@ nlohmann::json summary_of(const State& s) {
 }
 
 }  // namespace
+
+// ---- metrics.csv ----
+
+std::vector<MetricsCell> metrics_row(const TrainStep& t) {
+    const auto when_evaluated = [&](double value) { return t.evaluated ? std::optional<double>(value) : std::nullopt; };
+    // val_accuracy is NaN for a task without one (language modelling): a blank cell, not "nan".
+    const std::optional<double> accuracy =
+        t.evaluated && !std::isnan(t.eval.accuracy) ? std::optional<double>(t.eval.accuracy) : std::nullopt;
+    return {{"step", static_cast<double>(t.step)},
+            {"lr", t.lr},
+            {"train_loss", t.train_loss},
+            {"grad_norm", t.grad_norm},
+            {"val_loss", when_evaluated(t.eval.loss)},
+            {"val_accuracy", accuracy},
+            {"val_token_accuracy", when_evaluated(t.eval.token_accuracy)},
+            {"tokens_per_s", t.tokens_per_s},
+            {"elapsed_s", t.elapsed_seconds},
+            {"z_loss", t.z_loss}};
+}
+
+std::vector<std::string> metrics_columns() {
+    std::vector<std::string> columns;
+    for (const MetricsCell& cell : metrics_row(TrainStep{})) columns.push_back(cell.column);
+    return columns;
+}
 
 // ---- the session ----
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +75,16 @@ struct TrainStep {
     // after its step column; empty on other steps.
     std::vector<std::pair<std::string, double>> probes;
 };
+
+// metrics.csv's row for one step, column by column: the one declaration of its columns (the CSV's
+// header and cells, Python's step dicts). An empty value is a blank cell: the val_* columns on a step
+// without an evaluation, and val_accuracy where the task has none.
+struct MetricsCell {
+    std::string column;
+    std::optional<double> value;
+};
+std::vector<MetricsCell> metrics_row(const TrainStep& step);
+std::vector<std::string> metrics_columns();
 
 class TrainSession;
 

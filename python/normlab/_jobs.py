@@ -40,9 +40,8 @@ _ext = _normlab.jobs
 Model = _ext.Model
 Checkpoint = _ext.Checkpoint
 
-# metrics.csv's columns, the keys of TrainResult.metrics.
-METRICS_COLUMNS = ("step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy", "val_token_accuracy",
-                   "tokens_per_s", "elapsed_s", "z_loss")
+# metrics.csv's columns, the keys of TrainResult.metrics, as the train job declares them.
+METRICS_COLUMNS = tuple(_ext.metrics_columns())
 
 
 # ---- the config schema ----

@@ -176,17 +176,9 @@ auto run_without_gil(CallbackState& state, Run run) {
 // plus steps, evaluated, threads, max_threads and world_size.
 nb::dict step_dict(const TrainStep& t) {
     nb::dict d;
-    d["step"] = t.step;
+    for (const MetricsCell& cell : metrics_row(t)) d[cell.column.c_str()] = cell.value.value_or(NAN);
+    d["step"] = t.step;  // an int, as in the CSV
     d["steps"] = t.steps;
-    d["lr"] = t.lr;
-    d["train_loss"] = t.train_loss;
-    d["grad_norm"] = t.grad_norm;
-    d["val_loss"] = t.evaluated ? t.eval.loss : NAN;
-    d["val_accuracy"] = t.evaluated ? t.eval.accuracy : NAN;
-    d["val_token_accuracy"] = t.evaluated ? t.eval.token_accuracy : NAN;
-    d["tokens_per_s"] = t.tokens_per_s;
-    d["elapsed_s"] = t.elapsed_seconds;
-    d["z_loss"] = t.z_loss;
     d["evaluated"] = t.evaluated;
     d["threads"] = t.threads;
     d["max_threads"] = t.max_threads;
@@ -652,6 +644,8 @@ void bind_model(nb::module_& m) {
 }
 
 void bind_train(nb::module_& m) {
+    m.def("metrics_columns", &metrics_columns,
+          "metrics.csv's columns, in order (jobs/train.h metrics_row): the keys every step dict shares.");
     static const std::string train_doc =
         (std::string("Runs the train job (jobs/train.h) with the GIL released; normlab.train wraps it. ") + kConfigArgs +
          " on_start(dict) is called once set up (description, run_dir, start_step, end_step, steps, log_every), "
