@@ -88,6 +88,23 @@ void bind_optimizers(nb::module_& m) {
              nb::arg("state"),
              "Restores a state_dict(): the type must match; an unknown parameter or buffer, or a shape or dtype "
              "mismatch, is an error naming the key, and leaves the optimizer as it was.");
+    // The options' defaults, which normlab.optim's signatures read (torch.optim's, declared in optim/).
+    nb::class_<SGDOptions>(m, "SGDOptions", "optim/sgd.h SGDOptions: SGD's hyperparameters and their defaults.")
+        .def(nb::init<>())
+        .def_ro("lr", &SGDOptions::lr)
+        .def_ro("momentum", &SGDOptions::momentum)
+        .def_ro("dampening", &SGDOptions::dampening)
+        .def_ro("weight_decay", &SGDOptions::weight_decay)
+        .def_ro("nesterov", &SGDOptions::nesterov);
+    nb::class_<AdamOptions>(m, "AdamOptions", "optim/adam.h AdamOptions: Adam's hyperparameters and their defaults.")
+        .def(nb::init<>())
+        .def_ro("lr", &AdamOptions::lr)
+        .def_ro("beta1", &AdamOptions::beta1)
+        .def_ro("beta2", &AdamOptions::beta2)
+        .def_ro("eps", &AdamOptions::eps)
+        .def_ro("weight_decay", &AdamOptions::weight_decay)
+        .def_ro("amsgrad", &AdamOptions::amsgrad);
+    m.def("adamw_defaults", &adamw_defaults, "AdamOptions with torch.optim.AdamW's defaults (weight_decay 1e-2).");
     nb::class_<SGD, Optimizer>(m, "SGD", "torch.optim.SGD: momentum, dampening, weight decay, Nesterov.")
         .def("__init__", [](SGD* self, nb::handle params, double lr, double momentum, double dampening,
                             double weight_decay, bool nesterov) {

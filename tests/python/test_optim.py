@@ -74,6 +74,29 @@ def test_optimizers_match_torch_after_five_steps(torch, name, options):
     np.testing.assert_array_equal(_np(ours[2]), _problem()["u"])  # no grad: never updated, as in PyTorch
 
 
+def _signature_defaults(cls):
+    import inspect
+    return {k: p.default for k, p in inspect.signature(cls).parameters.items() if k != "params"}
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_defaults_are_the_cpp_options(name):
+    cpp = {"SGD": nl._normlab.optim.SGDOptions(), "Adam": nl._normlab.optim.AdamOptions(),
+           "AdamW": nl._normlab.optim.adamw_defaults()}[name]
+    ours = _signature_defaults(getattr(optim, name))
+    assert ours and all(value == ((cpp.beta1, cpp.beta2) if key == "betas" else getattr(cpp, key))
+                        for key, value in ours.items()), ours
+    assert ours["weight_decay"] == (0.01 if name == "AdamW" else 0.0)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_defaults_are_torchs(torch, name):
+    theirs = _signature_defaults(getattr(torch.optim, name))
+    for key, value in _signature_defaults(getattr(optim, name)).items():
+        their = tuple(theirs[key]) if key == "betas" else float(theirs[key])
+        assert their == value, (key, their, value)
+
+
 def test_learning_rate_set_through_param_groups_and_lr_like_torch(torch):
     lrs = [0.1, 0.05, 0.2, 0.0, 0.01]
     ours, opt = _train(nl, lambda ps: optim.Adam(ps, lr=1.0, amsgrad=True), lrs=lrs)

@@ -17,6 +17,11 @@ from . import lr_scheduler  # noqa: F401
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
 
+# The defaults, as optim/sgd.h and optim/adam.h declare them.
+_SGD = C.optim.SGDOptions()
+_ADAM = C.optim.AdamOptions()
+_ADAMW = C.optim.adamw_defaults()
+
 
 def _named_params(params, what):
     """(name, tensor) pairs and the group's own options from what torch.optim takes: tensors (named "0",
@@ -205,7 +210,8 @@ class SGD(Optimizer):
     """torch.optim.SGD: with weight decay g += wd * p; with momentum b = momentum * b + (1 - dampening) * g
     (b = g on the first step), g = b, or g + momentum * b with nesterov; p -= lr * g."""
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    def __init__(self, params, lr=_SGD.lr, momentum=_SGD.momentum, dampening=_SGD.dampening,
+                 weight_decay=_SGD.weight_decay, nesterov=_SGD.nesterov):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov))
 
@@ -237,7 +243,8 @@ class Adam(Optimizer):
 
     _decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+    def __init__(self, params, lr=_ADAM.lr, betas=(_ADAM.beta1, _ADAM.beta2), eps=_ADAM.eps,
+                 weight_decay=_ADAM.weight_decay, amsgrad=_ADAM.amsgrad):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad))
 
     def _make(self, named, o):
@@ -261,5 +268,6 @@ class AdamW(Adam):
 
     _decoupled = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False):
+    def __init__(self, params, lr=_ADAMW.lr, betas=(_ADAMW.beta1, _ADAMW.beta2), eps=_ADAMW.eps,
+                 weight_decay=_ADAMW.weight_decay, amsgrad=_ADAMW.amsgrad):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
