@@ -275,6 +275,34 @@ const char* norm_statistic_name(NormStatistic statistic) {
     throw Error("norm_statistic_name: unknown statistic");
 }
 
+const char* fused_form_name(FusedForm form) {
+    switch (form) {
+        case FusedForm::OneKernelNode: return "one_kernel_node";
+        case FusedForm::KernelAndOps: return "kernel_and_ops";
+        case FusedForm::Composed: return "composed";
+    }
+    throw Error("fused_form_name: unknown form");
+}
+
+const char* parameter_init_name(ParameterInit init) {
+    switch (init) {
+        case ParameterInit::Ones: return "ones";
+        case ParameterInit::Zeros: return "zeros";
+        case ParameterInit::SqrtDim: return "sqrt_dim";
+        case ParameterInit::AlphaInit: return "alpha_init";
+    }
+    throw Error("parameter_init_name: unknown init");
+}
+
+const char* parameter_presence_name(ParameterPresence presence) {
+    switch (presence) {
+        case ParameterPresence::Always: return "always";
+        case ParameterPresence::Affine: return "affine";
+        case ParameterPresence::AffineAndBias: return "affine_and_bias";
+    }
+    throw Error("parameter_presence_name: unknown presence");
+}
+
 const std::vector<NormType>& norm_registry() {
     static const std::vector<NormType> types = build_registry();
     return types;

@@ -81,6 +81,12 @@ struct NormHelp {
 
 // "variance", "RMS", "variance and RMS", "L2 norm" or "none (elementwise)": for help texts.
 const char* norm_statistic_name(NormStatistic statistic);
+// The enums' names as Python's registry view (normlab.nn.norm_registry()) spells them:
+// "one_kernel_node", "kernel_and_ops", "composed"; "ones", "zeros", "sqrt_dim", "alpha_init";
+// "always", "affine", "affine_and_bias".
+const char* fused_form_name(FusedForm form);
+const char* parameter_init_name(ParameterInit init);
+const char* parameter_presence_name(ParameterPresence presence);
 
 struct NormType {
     std::string name;        // the config / CLI name: "rmsnorm"

@@ -159,34 +159,6 @@ void bind_basic_layers(nb::module_& m) {
 
 // ---- the norms and their registry ----
 
-const char* fused_form_name(FusedForm form) {
-    switch (form) {
-        case FusedForm::OneKernelNode: return "one_kernel_node";
-        case FusedForm::KernelAndOps: return "kernel_and_ops";
-        case FusedForm::Composed: return "composed";
-    }
-    return "?";
-}
-
-const char* presence_name(ParameterPresence presence) {
-    switch (presence) {
-        case ParameterPresence::Always: return "always";
-        case ParameterPresence::Affine: return "affine";
-        case ParameterPresence::AffineAndBias: return "affine_and_bias";
-    }
-    return "?";
-}
-
-const char* init_name(ParameterInit init) {
-    switch (init) {
-        case ParameterInit::Ones: return "ones";
-        case ParameterInit::Zeros: return "zeros";
-        case ParameterInit::SqrtDim: return "sqrt_dim";
-        case ParameterInit::AlphaInit: return "alpha_init";
-    }
-    return "?";
-}
-
 void bind_norm_options(nb::module_& m) {
     nb::class_<NormOptions>(m, "NormOptions", "A norm's options (layers/norms.h NormOptions).")
         .def(nb::init<>())
@@ -237,8 +209,8 @@ void bind_norm_registry(nb::module_& m) {
                              d["name"] = p.state_name();
                              d["child"] = p.child;
                              d["shape"] = p.shape == ParameterShape::Features ? "features" : "one";
-                             d["init"] = init_name(p.init);
-                             d["presence"] = presence_name(p.presence);
+                             d["init"] = parameter_init_name(p.init);
+                             d["presence"] = parameter_presence_name(p.presence);
                              out.append(d);
                          }
                          return out;
