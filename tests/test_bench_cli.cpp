@@ -4,6 +4,8 @@
 // this machine lacks is a one-line error, exit code 2). Runs the built binary (NORMLAB_BINARY).
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
 #include <cstdlib>
 
 #include <unistd.h>
@@ -252,6 +254,29 @@ TEST_CASE("bench torch runs PyTorch with the user's environment, not the setting
     REQUIRE(run.status == 0);
     CHECK(nl_test::read_text(seen) == "GOMP_SPINCOUNT=123 NORMLAB_SET_SPINCOUNT=unset\n");
     CHECK_THAT(run.output, Catch::Contains("idle OpenMP threads: normlab GOMP_SPINCOUNT=123; PyTorch GOMP_SPINCOUNT=123"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("bench torch runs PyTorch on the CPUs normlab was given, also where OMP_PROC_BIND binds normlab's thread",
+          "[bench_cli]") {
+    // With OMP_PROC_BIND set, normlab's OpenMP runtime binds its main thread to one CPU, and a child
+    // started from that thread would inherit the one-CPU mask: PyTorch's threads would share one CPU.
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+    const int cpus = CPU_COUNT(&mine);
+    const auto dir = fresh_dir("normlab-bench-torch-cpus");
+    const std::string seen = (dir / "seen.txt").string();
+    const std::string python =
+        fake_python(dir, torch_json(R"(, "transformer": {"median_s": 0.4})"), "nproc > '" + seen + "'\n");
+    for (const char* bind : {"", "OMP_PROC_BIND=true ", "OMP_PROC_BIND=close OMP_PLACES=cores "}) {
+        INFO("environment: " << bind);
+        const nl_test::CliRun run = nl_test::run_normlab_env(NORMLAB_SOURCE_DIR, std::string("env ") + bind,
+                                                             "bench torch --quick --python '" + python + "'");
+        INFO(run.output);
+        REQUIRE(run.status == 0);
+        CHECK(nl_test::read_text(seen) == std::to_string(cpus) + "\n");
+    }
     std::filesystem::remove_all(dir);
 }
 

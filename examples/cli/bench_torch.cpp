@@ -339,7 +339,10 @@ Shell run_shell(const std::string& command) {
     Shell r;
     const std::string err_path =
         (std::filesystem::temp_directory_path() / fmt::format("normlab-bench-torch-{}.err", getpid())).string();
-    FILE* pipe = popen((command + " 2>" + quote(err_path)).c_str(), "r");
+    // The child gets the CPUs normlab started with: under OMP_PROC_BIND normlab's main thread is
+    // bound to one, and PyTorch inheriting that mask would run all its threads on one CPU.
+    FILE* pipe = nullptr;
+    with_starting_cpus([&] { pipe = popen((command + " 2>" + quote(err_path)).c_str(), "r"); });
     if (!pipe) return r;
     std::array<char, 4096> buffer{};
     size_t n = 0;
