@@ -17,6 +17,7 @@
 #include "layers/linear.h"
 #include "layers/norms.h"
 #include "layers/transformer.h"
+#include "kernel_workload.h"
 #include "layers_test_util.h"
 
 #include "core/fused.h"
@@ -861,6 +862,13 @@ TEST_CASE("cuda: every layer's output, input gradient and parameter gradients ma
             return std::make_shared<TransformerBlock>(o);
         }, {2, 7, 16}, tol);
     }
+}
+
+TEST_CASE("cuda: the kernel table's workload reaches every row on the GPU backend", "[cuda]") {
+    CUDA_TEST_OR_SKIP();
+    // tests/test_profiler.cpp's workload, on the GPU: a row whose CUDA function no op reaches (or
+    // whose op falls back to another path on the GPU) shows as 0 calls.
+    test::require_every_kernel_called([] { test::kernel_table_workload(kGpu); });
 }
 
 TEST_CASE("cuda: Embedding's output and weight gradient match the CPU", "[cuda]") {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "layers/transformer.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "kernel_workload.h"
 #include "test_util.h"
 
 using namespace nl;
@@ -70,44 +72,53 @@ TEST_CASE("the profiler counts kernels by op and phase, with a matmul's FLOPs", 
     profiler::reset();
 }
 
-TEST_CASE("the profiler times every row of the kernel table, and a small workload reaches each one", "[profiler]") {
-    // kernel_calls is generated from the same table as the Backend's methods: a row missing from the
-    // profiler's wrappers could not compile, and one no op reaches shows here as 0 calls.
+namespace nl::test {
+
+// A transformer with fused RMSNorms, QK-norm, both soft-caps, fused attention, RoPE and SwiGLU (one
+// AdamW step on its cross-entropy), a DyT norm (one SGD step), then the ops the model does not call:
+// together they reach every row of the kernel table, on `device` (tests/test_cuda.cpp runs it on a GPU).
+void kernel_table_workload(Device device) {
+    TransformerOptions o;
+    o.vocab_size = 11;
+    o.dim = 16;
+    o.n_layers = 1;
+    o.n_heads = 2;
+    o.multiple_of = 8;
+    o.max_seq_len = 8;
+    o.qk_norm = "head";
+    o.logit_softcap = 30.0;
+    o.attn_softcap = 20.0;
+    Transformer model(o);
+    model.to(device);
+    const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1}, {2, 6}).to(device);
+    const Tensor targets = from_vector(std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2}, {2, 6}).to(device);
+    cross_entropy_loss(model.forward(ids), targets).backward();
+    AdamW(model.named_parameters(), AdamOptions{}).step();
+    NormOptions n;
+    n.type = "dyt";
+    n.dim = 4;
+    const auto dyt = make_norm(n);
+    dyt->to(device);
+    Generator gen(1);
+    Var a(randn({3, 4}, gen).to(device), true);
+    sum(dyt->forward(a)).backward();
+    SGD(dyt->named_parameters(), SGDOptions{}).step();
+    const Tensor index = from_vector(std::vector<int64_t>{2, 0, 1}, {3, 1}).to(device);
+    const Tensor rows = from_vector(std::vector<int64_t>{1, 0, 2}, {3}).to(device);
+    Var b(randn({3, 4}, gen).to(device), true);
+    sum(add(add(softmax(b, 1), gather(b, 1, index)), index_select(b, 0, rows))).backward();
+    const Tensor none = zeros({3, 4}, DType::F32, device);
+    const Tensor picked = where(gt(b.data(), none), exp(b.data()), none);
+    CHECK(picked.numel() == 12);
+}
+
+// Each row of the kernel table with its calls while `workload` ran under the profiler; every row
+// must have been called.
+void require_every_kernel_called(const std::function<void()>& workload) {
     profiler::reset();
     {
         profiler::EnableGuard on(true);
-        // A transformer with fused RMSNorms, QK-norm, both soft-caps, fused attention, RoPE and SwiGLU:
-        // one AdamW step on its cross-entropy.
-        TransformerOptions o;
-        o.vocab_size = 11;
-        o.dim = 16;
-        o.n_layers = 1;
-        o.n_heads = 2;
-        o.multiple_of = 8;
-        o.max_seq_len = 8;
-        o.qk_norm = "head";
-        o.logit_softcap = 30.0;
-        o.attn_softcap = 20.0;
-        Transformer model(o);
-        const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1}, {2, 6});
-        const Tensor targets = from_vector(std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2}, {2, 6});
-        cross_entropy_loss(model.forward(ids), targets).backward();
-        AdamW(model.named_parameters(), AdamOptions{}).step();
-        // A DyT norm with one SGD step; then the ops the model does not call.
-        NormOptions n;
-        n.type = "dyt";
-        n.dim = 4;
-        const auto dyt = make_norm(n);
-        Generator gen(1);
-        Var a(randn({3, 4}, gen), true);
-        sum(dyt->forward(a)).backward();
-        SGD(dyt->named_parameters(), SGDOptions{}).step();
-        const Tensor index = from_vector(std::vector<int64_t>{2, 0, 1}, {3, 1});
-        Var b(randn({3, 4}, gen), true);
-        sum(add(add(softmax(b, 1), gather(b, 1, index)), index_select(b, 0, from_vector(std::vector<int64_t>{1, 0, 2}, {3}))))
-            .backward();
-        const Tensor picked = where(gt(b.data(), zeros({3, 4})), exp(b.data()), zeros({3, 4}));
-        CHECK(picked.numel() == 12);
+        workload();
     }
     const auto calls = profiler::kernel_calls();
     REQUIRE(calls.size() == kernel_names().size());
@@ -118,6 +129,14 @@ TEST_CASE("the profiler times every row of the kernel table, and a small workloa
     }
     profiler::reset();
     for (const auto& [name, count] : profiler::kernel_calls()) CHECK(count == 0);
+}
+
+}  // namespace nl::test
+
+TEST_CASE("the profiler times every row of the kernel table, and a small workload reaches each one", "[profiler]") {
+    // kernel_calls is generated from the same table as the Backend's methods: a row missing from the
+    // profiler's wrappers could not compile, and one no op reaches shows here as 0 calls.
+    test::require_every_kernel_called([] { test::kernel_table_workload(Device::cpu()); });
 }
 
 TEST_CASE("train --profile writes a kernel table that fits in the measured step time", "[profiler]") {
