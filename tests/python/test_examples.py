@@ -1,5 +1,5 @@
 """The Python examples run as a user runs them: examples/python/norm_autograd.py and sharpness.py (their
-own checks decide the exit status) and bench_vs_torch.py's smoke run (torch only)."""
+own checks decide the exit status), bench_vs_torch.py's and torch_plain_loop.py's smoke runs (torch only)."""
 import os
 import subprocess
 import sys
@@ -34,3 +34,10 @@ def test_bench_vs_torch_smoke_run_prints_every_ratio(torch):
     rows = [line for line in result.stdout.splitlines() if "LayerNorm" in line or "RMSNorm" in line]
     assert len(rows) == 4, result.stdout  # two norms x (fwd, fwd+bwd) at the quick shape
     assert "per add" in result.stdout and "per call" in result.stdout
+
+
+def test_torch_plain_loop_times_a_few_steps(torch):
+    result = run_example("torch_plain_loop.py", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "8",
+                         "--batch", "2", "--steps", "2", "--warmup", "1", "--threads", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tokens/s over 2 steps after 1" in result.stdout
