@@ -133,6 +133,7 @@ ConvertResult run_convert(const std::string& checkpoint, const ConvertOptions& o
     result.norms = 2 * model->n_layers() + 1;
     result.recentered = 1 + 2 * model->n_layers();
     result.parameters = count_parameters(*model);
+    result.out = options.out;
     return result;
 }
 

@@ -54,7 +54,9 @@ struct ConvertResult {
     int64_t norms = 0;         // LayerNorms made RMSNorms
     int64_t recentered = 0;    // weights re-centered: the embedding and each block's wo and w2
     int64_t parameters = 0;    // elements written
+    std::string out;           // the checkpoint written: ConvertOptions::out
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ConvertResult, source, step, norms, recentered, parameters, out)
 
 // `checkpoint` (a train checkpoint file, or a run directory: its latest checkpoint) converted and
 // written to options.out as a train checkpoint: the converted weights, the step, and the metadata

@@ -16,6 +16,7 @@ ExportResult run_export(const std::string& checkpoint, const ExportOptions& opti
     result.parameters = count_parameters(*ck.model);
     result.tokenizer = !chars.empty();
     result.architecture = options.to == "hf" ? hf_class_name(hf_architecture(ck.config.model)) : "llama";
+    result.out = options.out;
     return result;
 }
 

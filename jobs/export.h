@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "jobs/interop.h"
 
 namespace nl {
@@ -15,7 +17,9 @@ struct ExportResult {
     int64_t parameters = 0;   // elements written
     bool tokenizer = false;   // a character tokenizer was written
     std::string architecture;  // "LlamaForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM" or "llama" (GGUF)
+    std::string out;           // what was written: ExportOptions::out
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ExportResult, source, step, parameters, tokenizer, architecture, out)
 
 // `checkpoint` as load_train_checkpoint (jobs/sample.h) reads it; nl::Error when it is missing, the
 // model cannot be represented (check_exportable), or `options` are wrong.

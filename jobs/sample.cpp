@@ -157,4 +157,20 @@ SampleResult run_sample(const SampleJob& job) {
     return result;
 }
 
+nlohmann::json sample_result_json(const SampleResult& r) {
+    return {{"checkpoint", r.checkpoint},
+            {"step", r.step},
+            {"problems", r.problems},
+            {"correct", r.correct},
+            {"text", r.text},
+            {"tokens", r.tokens},
+            {"context", r.options.context},
+            {"temperature", r.options.temperature},
+            {"kv_cache", r.options.kv_cache},
+            {"new_tokens", r.stats.new_tokens},
+            {"seconds", r.stats.seconds},
+            {"tokens_per_s", r.stats.seconds > 0 ? static_cast<double>(r.stats.new_tokens) / r.stats.seconds : 0.0},
+            {"note", r.note}};
+}
+
 }  // namespace nl

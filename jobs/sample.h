@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "jobs/data.h"
 #include "jobs/generate.h"
 #include "jobs/train_config.h"
@@ -61,6 +63,7 @@ struct SampledProblem {
     std::string expected;  // the right answer
     bool correct = false;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SampledProblem, problem, answer, expected, correct)
 
 struct SampleResult {
     std::string checkpoint;                // the file read
@@ -76,5 +79,9 @@ struct SampleResult {
 };
 
 SampleResult run_sample(const SampleJob& job);
+
+// The result as Python's normlab.sample reads it: the fields above, with options' context,
+// temperature and kv_cache, stats' new_tokens and seconds, and tokens_per_s, at the top level.
+nlohmann::json sample_result_json(const SampleResult& result);
 
 }  // namespace nl

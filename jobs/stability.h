@@ -48,6 +48,7 @@ struct StabilityStart {
     int64_t runs = 0;         // in the sweep
     int64_t resumed = 0;      // read back from their result.json (resume), over all ranks
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StabilityStart, description, epochs, total, runs, resumed)
 
 // One epoch of one run (or of its perturbed copy), on this rank.
 struct StabilityEpoch {
@@ -58,6 +59,7 @@ struct StabilityEpoch {
     int64_t done = 0;         // epochs this rank has trained so far, of StabilityStart::total
     int64_t diverged_epoch = 0;  // > 0 on the event that ends a diverged run: the epoch it diverged at
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StabilityEpoch, run_id, perturbed, epoch, loss, done, diverged_epoch)
 
 struct StabilityCallbacks {
     std::function<void(const StabilityStart&)> on_start;
@@ -77,6 +79,8 @@ struct StabilityRun {
     int64_t diverged_epoch = 0;            // 0: did not diverge
     double seconds = 0.0;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StabilityRun, id, norm, depth, lr, seed, losses, perturbed_losses, grad_norms,
+                                   diverged_epoch, seconds)
 
 struct StabilityResult {
     std::string run_dir;
@@ -86,6 +90,7 @@ struct StabilityResult {
     std::string plots;                  // which plots were drawn, or why none
     std::vector<StabilityRun> runs;     // rank 0: every run
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StabilityResult, run_dir, summary, table, notes, plots, runs)
 
 StabilityResult run_stability(const StabilityJob& job, const StabilityCallbacks& callbacks = {});
 

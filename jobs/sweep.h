@@ -53,6 +53,7 @@ struct SweepStart {
     int64_t resumed = 0;      // read back from result.json (resume)
     int64_t mine = 0;         // this rank runs
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SweepStart, description, runs, resumed, mine)
 
 // One run this rank finished.
 struct SweepRunDone {
@@ -67,6 +68,8 @@ struct SweepRunDone {
     int rank = 0;              // the MPI rank that ran it, of world_size
     int world_size = 1;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SweepRunDone, index, label, diverged, diverged_at_step, final_val_loss, seconds,
+                                   done, mine, rank, world_size)
 
 struct SweepCallbacks {
     std::function<void(const SweepStart&)> on_start;
@@ -82,6 +85,7 @@ struct SweepResult {
     std::string plots;                            // which PNGs were drawn, or why none
     int64_t shard_runs = 0;                       // a shard: the runs in it (no tables then)
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SweepResult, run_dir, columns, rows, summary, table, plots, shard_runs)
 
 SweepResult run_sweep(const SweepJob& job, const SweepCallbacks& callbacks = {});
 

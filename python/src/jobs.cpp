@@ -49,8 +49,9 @@ namespace {
 
 // ---- JSON <-> Python ----
 
-// A JSON value as Python objects; a non-finite number becomes None, as the JSON files hold it.
-nb::object to_python(const nlohmann::json& value) {
+// A JSON value as Python objects. A non-finite number becomes None, as the JSON files hold it; with
+// keep_nonfinite (a job's result, converted from its struct, never written), it stays a float NaN or inf.
+nb::object to_python(const nlohmann::json& value, bool keep_nonfinite = false) {
     switch (value.type()) {
         case nlohmann::json::value_t::null: return nb::none();
         case nlohmann::json::value_t::boolean: return nb::bool_(value.get<bool>());
@@ -58,21 +59,30 @@ nb::object to_python(const nlohmann::json& value) {
         case nlohmann::json::value_t::number_unsigned: return nb::int_(value.get<uint64_t>());
         case nlohmann::json::value_t::number_float: {
             const double x = value.get<double>();
-            return std::isfinite(x) ? nb::object(nb::float_(x)) : nb::object(nb::none());
+            return std::isfinite(x) || keep_nonfinite ? nb::object(nb::float_(x)) : nb::object(nb::none());
         }
         case nlohmann::json::value_t::string: return nb::str(value.get_ref<const std::string&>().c_str());
         case nlohmann::json::value_t::array: {
             nb::list items;
-            for (const nlohmann::json& item : value) items.append(to_python(item));
+            for (const nlohmann::json& item : value) items.append(to_python(item, keep_nonfinite));
             return items;
         }
         case nlohmann::json::value_t::object: {
             nb::dict items;
-            for (const auto& [key, item] : value.items()) items[nb::str(key.c_str())] = to_python(item);
+            for (const auto& [key, item] : value.items()) items[nb::str(key.c_str())] = to_python(item, keep_nonfinite);
             return items;
         }
         default: return nb::none();  // binary and discarded values do not occur in configs
     }
+}
+
+// A job's result (or progress event) struct as a dict, through the fields its header declares next to
+// it (NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE or a *_json function): the one list of them. Its summary
+// stays as summary.json holds it (non-finite numbers as None).
+nb::dict result_to_python(const nlohmann::json& result) {
+    nb::dict d = nb::borrow<nb::dict>(to_python(result, true));
+    if (result.is_object() && result.contains("summary")) d["summary"] = to_python(result.at("summary"));
+    return d;
 }
 
 // ---- what Python passes for a job's config ----
@@ -432,12 +442,7 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
     callbacks.on_start = [&](const StabilityStart& s) {
         if (on_start.is_none()) return;
         nb::gil_scoped_acquire gil;
-        nb::dict info;
-        info["description"] = s.description;
-        info["epochs"] = s.epochs;
-        info["total"] = s.total;
-        info["runs"] = s.runs;
-        info["resumed"] = s.resumed;
+        nb::dict info = result_to_python(s);
         state.call(on_start, info, "stability", "the start callback");
     };
     callbacks.on_epoch = [&](const StabilityEpoch& e) {
@@ -445,39 +450,11 @@ nb::dict stability(const ConfigArg& config, const std::vector<std::string>& over
         if (PyErr_CheckSignals() != 0)
             state.cancel(nb::python_error(), "stability", fmt::format("a signal at {} epoch {}", e.run_id, e.epoch));
         if (on_epoch.is_none()) return;
-        nb::dict d;
-        d["run_id"] = e.run_id;
-        d["perturbed"] = e.perturbed;
-        d["epoch"] = e.epoch;
-        d["loss"] = e.loss;
-        d["done"] = e.done;
-        d["diverged_epoch"] = e.diverged_epoch;
+        nb::dict d = result_to_python(e);
         state.call(on_epoch, d, "stability", fmt::format("the progress callback at {} epoch {}", e.run_id, e.epoch));
     };
     const StabilityResult result = run_without_gil(state, [&] { return run_stability(job, callbacks); });
-    nb::dict d;
-    d["run_dir"] = result.run_dir;
-    d["summary"] = to_python(result.summary);
-    d["table"] = result.table;
-    d["notes"] = result.notes;
-    d["plots"] = result.plots;
-    nb::list runs;
-    for (const StabilityRun& r : result.runs) {
-        nb::dict run;
-        run["id"] = r.id;
-        run["norm"] = r.norm;
-        run["depth"] = r.depth;
-        run["lr"] = r.lr;
-        run["seed"] = r.seed;
-        run["losses"] = r.losses;
-        run["perturbed_losses"] = r.perturbed_losses;
-        run["grad_norms"] = r.grad_norms;
-        run["diverged_epoch"] = r.diverged_epoch;
-        run["seconds"] = r.seconds;
-        runs.append(run);
-    }
-    d["runs"] = runs;
-    return d;
+    return result_to_python(result);
 }
 
 // ---- the sweep job ----
@@ -499,37 +476,18 @@ nb::dict sweep(const ConfigArg& config, const std::vector<std::string>& override
     callbacks.on_start = [&](const SweepStart& s) {
         if (on_start.is_none()) return;
         nb::gil_scoped_acquire gil;
-        nb::dict info;
-        info["description"] = s.description;
-        info["runs"] = s.runs;
-        info["resumed"] = s.resumed;
-        info["mine"] = s.mine;
+        nb::dict info = result_to_python(s);
         state.call(on_start, info, "sweep", "the start callback");
     };
     callbacks.on_run = [&](const SweepRunDone& r) {
         nb::gil_scoped_acquire gil;
         if (PyErr_CheckSignals() != 0) state.cancel(nb::python_error(), "sweep", fmt::format("a signal after run {}", r.index));
         if (on_run.is_none()) return;
-        nb::dict d;
-        d["index"] = r.index;
-        d["label"] = r.label;
-        d["diverged"] = r.diverged;
-        d["diverged_at_step"] = r.diverged_at_step;
-        d["final_val_loss"] = r.final_val_loss;
-        d["seconds"] = r.seconds;
-        d["done"] = r.done;
-        d["mine"] = r.mine;
+        nb::dict d = result_to_python(r);
         state.call(on_run, d, "sweep", fmt::format("the progress callback after run {}", r.index));
     };
     const SweepResult result = run_without_gil(state, [&] { return run_sweep(job, callbacks); });
-    nb::dict d;
-    d["run_dir"] = result.run_dir;
-    d["summary"] = to_python(result.summary);
-    d["table"] = result.table;
-    d["plots"] = result.plots;
-    d["columns"] = result.columns;
-    d["rows"] = result.rows;
-    return d;
+    return result_to_python(result);
 }
 
 // ---- the sample job ----
@@ -549,31 +507,7 @@ nb::dict sample(const std::string& checkpoint, int64_t num, int64_t max_new_toke
         nb::gil_scoped_release release;
         result = run_sample(job);
     }
-    const SampleResult& r = *result;
-    nb::dict d;
-    d["checkpoint"] = r.checkpoint;
-    d["step"] = r.step;
-    nb::list problems;
-    for (const SampledProblem& p : r.problems) {
-        nb::dict item;
-        item["problem"] = p.problem;
-        item["answer"] = p.answer;
-        item["expected"] = p.expected;
-        item["correct"] = p.correct;
-        problems.append(item);
-    }
-    d["problems"] = problems;
-    d["correct"] = r.correct;
-    d["text"] = r.text;
-    d["tokens"] = r.tokens;
-    d["context"] = r.options.context;
-    d["temperature"] = r.options.temperature;
-    d["kv_cache"] = r.options.kv_cache;
-    d["new_tokens"] = r.stats.new_tokens;
-    d["seconds"] = r.stats.seconds;
-    d["tokens_per_s"] = r.stats.seconds > 0 ? static_cast<double>(r.stats.new_tokens) / r.stats.seconds : 0.0;
-    d["note"] = r.note;
-    return d;
+    return result_to_python(sample_result_json(*result));
 }
 
 // ---- bindings ----
@@ -820,14 +754,7 @@ void bind_export(nb::module_& m) {
                 nb::gil_scoped_release release;
                 r = run_export(checkpoint, options);
             }
-            nb::dict d;
-            d["source"] = r.source;
-            d["step"] = r.step;
-            d["parameters"] = r.parameters;
-            d["tokenizer"] = r.tokenizer;
-            d["architecture"] = r.architecture;
-            d["out"] = out;
-            return d;
+            return result_to_python(r);
         },
         nb::arg("checkpoint"), nb::arg("to"), nb::arg("out"), nb::arg("dtype"), nb::arg("force"),
         "Runs the export job (jobs/export.h) with the GIL released; normlab.export wraps it. Returns a dict: source, "
@@ -847,14 +774,7 @@ void bind_convert(nb::module_& m) {
                 nb::gil_scoped_release release;
                 r = run_convert(checkpoint, options);
             }
-            nb::dict d;
-            d["source"] = r.source;
-            d["step"] = r.step;
-            d["norms"] = r.norms;
-            d["recentered"] = r.recentered;
-            d["parameters"] = r.parameters;
-            d["out"] = out;
-            return d;
+            return result_to_python(r);
         },
         nb::arg("checkpoint"), nb::arg("to"), nb::arg("out"), nb::arg("force"),
         "Runs the convert job (jobs/convert.h) with the GIL released; normlab.convert wraps it. Returns a dict: "
