@@ -243,7 +243,8 @@ Attention::Attention(const AttentionOptions& options) : options_(options) {
     head_dim_ = options.head_dim > 0 ? options.head_dim : options.dim / options.n_heads;
     options_.head_dim = head_dim_;
     NL_REQUIRE(head_dim_ % 2 == 0, "Attention: head_dim = ", head_dim_, " must be even for RoPE");
-    NL_REQUIRE(options.max_seq_len >= 0, "Attention: max_seq_len must be >= 0 (0: no bound), found ", options.max_seq_len);
+    NL_REQUIRE(options.max_seq_len >= 0, "Attention: max_seq_len must be >= 0 (0: no bound), found ",
+               options.max_seq_len);
     options_.generator = nullptr;  // only used while constructing
     auto linear = [&](int64_t in, int64_t out) {
         return bias_free_linear(in, out, options.dtype, options.generator);
@@ -296,8 +297,8 @@ Var Attention::attend(const Var& x, const KVSlot* slot) {
     // x holds positions start..start+T-1; the keys cover positions 0..L-1 (the cached ones first).
     const int64_t start = slot ? slot->start : 0;
     const int64_t L = start + T;
-    NL_REQUIRE(options_.max_seq_len == 0 || L <= options_.max_seq_len, "Attention: sequence length ", L, " exceeds max_seq_len ",
-               options_.max_seq_len);
+    NL_REQUIRE(options_.max_seq_len == 0 || L <= options_.max_seq_len, "Attention: sequence length ", L,
+               " exceeds max_seq_len ", options_.max_seq_len);
     if (slot) {
         const Shape want = {B, slot->keys.defined() ? slot->keys.size(1) : 0, KV, hd};
         NL_REQUIRE(slot->keys.defined() && slot->keys.shape() == want && slot->values.shape() == want,

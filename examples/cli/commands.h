@@ -23,8 +23,8 @@ const RestartSettings& restart_settings();
 // Runs `start_child` (a popen or fork) with this thread's CPUs set to those the process started with,
 // then sets them back: a program normlab starts (PyTorch under `bench torch`) gets the CPUs the user
 // gave normlab, not the one CPU an OpenMP runtime binds normlab's main thread to under
-// OMP_PROC_BIND. Returns how many CPUs the child was given (0 where unknown).
-int with_starting_cpus(const std::function<void()>& start_child);
+// OMP_PROC_BIND.
+void with_starting_cpus(const std::function<void()>& start_child);
 // How idle OpenMP threads wait: OMP_WAIT_POLICY or GOMP_SPINCOUNT as the user set them, else (in this
 // process) normlab's own GOMP_SPINCOUNT, else the runtime's default. in_this_process false: what a
 // program normlab starts gets (examples/cli/info_cmd.cpp).

@@ -191,7 +191,7 @@ int run_program(int argc, char** argv) {
 
 const nl::cli::RestartSettings& nl::cli::restart_settings() { return g_restart_settings; }
 
-int nl::cli::with_starting_cpus(const std::function<void()>& start_child) {
+void nl::cli::with_starting_cpus(const std::function<void()>& start_child) {
 #if defined(__linux__)
     cpu_set_t now;
     CPU_ZERO(&now);
@@ -200,10 +200,8 @@ int nl::cli::with_starting_cpus(const std::function<void()>& start_child) {
     if (known) sched_setaffinity(0, sizeof(g_starting_cpus), &g_starting_cpus);
     start_child();
     if (known) sched_setaffinity(0, sizeof(now), &now);
-    return known ? CPU_COUNT(&g_starting_cpus) : 0;
 #else
     start_child();
-    return 0;
 #endif
 }
 

@@ -80,8 +80,9 @@ nb::object to_python(const nlohmann::json& value, bool keep_nonfinite = false) {
 // it (NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE or a *_json function): the one list of them. Its summary
 // stays as summary.json holds it (non-finite numbers as None).
 nb::dict result_to_python(const nlohmann::json& result) {
-    nb::dict d = nb::borrow<nb::dict>(to_python(result, true));
-    if (result.is_object() && result.contains("summary")) d["summary"] = to_python(result.at("summary"));
+    nb::dict d;
+    for (const auto& [key, item] : result.items())
+        d[nb::str(key.c_str())] = key == "summary" ? to_python(item) : to_python(item, true);
     return d;
 }
 
